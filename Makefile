@@ -1,0 +1,45 @@
+# The two commands a newcomer needs: `make run` and `make test`.
+# Both set up what they need themselves (a virtualenv in .venv, Debian packages when root).
+
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+CONFIG ?= etc/edgegw
+STAMP := $(VENV)/.installed
+
+.PHONY: run test check lint typecheck unit venv clean bench
+
+$(STAMP): setup.py pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -e '.[test]' --config-settings editable_mode=compat
+	touch $(STAMP)
+
+venv: $(STAMP)
+
+## Run the gateway in the foreground on the example configuration.
+run: $(STAMP)
+	$(BIN)/twistd -n --pidfile= edgegw --config $(CONFIG)
+
+## Validate a configuration and print its route table (like nginx -t).
+check: $(STAMP)
+	$(BIN)/edgegw check $(CONFIG)
+
+lint: $(STAMP)
+	$(BIN)/ruff check edgegw tests bench twisted
+	$(BIN)/ruff format --check edgegw tests bench twisted
+
+typecheck: $(STAMP)
+	$(BIN)/mypy
+
+unit: $(STAMP)
+	$(BIN)/trial --jobs=2 tests
+
+## Set up and pass the whole suite: lint, types, tests.
+test: lint typecheck unit
+
+bench: $(STAMP)
+	$(BIN)/python -m bench
+
+clean:
+	rm -rf $(VENV) _trial_temp* build *.egg-info .mypy_cache .ruff_cache

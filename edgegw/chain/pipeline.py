@@ -1,0 +1,180 @@
+"""
+Composing per-route stages into one handler, and running it for a request.
+
+Stages are C{async def stage(exchange, next)} functions: an onion, so that a stage can act
+before and after the rest of the chain (access log, recover, response plugins). They are
+coroutines run by L{Deferred.fromCoroutine} because context variables (and so the current
+trace span) survive C{await} there and are lost in plain callback chains.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Sequence
+from time import monotonic
+
+from twisted.internet.defer import CancelledError, Deferred
+from twisted.logger import Logger
+from twisted.python.failure import Failure
+from twisted.web.server import Request
+
+from edgegw.chain.exchange import Exchange
+from edgegw.chain.respond import abort
+from edgegw.chain.route import CompiledRoute
+
+Handler = Callable[[Exchange], Awaitable[None]]
+"""The rest of the chain, from some stage inward to the terminal."""
+
+Stage = Callable[[Exchange, Handler], Awaitable[None]]
+"""One per-route stage: acts on the exchange and calls (or skips) the next handler."""
+
+_log = Logger(namespace="edgegw.pipeline")
+
+
+def compose(stages: Sequence[Stage], terminal: Handler) -> Handler:
+    """
+    Bind C{stages} (outermost first) around C{terminal}, once, at load.
+    """
+    handler = terminal
+    for stage in reversed(stages):
+        handler = _bind(stage, handler)
+    return handler
+
+
+def _bind(stage: Stage, inner: Handler) -> Handler:
+    def run(exchange: Exchange) -> Awaitable[None]:
+        return stage(exchange, inner)
+
+    return run
+
+
+class InFlight:
+    """
+    Counts requests being handled, so that shutdown can wait for them to finish.
+
+    @ivar draining: Set when the gateway stops accepting; responses then close their
+        connection instead of keeping it alive.
+    """
+
+    def __init__(self) -> None:
+        self.requests: set[Request] = set()
+        self.draining = False
+        self._waiters: list[Deferred[None]] = []
+
+    @property
+    def count(self) -> int:
+        """
+        How many requests are in flight.
+        """
+        return len(self.requests)
+
+    def started(self, request: Request) -> None:
+        """
+        A request has begun.
+        """
+        self.requests.add(request)
+        if self.draining:
+            close_after_response(request)
+
+    def finished(self, request: Request) -> None:
+        """
+        A request has finished (or its client went away).
+        """
+        self.requests.discard(request)
+        if not self.requests and self._waiters:
+            waiters, self._waiters = self._waiters, []
+            for waiter in waiters:
+                if not waiter.called:  # a waiter that timed out was cancelled
+                    waiter.callback(None)
+
+    def drain(self) -> Deferred[None]:
+        """
+        Start draining: every response from now on, those in flight included, closes its
+        connection. Fire when no request is in flight (at once if none is).
+        """
+        self.draining = True
+        for request in self.requests:
+            close_after_response(request)
+        return self.drained()
+
+    def drained(self) -> Deferred[None]:
+        """
+        Fire when no request is in flight (at once if none is).
+        """
+        waiter: Deferred[None] = Deferred()
+        if self.count == 0:
+            waiter.callback(None)
+        else:
+            self._waiters.append(waiter)
+        return waiter
+
+
+class RouteRunner:
+    """
+    Runs one route's composed chain for each request the mux gives it.
+    """
+
+    def __init__(self, route: CompiledRoute, handler: Handler, inflight: InFlight) -> None:
+        self.route = route
+        self._handler = handler
+        self._inflight = inflight
+
+    def serve(self, request: Request, params: dict[str, str]) -> None:
+        """
+        Start the chain for C{request}; the response is written asynchronously.
+
+        If the client goes away first, the chain is cancelled at its current C{await}.
+        """
+        inflight = self._inflight
+        inflight.started(request)
+        exchange = Exchange(request, self.route, params, monotonic())
+        # Ask for the finish notification first: a chain that completes synchronously
+        # finishes the request before fromCoroutine returns.
+        finished = request.notifyFinish()
+        running = Deferred.fromCoroutine(self._run(exchange))
+        finished.addBoth(_request_done, request, running, inflight)
+        running.addErrback(_unhandled, exchange)
+
+    async def _run(self, exchange: Exchange) -> None:
+        await self._handler(exchange)
+        request = exchange.request
+        if not request.finished and not request._disconnected:
+            if not request.startedWriting:
+                _log.error(
+                    "route {route} produced no response",
+                    route=exchange.route.pattern,
+                )
+                request.setResponseCode(500)
+            request.finish()
+
+
+def close_after_response(request: Request) -> None:
+    """
+    Make C{request}'s connection close once its response is complete.
+    """
+    if not request.startedWriting:
+        request.responseHeaders.setRawHeaders(b"connection", [b"close"])
+    channel = request.channel
+    if channel is not None and hasattr(channel, "persistent"):
+        channel.persistent = False
+
+
+def _request_done(
+    result: object, request: Request, running: Deferred[None], inflight: InFlight
+) -> None:
+    inflight.finished(request)
+    if isinstance(result, Failure):
+        # The client went away before the response was complete.
+        running.cancel()
+
+
+def _unhandled(failure: Failure, exchange: Exchange) -> None:
+    if failure.check(CancelledError):
+        return
+    _log.failure("unhandled error in route {route}", failure=failure, route=exchange.route.pattern)
+    request = exchange.request
+    if not request.finished and not request._disconnected:
+        if request.startedWriting:
+            abort(request)
+        else:
+            request.setResponseCode(500)
+            request.finish()

@@ -1,0 +1,125 @@
+"""
+The projection stage: strip client-sent identity headers, inject the trusted ones.
+
+Inbound C{X-User-*} headers are removed on every route, always, so that a client can never
+pose as someone to a backend. When a principal is present, the stage then sets the
+subject header, the groups header and one header per projected claim.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from urllib.parse import quote
+
+from edgegw.chain.exchange import Exchange
+from edgegw.chain.pipeline import Handler, Stage
+from edgegw.identity.principal import ClaimValue, Principal
+
+USER_PREFIX = b"x-user-"
+SUBJECT_HEADER = b"X-User-Id"
+# Kept readable in header values; everything else that could split a list or a header
+# (",", CR, LF, "%", non-ASCII) is percent-encoded.
+_SAFE = "".join(chr(c) for c in range(0x20, 0x7F) if chr(c) not in ",%")
+
+
+def header_case(name: str) -> str:
+    """
+    C{given_name} -> C{Given-Name}: C{_} becomes C{-} and each word is capitalised.
+    """
+    return "-".join(
+        part[:1].upper() + part[1:].lower() for part in name.replace("_", "-").split("-")
+    )
+
+
+def claim_header(claim: str) -> bytes:
+    """
+    The default header for a passport claim: C{X-User-} plus the claim in header case.
+    """
+    return ("X-User-" + header_case(claim)).encode("ascii", "replace")
+
+
+def encode_value(value: str) -> str:
+    """
+    One header list item: printable ASCII stays, C{,}, C{%}, CR, LF and non-ASCII are
+    percent-encoded.
+    """
+    return quote(value, safe=_SAFE)
+
+
+def render_claim(value: ClaimValue) -> str | None:
+    """
+    A claim's header value, or L{None} when it has none (null).
+    """
+    if value is None:
+        return None
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, list):
+        return ",".join(encode_value(str(item)) for item in value)
+    return encode_value(str(value))
+
+
+def strip_user_headers(exchange: Exchange) -> None:
+    """
+    Remove every inbound C{X-User-*} header.
+    """
+    headers = exchange.request.requestHeaders
+    doomed = [
+        name for name, _ in headers.getAllRawHeaders() if name.lower().startswith(USER_PREFIX)
+    ]
+    for name in doomed:
+        headers.removeHeader(name)
+
+
+def projection(
+    groups_header: bytes,
+    claims: Mapping[str, str] | None,
+) -> Stage:
+    """
+    Make the projection stage for one route.
+
+    @param groups_header: The groups header name (already resolved from the route's
+        access block or C{identity.groups.as}).
+    @param claims: The explicit claim-to-header map, or L{None} for every passport claim
+        under its default header name.
+    """
+    explicit = (
+        tuple((claim, header.encode("ascii")) for claim, header in claims.items())
+        if claims is not None
+        else None
+    )
+
+    def inject(principal: Principal, exchange: Exchange) -> None:
+        set_header = exchange.request.requestHeaders.setRawHeaders
+        set_header(SUBJECT_HEADER, [encode_value(principal.subject).encode("ascii")])
+        if principal.groups:
+            value = ",".join(encode_value(group) for group in principal.groups)
+            set_header(groups_header, [value.encode("ascii")])
+        passport = principal.passport
+        pairs = (
+            explicit
+            if explicit is not None
+            else tuple((claim, claim_header(claim)) for claim in passport)
+        )
+        for claim, header in pairs:
+            rendered = render_claim(passport.get(claim))
+            if rendered is not None:
+                set_header(header, [rendered.encode("ascii")])
+
+    async def project(exchange: Exchange, next: Handler) -> None:
+        strip_user_headers(exchange)
+        if exchange.principal is not None:
+            inject(exchange.principal, exchange)
+        await next(exchange)
+
+    return project
+
+
+def groups_header_name(route_header: str | None, groups_as: str) -> bytes:
+    """
+    The groups header for a route: its own C{projection.session.groups.header}, else
+    C{X-User-} plus C{identity.groups.as} in header case.
+    """
+    if route_header:
+        return route_header.encode("ascii")
+    return ("X-User-" + header_case(groups_as)).encode("ascii")

@@ -1,0 +1,51 @@
+"""
+The request-id stage: keep a sane inbound X-Request-Id or make one; echo it.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+
+from edgegw.chain.exchange import Exchange
+from edgegw.chain.pipeline import Handler
+
+REQUEST_ID_HEADER = b"x-request-id"
+MAX_REQUEST_ID_LENGTH = 128
+_SANE = re.compile(rb"[\x21-\x7e]{1,%d}\Z" % MAX_REQUEST_ID_LENGTH)
+
+
+def new_request_id() -> str:
+    """
+    A fresh 128-bit random id, as 32 hex digits.
+    """
+    return os.urandom(16).hex()
+
+
+def sane_request_id(value: bytes | None) -> str | None:
+    """
+    C{value} as a request id if it is printable ASCII without spaces and at most
+    L{MAX_REQUEST_ID_LENGTH} bytes, else L{None}.
+    """
+    if value is not None and _SANE.match(value):
+        return value.decode("ascii")
+    return None
+
+
+async def request_id(exchange: Exchange, next: Handler) -> None:
+    """
+    Set C{exchange.request_id} and the X-Request-Id response header, then continue.
+
+    A client-supplied id is kept when sane so that a caller can follow its request through
+    the logs; anything else (too long, control characters, spaces) is replaced rather than
+    logged, so it cannot forge log lines.
+    """
+    request = exchange.request
+    headers = request.requestHeaders.getRawHeaders(REQUEST_ID_HEADER)
+    found = sane_request_id(headers[0]) if headers and len(headers) == 1 else None
+    if found is None:
+        found = new_request_id()
+        request.requestHeaders.setRawHeaders(REQUEST_ID_HEADER, [found.encode("ascii")])
+    exchange.request_id = found
+    request.responseHeaders.setRawHeaders(REQUEST_ID_HEADER, [found.encode("ascii")])
+    await next(exchange)

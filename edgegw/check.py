@@ -1,0 +1,74 @@
+"""
+Validating a configuration without serving it, like C{nginx -t}.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Sequence
+from typing import TextIO
+
+from twisted.internet.task import Clock
+
+from edgegw.chain.route import CompiledRoute
+from edgegw.config.errors import ConfigError, Problem
+from edgegw.config.parse import load_config
+from edgegw.edge.listen import endpoint_description, server_endpoint
+from edgegw.gateway import build_gateway
+
+
+def route_table(routes: Sequence[CompiledRoute]) -> str:
+    """
+    The effective route table: pattern, name, type, auth, policies, handler.
+    """
+    header = ("PATTERN", "NAME", "TYPE", "AUTH", "POLICIES", "HANDLER")
+    rows = [header]
+    for route in routes:
+        effective = route.effective
+        rows.append(
+            (
+                route.pattern,
+                route.name,
+                route.type,
+                route.auth,
+                ",".join(effective.access.authorize) or "-",
+                route.handler_description,
+            )
+        )
+    widths = [max(len(row[i]) for row in rows) for i in range(len(header) - 1)]
+    lines = []
+    for row in rows:
+        cells = [cell.ljust(width) for cell, width in zip(row, widths, strict=False)]
+        lines.append("  ".join([*cells, row[-1]]).rstrip())
+    return "\n".join(lines)
+
+
+def check(source: str, out: TextIO = sys.stdout, err: TextIO = sys.stderr) -> int:
+    """
+    Load and build the configuration at C{source}; print the route table or the errors.
+
+    @return: The process exit status: 0 when the configuration is usable, 1 otherwise.
+    """
+    try:
+        config = load_config(source)
+        gateway = build_gateway(config, Clock())
+    except ConfigError as e:
+        err.write(f"edgegw: {e.render()}\n")
+        return 1
+    listen = config.gateway.listen
+    if not endpoint_description(listen).startswith("systemd:"):
+        # Socket activation has no socket at check time; everything else (TLS key and
+        # certificate files included) is built as startup would.
+        try:
+            server_endpoint(Clock(), listen)
+        except ValueError as e:
+            problem = Problem(config.gateway.location, "spec.listen", str(e))
+            err.write(f"edgegw: {ConfigError([problem]).render()}\n")
+            return 1
+    out.write(
+        f"edgegw: configuration {source} is valid: {len(config.files)} file(s), "
+        f"{len(gateway.routes)} route(s), listening on {listen} "
+        f"({endpoint_description(listen)})\n\n"
+    )
+    out.write(route_table(gateway.routes) + "\n")
+    return 0

@@ -1,0 +1,475 @@
+"""
+The frozen, typed configuration: one class per resource kind and per nested block.
+
+Every field of the reference is here with its default, so that no later code ever reads
+raw YAML. Objects are built by L{edgegw.config.parse} and never change after loading.
+Durations are seconds as C{float}; C{None} means "not configured".
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, Literal
+
+import attrs
+
+from edgegw.config.errors import Location
+
+RouteType = Literal["app", "service"]
+AuthMode = Literal["required", "public"]
+
+DEFAULT_LISTEN = ":8080"
+DEFAULT_DRAIN_TIMEOUT = 30.0
+
+
+# -- Gateway -------------------------------------------------------------------------------
+
+
+@attrs.frozen
+class CsrfSpec:
+    """C{Gateway.spec.security.csrf}."""
+
+    enabled: bool = True
+    trusted_origins: tuple[str, ...] = ()
+    bypass_patterns: tuple[str, ...] = ()
+
+
+@attrs.frozen
+class HstsSpec:
+    """C{Gateway.spec.security.headers.hsts}."""
+
+    enabled: bool = True
+    max_age: int = 31536000
+    include_subdomains: bool = True
+    preload: bool = False
+
+
+@attrs.frozen
+class SecurityHeadersSpec:
+    """C{Gateway.spec.security.headers}; an empty string omits that header."""
+
+    frame_options: str = "DENY"
+    content_type_options: str = "nosniff"
+    referrer_policy: str = "strict-origin-when-cross-origin"
+    hsts: HstsSpec = HstsSpec()
+    content_security_policy: str | None = None
+
+
+@attrs.frozen
+class SecuritySpec:
+    """C{Gateway.spec.security}."""
+
+    csrf: CsrfSpec = CsrfSpec()
+    headers: SecurityHeadersSpec = SecurityHeadersSpec()
+
+
+@attrs.frozen
+class SessionSpec:
+    """C{Gateway.spec.session}: the encrypted session cookie."""
+
+    key: bytes = attrs.field(repr=False)
+    cookie_name: str = "gw_session"
+    ttl: float = 8 * 3600.0
+    fingerprint_headers: tuple[str, ...] = ("User-Agent",)
+    info_path: str = "/auth/session"
+    post_logout_redirect: str = "/"
+
+
+@attrs.frozen
+class GroupsSpec:
+    """C{Gateway.spec.identity.groups}."""
+
+    source: str | None = None
+    match: tuple[str, ...] = ()
+    render: Literal["cn", "dn"] = "cn"
+    as_: str = "groups"
+    strip: tuple[str, ...] = ()
+
+
+@attrs.frozen
+class AssertionIssueSpec:
+    """C{identity.assertion.issue}: minting identity assertions for peers."""
+
+    name: str
+    key_id: str
+    seed: bytes = attrs.field(repr=False)
+    ttl: float = 60.0
+    header: str = "X-Gw-Identity"
+
+
+@attrs.frozen
+class AssertionKeySpec:
+    """One entry of C{identity.assertion.accept.keys}."""
+
+    key_id: str
+    public_key: bytes
+
+
+@attrs.frozen
+class AssertionAcceptSpec:
+    """C{identity.assertion.accept}: verifying identity assertions from peers."""
+
+    issuer: str
+    keys: tuple[AssertionKeySpec, ...]
+    header: str = "X-Gw-Identity"
+    require_bearer: bool = True
+
+
+@attrs.frozen
+class AssertionSpec:
+    """C{identity.assertion}; either side may be absent."""
+
+    issue: AssertionIssueSpec | None = None
+    accept: AssertionAcceptSpec | None = None
+
+
+@attrs.frozen
+class IdentitySpec:
+    """C{Gateway.spec.identity}."""
+
+    claims: tuple[str, ...] = ("email", "name", "given_name", "family_name")
+    groups: GroupsSpec = GroupsSpec()
+    user_info: Literal["auto", "always", "never"] = "auto"
+    subject_claim: str = "sub"
+    assertion: AssertionSpec | None = None
+
+
+@attrs.frozen
+class AuthSpec:
+    """C{Gateway.spec.auth}: the browser login endpoints."""
+
+    login_path: str = "/auth/login"
+    logout_path: str = "/auth/logout"
+
+
+@attrs.frozen
+class KvStoreConfig:
+    """C{stateProvider.config} for the C{kvstore} (Redis) provider."""
+
+    address: str
+    user: str = "default"
+    password: str | None = attrs.field(default=None, repr=False)
+    db: int = 0
+    tls: bool = False
+    timeout: float = 3.0
+
+
+@attrs.frozen
+class StateProviderRef:
+    """C{Gateway.spec.stateProvider}: opt-in server-side session state."""
+
+    type: str
+    refresh_skew: float = 60.0
+    key_prefix: str = "gw:sess:"
+    config: Mapping[str, Any] = attrs.field(factory=dict)
+    kvstore: KvStoreConfig | None = None
+
+
+@attrs.frozen
+class GatewaySpec:
+    """The one C{Gateway} resource."""
+
+    listen: str = DEFAULT_LISTEN
+    trusted_proxies: tuple[str, ...] = ()
+    security: SecuritySpec = SecuritySpec()
+    plugins: tuple[str, ...] = ()
+    session: SessionSpec | None = None
+    identity: IdentitySpec = IdentitySpec()
+    auth: AuthSpec = AuthSpec()
+    state_provider: StateProviderRef | None = None
+    drain_timeout: float = DEFAULT_DRAIN_TIMEOUT
+    location: Location | None = attrs.field(default=None, eq=False, repr=False)
+
+
+# -- IdP and Telemetry ---------------------------------------------------------------------
+
+
+@attrs.frozen
+class BearerSpec:
+    """C{IdP.spec.bearer}: how access tokens are verified."""
+
+    jwks_url: str | None = None
+    audience_claim: str = "aud"
+    audience: str | None = None
+    signing_algs: tuple[str, ...] | None = None
+
+
+@attrs.frozen
+class IdpSpec:
+    """The optional C{IdP} resource (an OIDC provider)."""
+
+    name: str
+    issuer: str
+    client_id: str
+    type: Literal["oidc"] = "oidc"
+    verification_only: bool = False
+    client_secret: str | None = attrs.field(default=None, repr=False)
+    redirect_url: str | None = None
+    scopes: tuple[str, ...] = ("openid", "profile", "email")
+    bearer: BearerSpec = BearerSpec()
+    location: Location | None = attrs.field(default=None, eq=False, repr=False)
+
+    @property
+    def callback_path(self) -> str:
+        """
+        The callback route: the path of C{redirectURL}, else C{/auth/callback}.
+        """
+        from urllib.parse import urlsplit
+
+        if self.redirect_url:
+            try:
+                path = urlsplit(self.redirect_url).path
+            except ValueError:
+                path = ""
+            if path.startswith("/"):
+                return path
+        return "/auth/callback"
+
+
+AccessLogLevel = Literal["debug", "info", "warn", "error"]
+
+
+@attrs.frozen
+class TelemetrySpec:
+    """The optional C{Telemetry} resource."""
+
+    service_name: str
+    otlp_endpoint: str | None = None
+    otlp_protocol: Literal["http/protobuf", "grpc"] = "http/protobuf"
+    access_log_level: AccessLogLevel = "info"
+    location: Location | None = attrs.field(default=None, eq=False, repr=False)
+
+
+# -- Routes, groups, policies --------------------------------------------------------------
+
+
+@attrs.frozen
+class ProjectionSpec:
+    """C{access.projection}."""
+
+    claims: Mapping[str, str] | None = None
+    groups_header: str | None = None
+
+
+@attrs.frozen
+class AccessSpec:
+    """
+    An access block (Route or RouteGroup). C{None} means "not set here", so that merging
+    can tell an explicit value from a default.
+    """
+
+    auth: AuthMode | None = None
+    authorize: tuple[str, ...] = ()
+    projection: ProjectionSpec = ProjectionSpec()
+    on_deny_redirect: str | None = None
+
+
+@attrs.frozen
+class LabelExpression:
+    """One C{selector.matchExpressions} item."""
+
+    key: str
+    operator: Literal["In", "NotIn", "Exists", "DoesNotExist"]
+    values: tuple[str, ...] = ()
+
+    def matches(self, labels: Mapping[str, str]) -> bool:
+        """
+        Whether a resource with C{labels} satisfies this expression.
+        """
+        if self.operator == "Exists":
+            return self.key in labels
+        if self.operator == "DoesNotExist":
+            return self.key not in labels
+        if self.operator == "In":
+            return self.key in labels and labels[self.key] in self.values
+        return self.key not in labels or labels[self.key] not in self.values
+
+
+@attrs.frozen
+class Selector:
+    """A label selector; the empty selector matches every route."""
+
+    match_labels: Mapping[str, str] = attrs.field(factory=dict)
+    match_expressions: tuple[LabelExpression, ...] = ()
+
+    def matches(self, labels: Mapping[str, str]) -> bool:
+        """
+        Whether a resource with C{labels} is selected.
+        """
+        for key, value in self.match_labels.items():
+            if labels.get(key) != value:
+                return False
+        return all(expression.matches(labels) for expression in self.match_expressions)
+
+
+@attrs.frozen
+class RouteGroupSpec:
+    """A C{RouteGroup} resource."""
+
+    name: str
+    location: Location
+    order: int
+    type: RouteType | None = None
+    selector: Selector = Selector()
+    access: AccessSpec = AccessSpec()
+
+
+@attrs.frozen
+class RequireSpec:
+    """C{Policy.spec.require}: the built-in rule."""
+
+    groups: tuple[str, ...] = ()
+    claims: Mapping[str, tuple[str, ...]] = attrs.field(factory=dict)
+
+
+@attrs.frozen
+class RegoSpec:
+    """C{Policy.spec.rego}; C{path} is already resolved against the config location."""
+
+    path: str
+
+
+@attrs.frozen
+class PolicySpec:
+    """A C{Policy} resource."""
+
+    name: str
+    location: Location
+    require: RequireSpec | None = None
+    rego: RegoSpec | None = None
+
+
+@attrs.frozen
+class PluginSpec:
+    """A C{RequestPlugin} or C{ResponsePlugin} resource."""
+
+    name: str
+    kind: Literal["RequestPlugin", "ResponsePlugin"]
+    location: Location
+    order: int
+    plugin: str
+    selector: Selector = Selector()
+    config: Mapping[str, Any] = attrs.field(factory=dict)
+
+
+@attrs.frozen
+class StateProviderSpec:
+    """A C{StateProvider} resource: declares a provider type and its default config."""
+
+    name: str
+    location: Location
+    type: str
+    config: Mapping[str, Any] = attrs.field(factory=dict)
+
+
+# -- Handlers ------------------------------------------------------------------------------
+
+
+@attrs.frozen
+class StaticHandlerSpec:
+    """C{handler.type: static}; C{dir} is absolute (resolved against the config file)."""
+
+    dir: str
+    index: str = "index.html"
+    spa_fallback: bool = True
+    strip_prefix: str | None = None
+    cache_control: str | None = None
+
+    type = "static"
+
+
+@attrs.frozen
+class ProxyHandlerSpec:
+    """C{handler.type: reverse-proxy}."""
+
+    upstream: str
+    strip_prefix: str | None = None
+    preserve_host: bool = False
+    forward_access_token: bool = False
+    forward_cookies: bool = False
+    forward_identity: bool = False
+    timeout: float | None = None
+    insecure_skip_verify: bool = False
+
+    type = "reverse-proxy"
+
+
+@attrs.frozen
+class ApiBackendSpec:
+    """One C{api} backend."""
+
+    group: str
+    upstream: str
+    path: str
+    method: str = "GET"
+    required: bool = True
+    forward_query: bool = False
+    forward_access_token: bool = False
+    forward_identity: bool = False
+
+
+@attrs.frozen
+class ApiHandlerSpec:
+    """C{handler.type: api}: concurrent fan-out with merged JSON."""
+
+    backends: tuple[ApiBackendSpec, ...]
+    timeout: float | None = None
+
+    type = "api"
+
+
+@attrs.frozen
+class HealthHandlerSpec:
+    """C{handler.type: health}."""
+
+    type = "health"
+
+
+HandlerSpec = StaticHandlerSpec | ProxyHandlerSpec | ApiHandlerSpec | HealthHandlerSpec
+
+
+@attrs.frozen
+class RouteSpec:
+    """A C{Route} resource, as written (before groups are merged in)."""
+
+    name: str
+    location: Location
+    order: int
+    match: str
+    handler: HandlerSpec
+    labels: Mapping[str, str] = attrs.field(factory=dict)
+    type: RouteType | None = None
+    access: AccessSpec = AccessSpec()
+
+
+# -- The whole configuration ---------------------------------------------------------------
+
+
+@attrs.frozen
+class Config:
+    """
+    Everything loaded from C{--config}, validated.
+
+    @ivar source: The file or directory it was loaded from.
+    @ivar files: The YAML files read, in document order.
+    """
+
+    source: str
+    files: tuple[str, ...]
+    gateway: GatewaySpec
+    routes: tuple[RouteSpec, ...] = ()
+    route_groups: tuple[RouteGroupSpec, ...] = ()
+    policies: Mapping[str, PolicySpec] = attrs.field(factory=dict)
+    request_plugins: tuple[PluginSpec, ...] = ()
+    response_plugins: tuple[PluginSpec, ...] = ()
+    state_providers: Mapping[str, StateProviderSpec] = attrs.field(factory=dict)
+    idp: IdpSpec | None = None
+    telemetry: TelemetrySpec | None = None
+
+    @property
+    def identity_enabled(self) -> bool:
+        """
+        Whether any session or IdP is configured (otherwise rule 4: the session,
+        auth-gate and projection stages pass requests through).
+        """
+        return self.gateway.session is not None or self.idp is not None

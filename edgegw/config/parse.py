@@ -1,0 +1,949 @@
+"""
+From YAML documents to the frozen L{Config}: every kind, every field, every rule.
+
+Parsing never stops at the first problem: each resource is read completely, problems are
+collected with their location, and L{load_config} raises one L{ConfigError} at the end.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import ipaddress
+import os
+import re
+from collections.abc import Callable, Mapping
+from typing import Any, cast
+from urllib.parse import urlsplit
+
+import attrs
+
+from edgegw.config.errors import Location, Problems
+from edgegw.config.fields import Node, suggest, type_name
+from edgegw.config.load import Document, read_documents
+from edgegw.config.model import (
+    AccessSpec,
+    ApiBackendSpec,
+    ApiHandlerSpec,
+    AssertionAcceptSpec,
+    AssertionIssueSpec,
+    AssertionKeySpec,
+    AssertionSpec,
+    AuthSpec,
+    BearerSpec,
+    Config,
+    CsrfSpec,
+    GatewaySpec,
+    GroupsSpec,
+    HandlerSpec,
+    HealthHandlerSpec,
+    HstsSpec,
+    IdentitySpec,
+    IdpSpec,
+    KvStoreConfig,
+    LabelExpression,
+    PluginSpec,
+    PolicySpec,
+    ProjectionSpec,
+    ProxyHandlerSpec,
+    RegoSpec,
+    RequireSpec,
+    RouteGroupSpec,
+    RouteSpec,
+    SecurityHeadersSpec,
+    SecuritySpec,
+    Selector,
+    SessionSpec,
+    StateProviderRef,
+    StateProviderSpec,
+    StaticHandlerSpec,
+    TelemetrySpec,
+)
+from edgegw.edge.csrf import TrustedOriginError, validate_trusted_origin
+from edgegw.edge.listen import endpoint_description
+from edgegw.edge.mux import ConflictError, Mux, PatternError
+
+KINDS = (
+    "Gateway",
+    "IdP",
+    "Telemetry",
+    "Route",
+    "RouteGroup",
+    "Policy",
+    "RequestPlugin",
+    "ResponsePlugin",
+    "StateProvider",
+)
+HANDLER_TYPES = ("api", "health", "reverse-proxy", "static")
+_TOKEN = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+\Z")
+_LABEL_VALUE = re.compile(r"[^\x00-\x1f\x7f]*\Z")
+_PLACEHOLDER = re.compile(r"\{([^{}]*)\}")
+_METHOD = _TOKEN
+
+
+def load_config(source: str, environ: Mapping[str, str] | None = None) -> Config:
+    """
+    Load, interpolate and validate the configuration at C{source} (file or directory).
+
+    @param environ: Variables for C{${VAR}} interpolation; defaults to C{os.environ}.
+    @raise ConfigError: With every problem found.
+    """
+    problems = Problems()
+    documents = list(read_documents(source, os.environ if environ is None else environ, problems))
+    config = _Parser(source, problems).parse(documents)
+    problems.raise_if_any()
+    assert config is not None
+    return config
+
+
+# -- shared validators ---------------------------------------------------------------------
+
+
+def is_local_redirect(path: str) -> bool:
+    """
+    Whether C{path} is a same-origin path: starts with C{/}, not C{//} or C{/\\}, and
+    contains no C{://}.
+    """
+    return (
+        path.startswith("/")
+        and not path.startswith(("//", "/\\"))
+        and "://" not in path
+        and not any(c in path for c in "\r\n\x00")
+    )
+
+
+def _check_local_path(node: Node, key: str, value: str | None) -> None:
+    if value is not None and not is_local_redirect(value):
+        node.error(
+            key,
+            f'"{value}" is not a same-origin path: it must start with "/", must not start '
+            'with "//" or "/\\" and must not contain "://"',
+        )
+
+
+def _check_header_name(node: Node, key: str, value: str | None) -> None:
+    if value is not None and not _TOKEN.match(value):
+        node.error(key, f'"{value}" is not a valid HTTP header name')
+
+
+def _check_url(node: Node, key: str, value: str | None, schemes: tuple[str, ...]) -> None:
+    if not value:
+        return
+    try:
+        parts = urlsplit(value)
+        port = parts.port
+    except ValueError as e:
+        node.error(key, f'"{value}" is not a valid URL: {e}')
+        return
+    del port
+    if parts.scheme not in schemes or not parts.hostname:
+        wanted = " or ".join(f"{scheme}://" for scheme in schemes)
+        node.error(key, f'"{value}" is not a valid URL: expected {wanted} followed by a host')
+    elif parts.query or parts.fragment:
+        node.error(key, f'"{value}": a query or fragment is not allowed here')
+
+
+def _decode_key(text: str) -> bytes | None:
+    """
+    Standard or raw URL-safe base64, padding optional.
+    """
+    try:
+        data = (text + "=" * (-len(text) % 4)).encode("ascii")
+    except UnicodeEncodeError:
+        return None
+    for altchars in (None, b"-_"):
+        try:
+            return base64.b64decode(data, altchars=altchars, validate=True)
+        except binascii.Error:
+            continue
+    return None
+
+
+def _ed25519_key(node: Node, key: str, what: str) -> bytes:
+    text = node.string(key, required=True)
+    if not text:
+        return b""
+    raw = _decode_key(text)
+    if raw is None:
+        node.error(key, f"{what} is not valid base64 (standard or raw URL-safe)")
+        return b""
+    if len(raw) != 32:
+        node.error(key, f"{what} must decode to exactly 32 bytes, got {len(raw)}")
+        return b""
+    return raw
+
+
+# -- the parser ----------------------------------------------------------------------------
+
+
+class _Parser:
+    def __init__(self, source: str, problems: Problems) -> None:
+        self.source = source
+        self.problems = problems
+
+    def parse(self, documents: list[Document]) -> Config | None:
+        gateways: list[tuple[Location, GatewaySpec]] = []
+        idps: list[tuple[Location, IdpSpec]] = []
+        telemetries: list[tuple[Location, TelemetrySpec]] = []
+        routes: list[RouteSpec] = []
+        groups: list[RouteGroupSpec] = []
+        policies: dict[str, PolicySpec] = {}
+        request_plugins: list[PluginSpec] = []
+        response_plugins: list[PluginSpec] = []
+        providers: dict[str, StateProviderSpec] = {}
+        names: dict[tuple[str, str], Location] = {}
+
+        for order, document in enumerate(documents):
+            envelope = self._envelope(document)
+            if envelope is None:
+                continue
+            kind, name, labels, spec = envelope
+            location = document.location
+            previous = names.get((kind, name))
+            if previous is not None:
+                self.problems.add(
+                    location,
+                    "metadata.name",
+                    f'duplicate {kind} name "{name}" (first defined in {previous.describe()})',
+                )
+            else:
+                names[(kind, name)] = location
+            base = document.base_dir
+            if kind == "Gateway":
+                gateways.append((location, attrs.evolve(self._gateway(spec), location=location)))
+            elif kind == "IdP":
+                idps.append((location, attrs.evolve(self._idp(spec, name), location=location)))
+            elif kind == "Telemetry":
+                telemetries.append(
+                    (location, attrs.evolve(self._telemetry(spec), location=location))
+                )
+            elif kind == "Route":
+                route = self._route(spec, name, labels, location, order, base)
+                if route is not None:
+                    routes.append(route)
+            elif kind == "RouteGroup":
+                groups.append(self._route_group(spec, name, location, order))
+            elif kind == "Policy":
+                policies.setdefault(name, self._policy(spec, name, location, base))
+            elif kind in ("RequestPlugin", "ResponsePlugin"):
+                plugin = self._plugin(spec, name, cast(Any, kind), location, order)
+                (request_plugins if kind == "RequestPlugin" else response_plugins).append(plugin)
+            elif kind == "StateProvider":
+                providers.setdefault(name, self._state_provider(spec, name, location))
+            spec.finish()
+
+        gateway = self._one_gateway(gateways)
+        idp = self._at_most_one("IdP", idps)
+        telemetry = self._at_most_one("Telemetry", telemetries)
+        self._cross_checks(gateway, idp, routes, groups, policies, providers)
+        if gateway is None:
+            return None
+        return Config(
+            source=self.source,
+            files=tuple(dict.fromkeys(d.location.file for d in documents)),
+            gateway=gateway[1],
+            routes=tuple(routes),
+            route_groups=tuple(groups),
+            policies=policies,
+            request_plugins=tuple(request_plugins),
+            response_plugins=tuple(response_plugins),
+            state_providers=providers,
+            idp=idp,
+            telemetry=telemetry,
+        )
+
+    # -- envelope --------------------------------------------------------------------------
+
+    def _envelope(self, document: Document) -> tuple[str, str, dict[str, str], Node] | None:
+        location = document.location
+        body = document.body
+        if not isinstance(body, dict):
+            self.problems.add(location, "", f"expected a resource mapping, got {type_name(body)}")
+            return None
+        root = Node(body, location, "", self.problems)
+        root.know("apiVersion")
+        if "apiVersion" in body and not isinstance(body["apiVersion"], str | int | float):
+            root.error("apiVersion", f"expected a string, got {type_name(body['apiVersion'])}")
+        kind = root.string("kind", required=True)
+        if kind and kind not in KINDS:
+            root.error(
+                "kind",
+                f'unknown kind "{kind}"{suggest(kind, list(KINDS))} '
+                f"(expected one of {', '.join(KINDS)})",
+            )
+            return None
+        metadata = root.mapping("metadata", required=True)
+        name = ""
+        labels: dict[str, str] = {}
+        if metadata is not None:
+            name = metadata.required_string("name")
+            labels = metadata.string_map("labels") or {}
+            for label, value in labels.items():
+                if not label or not _LABEL_VALUE.match(label + value):
+                    metadata.error(f"labels.{label}", "labels must be printable text")
+            metadata.know("annotations")
+            metadata.finish()
+        spec = root.mapping("spec")
+        if spec is None:
+            if "spec" in body and body["spec"] is not None:
+                return None
+            spec = Node({}, location, "spec", self.problems)
+        root.finish()
+        if not kind:
+            return None
+        return kind, name, labels, spec
+
+    # -- Gateway ---------------------------------------------------------------------------
+
+    def _gateway(self, spec: Node) -> GatewaySpec:
+        listen = spec.string("listen", ":8080") or ":8080"
+        try:
+            endpoint_description(listen)
+        except ValueError as e:
+            spec.error("listen", str(e))
+        trusted = spec.strings("trustedProxies")
+        for index, entry in enumerate(trusted):
+            if entry == "*":
+                continue
+            try:
+                ipaddress.ip_network(entry, strict=False)
+            except ValueError:
+                spec.error(
+                    f"trustedProxies[{index}]",
+                    f'"{entry}" is not an IP address, a CIDR such as "10.0.0.0/8", or "*"',
+                )
+        security = self._security(spec.mapping("security"))
+        plugins = spec.strings("plugins")
+        session = self._session(spec.mapping("session"))
+        identity = self._identity(spec.mapping("identity"))
+        auth = self._auth(spec.mapping("auth"))
+        state = self._state_ref(spec.mapping("stateProvider"))
+        if state is not None and session is None:
+            spec.error("stateProvider", "requires a session block (its key encrypts the record)")
+        return GatewaySpec(
+            listen=listen,
+            trusted_proxies=trusted,
+            security=security,
+            plugins=plugins,
+            session=session,
+            identity=identity,
+            auth=auth,
+            state_provider=state,
+            drain_timeout=spec.duration("drainTimeout", 30.0) or 0.0,
+        )
+
+    def _security(self, node: Node | None) -> SecuritySpec:
+        if node is None:
+            return SecuritySpec()
+        csrf = CsrfSpec()
+        csrf_node = node.mapping("csrf")
+        if csrf_node is not None:
+            origins = csrf_node.strings("trustedOrigins")
+            for index, origin in enumerate(origins):
+                try:
+                    validate_trusted_origin(origin)
+                except TrustedOriginError as e:
+                    csrf_node.error(f"trustedOrigins[{index}]", str(e))
+            patterns = csrf_node.strings("bypassPatterns")
+            bypass: Mux[int] = Mux()
+            for index, pattern in enumerate(patterns):
+                try:
+                    bypass.register(pattern, index)
+                except (PatternError, ConflictError) as e:
+                    csrf_node.error(f"bypassPatterns[{index}]", str(e))
+            csrf = CsrfSpec(
+                enabled=csrf_node.boolean("enabled", True),
+                trusted_origins=origins,
+                bypass_patterns=patterns,
+            )
+            csrf_node.finish()
+        headers = SecurityHeadersSpec()
+        headers_node = node.mapping("headers")
+        if headers_node is not None:
+            hsts = HstsSpec()
+            hsts_node = headers_node.mapping("hsts")
+            if hsts_node is not None:
+                hsts = HstsSpec(
+                    enabled=hsts_node.boolean("enabled", True),
+                    max_age=hsts_node.integer("maxAge", 31536000, minimum=0),
+                    include_subdomains=hsts_node.boolean("includeSubDomains", True),
+                    preload=hsts_node.boolean("preload", False),
+                )
+                hsts_node.finish()
+            values = {}
+            for key, default in (
+                ("frameOptions", "DENY"),
+                ("contentTypeOptions", "nosniff"),
+                ("referrerPolicy", "strict-origin-when-cross-origin"),
+                ("contentSecurityPolicy", None),
+            ):
+                value = headers_node.string(key, default)
+                if value is not None and any(c in value for c in "\r\n\x00"):
+                    headers_node.error(key, "header values must not contain CR, LF or NUL")
+                values[key] = value
+            headers = SecurityHeadersSpec(
+                frame_options=values["frameOptions"] or "",
+                content_type_options=values["contentTypeOptions"] or "",
+                referrer_policy=values["referrerPolicy"] or "",
+                hsts=hsts,
+                content_security_policy=values["contentSecurityPolicy"],
+            )
+            headers_node.finish()
+        node.finish()
+        return SecuritySpec(csrf=csrf, headers=headers)
+
+    def _session(self, node: Node | None) -> SessionSpec | None:
+        if node is None:
+            return None
+        key_text = node.string("key", required=True) or ""
+        key = key_text.encode("utf-8")
+        if key_text and len(key) != 32:
+            node.error("key", f"must be exactly 32 bytes (AES-256-GCM key), got {len(key)}")
+        cookie_name = node.string("cookieName", "gw_session") or ""
+        if not _TOKEN.match(cookie_name):
+            node.error("cookieName", f'"{cookie_name}" is not a valid cookie name')
+        fingerprint = node.strings("fingerprintHeaders", ("User-Agent",))
+        for index, header in enumerate(fingerprint):
+            _check_header_name(node, f"fingerprintHeaders[{index}]", header)
+        info_path = node.string("infoPath", "/auth/session") or ""
+        _check_local_path(node, "infoPath", info_path)
+        post_logout = node.string("postLogoutRedirect", "/") or ""
+        _check_local_path(node, "postLogoutRedirect", post_logout)
+        session = SessionSpec(
+            key=key,
+            cookie_name=cookie_name,
+            ttl=node.duration("ttl", 8 * 3600.0, positive=True) or 8 * 3600.0,
+            fingerprint_headers=fingerprint,
+            info_path=info_path,
+            post_logout_redirect=post_logout,
+        )
+        node.finish()
+        return session
+
+    def _identity(self, node: Node | None) -> IdentitySpec:
+        if node is None:
+            return IdentitySpec()
+        groups = GroupsSpec()
+        groups_node = node.mapping("groups")
+        if groups_node is not None:
+            as_ = groups_node.string("as", "groups") or ""
+            if not _TOKEN.match(as_):
+                groups_node.error("as", f'"{as_}" cannot be used in a header name')
+            groups = GroupsSpec(
+                source=groups_node.string("source"),
+                match=groups_node.strings("match"),
+                render=cast(Any, groups_node.string("render", "cn", choices=("cn", "dn"))),
+                as_=as_,
+                strip=groups_node.strings("strip"),
+            )
+            groups_node.finish()
+        identity = IdentitySpec(
+            claims=node.strings("claims", ("email", "name", "given_name", "family_name")),
+            groups=groups,
+            user_info=cast(
+                Any, node.string("userInfo", "auto", choices=("auto", "always", "never"))
+            ),
+            subject_claim=node.string("subjectClaim", "sub", nonempty=True) or "sub",
+            assertion=self._assertion(node.mapping("assertion")),
+        )
+        node.finish()
+        return identity
+
+    def _assertion(self, node: Node | None) -> AssertionSpec | None:
+        if node is None:
+            return None
+        issue = None
+        issue_node = node.mapping("issue")
+        if issue_node is not None:
+            header = issue_node.string("header", "X-Gw-Identity") or ""
+            _check_header_name(issue_node, "header", header)
+            issue = AssertionIssueSpec(
+                name=issue_node.required_string("name"),
+                key_id=issue_node.required_string("keyId"),
+                seed=_ed25519_key(issue_node, "key", "the Ed25519 seed"),
+                ttl=issue_node.duration("ttl", 60.0, positive=True) or 60.0,
+                header=header,
+            )
+            issue_node.finish()
+        accept = None
+        accept_node = node.mapping("accept")
+        if accept_node is not None:
+            header = accept_node.string("header", "X-Gw-Identity") or ""
+            _check_header_name(accept_node, "header", header)
+            keys = []
+            for key_node in accept_node.nodes("keys", required=True):
+                keys.append(
+                    AssertionKeySpec(
+                        key_id=key_node.required_string("keyId"),
+                        public_key=_ed25519_key(key_node, "publicKey", "the Ed25519 public key"),
+                    )
+                )
+                key_node.finish()
+            accept = AssertionAcceptSpec(
+                issuer=accept_node.required_string("issuer"),
+                keys=tuple(keys),
+                header=header,
+                require_bearer=accept_node.boolean("requireBearer", True),
+            )
+            accept_node.finish()
+        if issue is None and accept is None:
+            node.error("", "configure issue, accept, or both")
+        node.finish()
+        return AssertionSpec(issue=issue, accept=accept)
+
+    def _auth(self, node: Node | None) -> AuthSpec:
+        if node is None:
+            return AuthSpec()
+        login = node.string("loginPath", "/auth/login") or ""
+        logout = node.string("logoutPath", "/auth/logout") or ""
+        _check_local_path(node, "loginPath", login)
+        _check_local_path(node, "logoutPath", logout)
+        node.finish()
+        return AuthSpec(login_path=login, logout_path=logout)
+
+    def _state_ref(self, node: Node | None) -> StateProviderRef | None:
+        if node is None:
+            return None
+        type_ = node.required_string("type")
+        config = node.opaque_mapping("config")
+        kvstore = None
+        if type_ == "kvstore":
+            config_node = node.mapping("config", required=True)
+            if config_node is not None:
+                kvstore = self._kvstore(config_node)
+        ref = StateProviderRef(
+            type=type_,
+            refresh_skew=node.duration("refreshSkew", 60.0) or 0.0,
+            key_prefix=node.string("keyPrefix", "gw:sess:") or "",
+            config=config,
+            kvstore=kvstore,
+        )
+        node.finish()
+        return ref
+
+    def _kvstore(self, node: Node) -> KvStoreConfig:
+        address = node.required_string("address")
+        host, sep, port = address.rpartition(":")
+        if address and (not sep or not host or not port.isdigit() or not 0 < int(port) < 65536):
+            node.error("address", f'"{address}" is not host:port')
+        config = KvStoreConfig(
+            address=address,
+            user=node.string("user", "default") or "default",
+            password=node.string("password"),
+            db=node.integer("db", 0, minimum=0),
+            tls=node.boolean("tls", False),
+            timeout=node.duration("timeout", 3.0, positive=True) or 3.0,
+        )
+        node.finish()
+        return config
+
+    # -- IdP, Telemetry --------------------------------------------------------------------
+
+    def _idp(self, spec: Node, name: str) -> IdpSpec:
+        spec.string("type", required=True, choices=("oidc",))
+        verification_only = spec.boolean("verificationOnly", False)
+        issuer = spec.required_string("issuer")
+        _check_url(spec, "issuer", issuer, ("https", "http"))
+        client_id = spec.required_string("clientID")
+        client_secret = spec.string("clientSecret")
+        redirect_url = spec.string("redirectURL")
+        if verification_only:
+            for key, value in (("clientSecret", client_secret), ("redirectURL", redirect_url)):
+                if value is not None:
+                    spec.error(key, "not allowed with verificationOnly: true")
+        _check_url(spec, "redirectURL", redirect_url, ("https", "http"))
+        bearer = BearerSpec()
+        bearer_node = spec.mapping("bearer")
+        if bearer_node is not None:
+            jwks = bearer_node.string("jwksURL")
+            _check_url(bearer_node, "jwksURL", jwks, ("https", "http"))
+            algs = (
+                bearer_node.strings("signingAlgs", nonempty=True)
+                if bearer_node.has("signingAlgs")
+                else None
+            )
+            bearer = BearerSpec(
+                jwks_url=jwks,
+                audience_claim=bearer_node.string("audienceClaim", "aud", nonempty=True) or "aud",
+                audience=bearer_node.string("audience", nonempty=True),
+                signing_algs=algs,
+            )
+            bearer_node.finish()
+        return IdpSpec(
+            name=name,
+            issuer=issuer,
+            client_id=client_id,
+            verification_only=verification_only,
+            client_secret=client_secret,
+            redirect_url=redirect_url,
+            scopes=spec.strings("scopes", ("openid", "profile", "email"), nonempty=True),
+            bearer=bearer,
+        )
+
+    def _telemetry(self, spec: Node) -> TelemetrySpec:
+        service = spec.mapping("service", required=True)
+        service_name = service.required_string("name") if service is not None else ""
+        if service is not None:
+            service.finish()
+        endpoint = None
+        protocol = "http/protobuf"
+        otlp = spec.mapping("otlp")
+        if otlp is not None:
+            endpoint = otlp.string("endpoint")
+            _check_url(otlp, "endpoint", endpoint, ("http", "https"))
+            protocol = (
+                otlp.string("protocol", "http/protobuf", choices=("http/protobuf", "grpc"))
+                or protocol
+            )
+            otlp.finish()
+        level = "info"
+        access_log = spec.mapping("accessLog")
+        if access_log is not None:
+            level = (
+                access_log.string("level", "info", choices=("debug", "info", "warn", "error"))
+                or level
+            )
+            access_log.finish()
+        return TelemetrySpec(
+            service_name=service_name,
+            otlp_endpoint=endpoint,
+            otlp_protocol=cast(Any, protocol),
+            access_log_level=cast(Any, level),
+        )
+
+    # -- Routes and groups -----------------------------------------------------------------
+
+    def _route(
+        self,
+        spec: Node,
+        name: str,
+        labels: dict[str, str],
+        location: Location,
+        order: int,
+        base_dir: str,
+    ) -> RouteSpec | None:
+        match = spec.required_string("match")
+        route_type = spec.string("type", choices=("app", "service"))
+        handler_node = spec.mapping("handler", required=True)
+        handler = self._handler(handler_node, base_dir, match) if handler_node is not None else None
+        access = self._access(spec.mapping("access"))
+        if handler is None:
+            return None
+        return RouteSpec(
+            name=name,
+            location=location,
+            order=order,
+            match=match,
+            handler=handler,
+            labels=labels,
+            type=cast(Any, route_type),
+            access=access,
+        )
+
+    def _access(self, node: Node | None) -> AccessSpec:
+        if node is None:
+            return AccessSpec()
+        auth = node.string("auth", choices=("required", "public"))
+        authorize = node.strings("authorize")
+        projection = ProjectionSpec()
+        projection_node = node.mapping("projection")
+        if projection_node is not None:
+            projection_node.know("request")
+            session_node = projection_node.mapping("session")
+            if session_node is not None:
+                claims = session_node.string_map("claims")
+                for claim, header in (claims or {}).items():
+                    _check_header_name(session_node, f"claims.{claim}", header)
+                groups_header = None
+                groups_node = session_node.mapping("groups")
+                if groups_node is not None:
+                    groups_header = groups_node.string("header", nonempty=True)
+                    _check_header_name(groups_node, "header", groups_header)
+                    groups_node.finish()
+                projection = ProjectionSpec(claims=claims, groups_header=groups_header)
+                session_node.finish()
+            projection_node.finish()
+        redirect = None
+        on_deny = node.mapping("onDeny")
+        if on_deny is not None:
+            redirect = on_deny.string("redirect")
+            _check_local_path(on_deny, "redirect", redirect)
+            on_deny.finish()
+        node.finish()
+        return AccessSpec(
+            auth=cast(Any, auth),
+            authorize=tuple(dict.fromkeys(authorize)),
+            projection=projection,
+            on_deny_redirect=redirect,
+        )
+
+    def _selector(self, node: Node | None) -> Selector:
+        if node is None:
+            return Selector()
+        match_labels = node.string_map("matchLabels") or {}
+        expressions = []
+        for item in node.nodes("matchExpressions"):
+            key = item.required_string("key")
+            operator = item.string(
+                "operator", required=True, choices=("In", "NotIn", "Exists", "DoesNotExist")
+            )
+            values = item.strings("values")
+            if operator in ("In", "NotIn") and not values:
+                item.error("values", f"{operator} needs at least one value")
+            if operator in ("Exists", "DoesNotExist") and item.has("values"):
+                item.error("values", f"{operator} takes no values")
+            item.finish()
+            if operator:
+                expressions.append(LabelExpression(key, cast(Any, operator), values))
+        node.finish()
+        return Selector(match_labels=match_labels, match_expressions=tuple(expressions))
+
+    def _route_group(self, spec: Node, name: str, location: Location, order: int) -> RouteGroupSpec:
+        return RouteGroupSpec(
+            name=name,
+            location=location,
+            order=order,
+            type=cast(Any, spec.string("type", choices=("app", "service"))),
+            selector=self._selector(spec.mapping("selector")),
+            access=self._access(spec.mapping("access")),
+        )
+
+    # -- Policy, plugins, state providers --------------------------------------------------
+
+    def _policy(self, spec: Node, name: str, location: Location, base_dir: str) -> PolicySpec:
+        require = None
+        require_node = spec.mapping("require")
+        if require_node is not None:
+            groups = require_node.strings("groups")
+            claims: dict[str, tuple[str, ...]] = {}
+            claims_node = require_node.mapping("claims")
+            if claims_node is not None:
+                for claim, value in claims_node.raw.items():
+                    claims_node.know(claim)
+                    if isinstance(value, str):
+                        claims[claim] = (value,)
+                    elif isinstance(value, list) and all(isinstance(v, str) for v in value):
+                        if not value:
+                            claims_node.error(str(claim), "empty list: list at least one value")
+                        claims[claim] = tuple(value)
+                    else:
+                        claims_node.error(
+                            str(claim),
+                            f"expected a string or a list of strings, got {type_name(value)}",
+                        )
+                claims_node.finish()
+            if require_node.has("groups") and not groups:
+                require_node.error("groups", "empty list: list at least one group")
+            if not require_node.has("groups") and not (claims_node and claims_node.raw):
+                require_node.error("", "a require block needs groups, claims, or both")
+            require = RequireSpec(groups=groups, claims=claims)
+            require_node.finish()
+        rego = None
+        rego_node = spec.mapping("rego")
+        if rego_node is not None:
+            path = rego_node.required_string("path")
+            rego = RegoSpec(path=os.path.normpath(os.path.join(base_dir, path)) if path else "")
+            rego_node.finish()
+        if require is None and rego is None:
+            spec.error("", "a Policy needs require, rego, or both")
+        return PolicySpec(name=name, location=location, require=require, rego=rego)
+
+    def _plugin(
+        self, spec: Node, name: str, kind: Any, location: Location, order: int
+    ) -> PluginSpec:
+        return PluginSpec(
+            name=name,
+            kind=kind,
+            location=location,
+            order=order,
+            plugin=spec.string("plugin", name, nonempty=True) or name,
+            selector=self._selector(spec.mapping("selector")),
+            config=spec.opaque_mapping("config"),
+        )
+
+    def _state_provider(self, spec: Node, name: str, location: Location) -> StateProviderSpec:
+        return StateProviderSpec(
+            name=name,
+            location=location,
+            type=spec.required_string("type"),
+            config=spec.opaque_mapping("config"),
+        )
+
+    # -- handlers --------------------------------------------------------------------------
+
+    def _handler(self, node: Node, base_dir: str, match: str) -> HandlerSpec | None:
+        type_ = node.string("type", required=True)
+        builders: dict[str, Callable[[Node, str, str], HandlerSpec]] = {
+            "static": self._static,
+            "reverse-proxy": self._proxy,
+            "api": self._api,
+            "health": lambda n, b, m: HealthHandlerSpec(),
+        }
+        if not type_:
+            return None
+        builder = builders.get(type_)
+        if builder is None:
+            node.error(
+                "type",
+                f'unknown handler type "{type_}"{suggest(type_, list(HANDLER_TYPES))} '
+                f"(expected one of {', '.join(HANDLER_TYPES)})",
+            )
+            return None
+        handler = builder(node, base_dir, match)
+        node.finish()
+        return handler
+
+    def _static(self, node: Node, base_dir: str, match: str) -> HandlerSpec:
+        directory = node.required_string("dir")
+        resolved = os.path.normpath(os.path.join(base_dir, directory)) if directory else ""
+        if resolved and not os.path.isdir(resolved):
+            node.error("dir", f'"{directory}" is not a directory (resolved to {resolved})')
+        index = node.string("index", "index.html", nonempty=True) or "index.html"
+        if "/" in index or index.startswith("."):
+            node.error("index", f'"{index}" must be a plain file name')
+        strip = node.string("stripPrefix")
+        if strip is not None and not strip.startswith("/"):
+            node.error("stripPrefix", f'"{strip}" must start with "/"')
+        cache_control = node.string("cacheControl")
+        if cache_control is not None and any(c in cache_control for c in "\r\n\x00"):
+            node.error("cacheControl", "header values must not contain CR, LF or NUL")
+        return StaticHandlerSpec(
+            dir=resolved,
+            index=index,
+            spa_fallback=node.boolean("spaFallback", True),
+            strip_prefix=strip,
+            cache_control=cache_control,
+        )
+
+    def _proxy(self, node: Node, base_dir: str, match: str) -> HandlerSpec:
+        upstream = node.required_string("upstream")
+        _check_url(node, "upstream", upstream, ("http", "https"))
+        strip = node.string("stripPrefix")
+        if strip is not None and not strip.startswith("/"):
+            node.error("stripPrefix", f'"{strip}" must start with "/"')
+        return ProxyHandlerSpec(
+            upstream=upstream,
+            strip_prefix=strip,
+            preserve_host=node.boolean("preserveHost", False),
+            forward_access_token=node.boolean("forwardAccessToken", False),
+            forward_cookies=node.boolean("forwardCookies", False),
+            forward_identity=node.boolean("forwardIdentity", False),
+            timeout=node.duration("timeout", None, positive=True),
+            insecure_skip_verify=node.boolean("insecureSkipVerify", False),
+        )
+
+    def _api(self, node: Node, base_dir: str, match: str) -> HandlerSpec:
+        wildcards = set(re.findall(r"\{([^{}.$]+)(?:\.\.\.)?\}", match))
+        backends = []
+        seen: set[str] = set()
+        for item in node.nodes("backends", required=True):
+            group = item.required_string("group")
+            if group in seen:
+                item.error("group", f'duplicate group "{group}": groups must be unique')
+            seen.add(group)
+            upstream = item.required_string("upstream")
+            _check_url(item, "upstream", upstream, ("http", "https"))
+            path = item.required_string("path")
+            if path and not path.startswith("/"):
+                item.error("path", f'"{path}" must start with "/"')
+            for placeholder in _PLACEHOLDER.findall(path):
+                if placeholder not in wildcards:
+                    known = ", ".join(sorted(wildcards)) or "none"
+                    item.error(
+                        "path",
+                        f'placeholder "{{{placeholder}}}" is not a wildcard of the route '
+                        f"match {match!r} (wildcards: {known})",
+                    )
+            method = item.string("method", "GET") or "GET"
+            if not _METHOD.match(method):
+                item.error("method", f'"{method}" is not a valid HTTP method')
+            backends.append(
+                ApiBackendSpec(
+                    group=group,
+                    upstream=upstream,
+                    path=path,
+                    method=method,
+                    required=item.boolean("required", True),
+                    forward_query=item.boolean("forwardQuery", False),
+                    forward_access_token=item.boolean("forwardAccessToken", False),
+                    forward_identity=item.boolean("forwardIdentity", False),
+                )
+            )
+            item.finish()
+        return ApiHandlerSpec(
+            backends=tuple(backends), timeout=node.duration("timeout", None, positive=True)
+        )
+
+    # -- whole-configuration rules ---------------------------------------------------------
+
+    def _one_gateway(
+        self, gateways: list[tuple[Location, GatewaySpec]]
+    ) -> tuple[Location, GatewaySpec] | None:
+        if not gateways:
+            self.problems.add(None, "", "no Gateway resource: exactly one is required")
+            return None
+        for location, _ in gateways[1:]:
+            self.problems.add(
+                location,
+                "",
+                "a second Gateway resource: exactly one is allowed "
+                f"(the first is {gateways[0][0].describe()})",
+            )
+        return gateways[0]
+
+    def _at_most_one(self, kind: str, found: list[tuple[Location, Any]]) -> Any:
+        for location, _ in found[1:]:
+            self.problems.add(
+                location,
+                "",
+                f"a second {kind} resource: at most one is allowed "
+                f"(the first is {found[0][0].describe()})",
+            )
+        return found[0][1] if found else None
+
+    def _cross_checks(
+        self,
+        gateway: tuple[Location, GatewaySpec] | None,
+        idp: IdpSpec | None,
+        routes: list[RouteSpec],
+        groups: list[RouteGroupSpec],
+        policies: dict[str, PolicySpec],
+        providers: dict[str, StateProviderSpec],
+    ) -> None:
+        mux: Mux[RouteSpec] = Mux()
+        for route in routes:
+            if not route.match:
+                continue
+            try:
+                mux.register(route.match, route)
+            except PatternError as e:
+                self.problems.add(route.location, "spec.match", str(e))
+            except ConflictError as e:
+                self.problems.add(route.location, "spec.match", str(e))
+        holders: list[RouteSpec | RouteGroupSpec] = [*routes, *groups]
+        for holder in holders:
+            for index, policy in enumerate(holder.access.authorize):
+                if policy not in policies:
+                    self.problems.add(
+                        holder.location,
+                        f"spec.access.authorize[{index}]",
+                        f'no Policy named "{policy}"' + suggest(policy, list(policies)),
+                    )
+        if gateway is None:
+            return
+        location, spec = gateway
+        if idp is not None and idp.verification_only and spec.session is not None:
+            self.problems.add(
+                location,
+                "spec.session",
+                "a verificationOnly IdP cannot serve a configuration that has a session",
+            )
+        state = spec.state_provider
+        known_types = {"kvstore"} | {provider.type for provider in providers.values()}
+        if state is not None and state.type and state.type not in known_types:
+            self.problems.add(
+                location,
+                "spec.stateProvider.type",
+                f'no state provider type "{state.type}": the shipped type is "kvstore"; '
+                "others must be declared by a StateProvider resource",
+            )

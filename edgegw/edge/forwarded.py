@@ -1,0 +1,77 @@
+"""
+The forwarded layer: forwarding headers are believed only from trusted proxies.
+
+It runs first, before tracing, so nothing downstream ever sees forwarding headers that an
+untrusted peer made up.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from collections.abc import Iterable
+
+from twisted.internet.address import IPv4Address, IPv6Address
+from twisted.web.server import Request
+
+FORWARDING_HEADERS = (
+    b"x-forwarded-for",
+    b"x-forwarded-proto",
+    b"x-forwarded-host",
+    b"x-forwarded-port",
+    b"x-real-ip",
+    b"forwarded",
+)
+
+Network = ipaddress.IPv4Network | ipaddress.IPv6Network
+
+
+class ForwardedFilter:
+    """
+    Removes the six forwarding headers unless the immediate peer is trusted.
+
+    @param trusted: C{Gateway.spec.trustedProxies}: CIDRs, bare IPs, or C{*}.
+    """
+
+    def __init__(self, trusted: Iterable[str]) -> None:
+        entries = list(trusted)
+        self.trust_all = "*" in entries
+        self.networks: tuple[Network, ...] = tuple(
+            ipaddress.ip_network(entry, strict=False) for entry in entries if entry != "*"
+        )
+        # Peers repeat (keep-alive, a handful of proxies): remember each decision.
+        self._decisions: dict[str, bool] = {}
+
+    def is_trusted(self, host: str) -> bool:
+        """
+        Whether a peer address is a trusted proxy.
+        """
+        if self.trust_all:
+            return True
+        decision = self._decisions.get(host)
+        if decision is None:
+            try:
+                address = ipaddress.ip_address(host)
+            except ValueError:
+                decision = False
+            else:
+                if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped:
+                    address = address.ipv4_mapped
+                decision = any(address in network for network in self.networks)
+            if len(self._decisions) > 4096:
+                self._decisions.clear()
+            self._decisions[host] = decision
+        return decision
+
+    def clean(self, request: Request) -> None:
+        """
+        Strip the forwarding headers from C{request} unless its peer is trusted.
+        """
+        if self.trust_all:
+            return
+        peer = request.getClientAddress()
+        if isinstance(peer, IPv4Address | IPv6Address) and self.is_trusted(peer.host):
+            return
+        headers = request.requestHeaders
+        for name in FORWARDING_HEADERS:
+            if headers.hasHeader(name):
+                headers.removeHeader(name)

@@ -1,0 +1,214 @@
+"""
+Assembling a running gateway from a loaded L{Config}: handlers, chains, mux and Site.
+
+Everything that can be computed before the first request is computed here, once.
+Building can still fail (an unreadable file, a feature this version does not run); such
+failures are reported as L{ConfigError} problems, just like parse errors, so that
+C{--check} catches everything startup would.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import attrs
+from twisted.internet.interfaces import IReactorTime
+from twisted.web.server import Site
+
+from edgegw.chain.access_log import AccessLog
+from edgegw.chain.exchange import Exchange
+from edgegw.chain.pipeline import Handler, InFlight, RouteRunner, Stage, compose
+from edgegw.chain.projection import groups_header_name, projection
+from edgegw.chain.recover import recover
+from edgegw.chain.request_id import request_id
+from edgegw.chain.route import CompiledRoute
+from edgegw.config.effective import EffectiveRoute, effective_routes
+from edgegw.config.errors import Problems
+from edgegw.config.model import Config, GatewaySpec, HealthHandlerSpec, StaticHandlerSpec
+from edgegw.edge.forwarded import ForwardedFilter
+from edgegw.edge.mux import Mux
+from edgegw.edge.security import SecurityLayer
+from edgegw.edge.site import Dispatcher, EdgeResource, MuxDispatcher
+from edgegw.handlers.health import HealthHandler
+from edgegw.handlers.static import StaticHandler
+
+IDLE_CONNECTION_TIMEOUT = 75.0
+"""Seconds an idle keep-alive client connection stays open (nginx's default)."""
+
+
+class Terminal(Protocol):
+    """
+    A route's terminal handler.
+    """
+
+    async def __call__(self, exchange: Exchange) -> None:
+        """
+        Write the whole response for C{exchange}.
+        """
+
+    def describe(self) -> str:
+        """
+        One line for the route table.
+        """
+
+
+@attrs.define
+class Gateway:
+    """
+    A gateway ready to listen.
+
+    @ivar site: The Twisted Site to serve.
+    @ivar routes: The compiled routes, in document order.
+    @ivar inflight: Requests in flight, for graceful shutdown.
+    """
+
+    config: Config
+    site: Site
+    routes: list[CompiledRoute]
+    inflight: InFlight
+
+
+def build_gateway(config: Config, reactor: IReactorTime) -> Gateway:
+    """
+    Build every handler and chain of C{config}.
+
+    @raise ConfigError: Something in the configuration cannot run.
+    """
+    problems = Problems()
+    _refuse_unavailable(config, problems)
+    inflight = InFlight()
+    mux: Mux[RouteRunner] = Mux()
+    compiled: list[CompiledRoute] = []
+    level = config.telemetry.access_log_level if config.telemetry is not None else "info"
+    access = AccessLog(level)
+    groups_as = config.gateway.identity.groups.as_
+    for effective in effective_routes(config):
+        terminal = _terminal(effective, problems)
+        if terminal is None:
+            continue
+        route = CompiledRoute(
+            name=effective.spec.name,
+            pattern=effective.spec.match,
+            effective=effective,
+            handler_description=terminal.describe(),
+        )
+        mux.register(
+            effective.spec.match,
+            route_runner(route, terminal, inflight, access.stage, groups_as),
+        )
+        compiled.append(route)
+    problems.raise_if_any()
+    site = edge_site(config.gateway, MuxDispatcher(mux), reactor, access)
+    return Gateway(config=config, site=site, routes=compiled, inflight=inflight)
+
+
+def edge_site(
+    spec: GatewaySpec,
+    dispatcher: Dispatcher,
+    reactor: IReactorTime,
+    access: AccessLog | None = None,
+) -> Site:
+    """
+    The Site: forwarded and security layers (per C{spec}) in front of C{dispatcher}.
+    """
+    resource = EdgeResource(
+        ForwardedFilter(spec.trusted_proxies),
+        SecurityLayer(spec.security),
+        dispatcher,
+        access or AccessLog(),
+    )
+    site = GatewaySite(resource, timeout=IDLE_CONNECTION_TIMEOUT, reactor=reactor)
+    site.displayTracebacks = False
+    site.noisy = False
+    return site
+
+
+class GatewaySite(Site):
+    """
+    A Site without Twisted's own combined-format access log: edgegw logs every request
+    once, as structured JSON (L{AccessLog}).
+    """
+
+    def log(self, request: object) -> None:
+        pass
+
+
+def route_runner(
+    route: CompiledRoute,
+    terminal: Handler,
+    inflight: InFlight,
+    log_stage: Stage,
+    groups_as: str,
+) -> RouteRunner:
+    """
+    Compose one route's per-route chain around its terminal.
+
+    Stages that have nothing to do on a route are left out rather than passed through:
+    the session, auth-gate and authz stages join the chain only where identity or
+    policies are configured.
+    """
+    projection_spec = route.effective.access.projection
+    stages: list[Stage] = [
+        recover,
+        request_id,
+        log_stage,
+        projection(
+            groups_header_name(projection_spec.groups_header, groups_as),
+            projection_spec.claims,
+        ),
+    ]
+    return RouteRunner(route, compose(stages, terminal), inflight)
+
+
+def _terminal(effective: EffectiveRoute, problems: Problems) -> Terminal | None:
+    spec = effective.spec.handler
+    if isinstance(spec, StaticHandlerSpec):
+        return StaticHandler(spec)
+    if isinstance(spec, HealthHandlerSpec):
+        return HealthHandler()
+    problems.add(
+        effective.spec.location,
+        "spec.handler.type",
+        f'handler type "{spec.type}" is not available in this version of edgegw '
+        "(available: static, health)",
+    )
+    return None
+
+
+def _refuse_unavailable(config: Config, problems: Problems) -> None:
+    """
+    Refuse, rather than silently ignore, configured features that this version cannot
+    enforce yet: ignoring an authorization policy or a login requirement would fail open.
+    """
+    gateway = config.gateway
+    where = gateway.location
+    for present, field, feature in (
+        (gateway.session is not None, "spec.session", "sessions"),
+        (gateway.identity.assertion is not None, "spec.identity.assertion", "identity assertions"),
+        (gateway.state_provider is not None, "spec.stateProvider", "server-side session state"),
+    ):
+        if present:
+            problems.add(where, field, f"{feature}: not available in this version of edgegw")
+    if config.idp is not None:
+        problems.add(
+            config.idp.location,
+            "",
+            "OIDC login and Bearer verification: not available in this version of edgegw",
+        )
+    for route in effective_routes(config):
+        if route.access.authorize:
+            problems.add(
+                route.spec.location,
+                "spec.access.authorize",
+                "authorization policies are not available in this version of edgegw; "
+                "refusing to serve the route without them",
+            )
+    for plugin in (*config.request_plugins, *config.response_plugins):
+        problems.add(plugin.location, "", f"{plugin.kind}: not available in this version of edgegw")
+    telemetry = config.telemetry
+    if telemetry is not None and telemetry.otlp_endpoint is not None:
+        problems.add(
+            telemetry.location,
+            "spec.otlp.endpoint",
+            "trace export: not available in this version of edgegw",
+        )

@@ -1,0 +1,1 @@
+"""Who the caller is: principals, session cookies, tokens and assertions."""

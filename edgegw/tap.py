@@ -1,0 +1,60 @@
+"""
+The twistd plugin's options and service factory: C{twistd -n edgegw --config PATH}.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+from twisted.application.service import IService
+from twisted.python import usage
+
+from edgegw.config.errors import ConfigError
+from edgegw.config.parse import load_config
+
+DEFAULT_CONFIG = "/etc/edgegw"
+
+
+class Options(usage.Options):
+    """
+    Command-line options of C{twistd edgegw}.
+    """
+
+    synopsis = "[--config PATH] [--check]"
+    longdesc = (
+        "Serve the edge gateway configured by the YAML resources at PATH (a file, or a "
+        "directory read in lexical order over its .yaml and .yml files)."
+    )
+    optParameters = [
+        ["config", "c", DEFAULT_CONFIG, "Configuration file or directory."],
+    ]
+    optFlags = [
+        ["check", None, "Validate the configuration, print the route table and exit."],
+    ]
+
+
+def makeService(options: Options | dict[str, Any]) -> IService:
+    """
+    Load the configuration and build the gateway service.
+
+    A configuration error is printed without a traceback and exits with status 1;
+    C{--check} exits 0 or 1 after printing.
+    """
+    from twisted.internet import reactor
+
+    from edgegw.gateway import build_gateway
+    from edgegw.service import GatewayService
+
+    source = options["config"]
+    if options.get("check"):
+        from edgegw.check import check
+
+        raise SystemExit(check(source))
+    try:
+        config = load_config(source)
+        gateway = build_gateway(config, reactor)
+    except ConfigError as e:
+        sys.stderr.write(f"edgegw: {e.render()}\n")
+        raise SystemExit(1) from None
+    return GatewayService(gateway, reactor)

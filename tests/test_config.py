@@ -1,0 +1,781 @@
+"""
+Tests for configuration loading and validation (L{edgegw.config}).
+"""
+
+from __future__ import annotations
+
+import os
+
+from twisted.trial.unittest import SynchronousTestCase
+
+from edgegw.config.errors import ConfigError
+from edgegw.config.load import interpolate
+from edgegw.config.model import (
+    ApiHandlerSpec,
+    HealthHandlerSpec,
+    ProxyHandlerSpec,
+    StaticHandlerSpec,
+)
+from edgegw.config.parse import load_config
+from tests.support.configs import GATEWAY, load_text, problems_of, write_tree
+
+HEALTH = """\
+apiVersion: v1
+kind: Route
+metadata: {name: %s}
+spec:
+  match: "%s"
+  handler: {type: health}
+"""
+
+
+class InterpolationTests(SynchronousTestCase):
+    def run_interpolate(self, text: str, environ: dict[str, str]) -> tuple[str, list[str]]:
+        problems: list[str] = []
+        return interpolate(text, environ, problems), problems
+
+    def test_required_and_default(self) -> None:
+        self.assertEqual(self.run_interpolate("a${X}b", {"X": "1"}), ("a1b", []))
+        self.assertEqual(self.run_interpolate("${X:-dflt}", {}), ("dflt", []))
+        self.assertEqual(self.run_interpolate("${X:-dflt}", {"X": "v"}), ("v", []))
+
+    def test_set_but_empty_stays_empty(self) -> None:
+        self.assertEqual(self.run_interpolate("[${X:-dflt}]", {"X": ""}), ("[]", []))
+
+    def test_unset_required(self) -> None:
+        self.assertEqual(
+            self.run_interpolate("${NOPE}", {})[1], ["environment variable NOPE is not set"]
+        )
+
+    def test_escape_and_errors(self) -> None:
+        self.assertEqual(self.run_interpolate("$${X}", {"X": "1"}), ("${X}", []))
+        self.assertEqual(self.run_interpolate("${1X}", {})[1], ["invalid variable reference ${1X}"])
+        self.assertEqual(
+            self.run_interpolate("${X", {})[1], ["unterminated variable reference in '${X'"]
+        )
+        self.assertEqual(self.run_interpolate("no vars $HOME", {}), ("no vars $HOME", []))
+
+    def test_default_may_contain_colon(self) -> None:
+        self.assertEqual(self.run_interpolate("${L:-127.0.0.1:80}", {}), ("127.0.0.1:80", []))
+
+
+class LoadingModelTests(SynchronousTestCase):
+    def test_directory_lexical_order_and_multi_document(self) -> None:
+        root = write_tree(
+            self.mktemp(),
+            {
+                "b.yml": HEALTH % ("second", "/b") + "---\n" + HEALTH % ("third", "/c"),
+                "a.yaml": GATEWAY + "---\n" + HEALTH % ("first", "/a"),
+                "c.txt": "not: yaml: at all: [",
+                ".hidden.yaml": "kind: Nonsense",
+            },
+        )
+        config = load_config(root, {})
+        self.assertEqual([r.name for r in config.routes], ["first", "second", "third"])
+        self.assertEqual([os.path.basename(f) for f in config.files], ["a.yaml", "b.yml"])
+
+    def test_interpolation_everywhere(self) -> None:
+        config = load_text(
+            self.mktemp(),
+            """\
+            kind: Route
+            metadata: {name: r}
+            spec:
+              match: "GET ${PREFIX:-/x}/{id}"
+              handler: {type: reverse-proxy, upstream: "${UP}", timeout: "${T:-5s}"}
+            """,
+            {"UP": "http://127.0.0.1:9000", "PREFIX": "/api"},
+        )
+        route = config.routes[0]
+        self.assertEqual(route.match, "GET /api/{id}")
+        assert isinstance(route.handler, ProxyHandlerSpec)
+        self.assertEqual(route.handler.upstream, "http://127.0.0.1:9000")
+        self.assertEqual(route.handler.timeout, 5.0)
+
+    def test_interpolated_numbers_and_booleans(self) -> None:
+        root = self.mktemp()
+        write_tree(
+            root,
+            {
+                "g.yaml": """\
+                kind: Gateway
+                metadata: {name: g}
+                spec:
+                  security:
+                    headers:
+                      hsts: {maxAge: "${AGE}", preload: "${PRELOAD}"}
+                """
+            },
+        )
+        config = load_config(root, {"AGE": "60", "PRELOAD": "true"})
+        self.assertEqual(config.gateway.security.headers.hsts.max_age, 60)
+        self.assertTrue(config.gateway.security.headers.hsts.preload)
+
+    def test_literal_string_in_integer_field(self) -> None:
+        self.assertEqual(
+            problems_of(
+                self.mktemp(),
+                """\
+                kind: Gateway
+                metadata: {name: g}
+                spec: {security: {headers: {hsts: {maxAge: "60"}}}}
+                """,
+                gateway=False,
+            ),
+            [
+                'document 1, Gateway "g": spec.security.headers.hsts.maxAge: '
+                "expected an integer, got a string"
+            ],
+        )
+
+    def test_api_version_any_value(self) -> None:
+        config = load_text(
+            self.mktemp(), (HEALTH % ("h", "/h")).replace("apiVersion: v1", "apiVersion: x/v9")
+        )
+        self.assertEqual(len(config.routes), 1)
+
+    def test_defaults(self) -> None:
+        config = load_text(self.mktemp(), HEALTH % ("h", "/h"))
+        gateway = config.gateway
+        self.assertEqual(gateway.trusted_proxies, ())
+        self.assertTrue(gateway.security.csrf.enabled)
+        headers = gateway.security.headers
+        self.assertEqual(
+            (headers.frame_options, headers.content_type_options, headers.referrer_policy),
+            ("DENY", "nosniff", "strict-origin-when-cross-origin"),
+        )
+        self.assertEqual(
+            (headers.hsts.enabled, headers.hsts.max_age, headers.hsts.include_subdomains),
+            (True, 31536000, True),
+        )
+        self.assertFalse(headers.hsts.preload)
+        self.assertIsNone(headers.content_security_policy)
+        self.assertIsNone(gateway.session)
+        self.assertEqual(gateway.identity.claims, ("email", "name", "given_name", "family_name"))
+        self.assertEqual(gateway.identity.subject_claim, "sub")
+        self.assertEqual(gateway.identity.user_info, "auto")
+        self.assertEqual(gateway.identity.groups.render, "cn")
+        self.assertEqual(gateway.identity.groups.as_, "groups")
+        self.assertEqual(gateway.auth.login_path, "/auth/login")
+        self.assertEqual(gateway.auth.logout_path, "/auth/logout")
+        self.assertEqual(gateway.drain_timeout, 30.0)
+        self.assertIsInstance(config.routes[0].handler, HealthHandlerSpec)
+
+    def test_default_listen(self) -> None:
+        config = load_text(self.mktemp(), "kind: Gateway\nmetadata: {name: g}\n", gateway=False)
+        self.assertEqual(config.gateway.listen, ":8080")
+
+    def test_every_kind_parses(self) -> None:
+        seed = "A" * 43  # 32 zero-ish bytes, raw URL-safe base64
+        root = self.mktemp()
+        os.makedirs(os.path.join(root, "www"))
+        config = load_text(
+            root,
+            f"""\
+            kind: Gateway
+            metadata: {{name: full}}
+            spec:
+              listen: "[::1]:8443"
+              trustedProxies: ["10.0.0.0/8", "192.0.2.1", "*"]
+              plugins: ["example.com/plugin@v1"]
+              security:
+                csrf:
+                  enabled: true
+                  trustedOrigins: ["https://app.example.com"]
+                  bypassPatterns: ["POST /webhooks/"]
+                headers:
+                  frameOptions: ""
+                  contentSecurityPolicy: "default-src 'self'"
+                  hsts: {{enabled: true, maxAge: 10, includeSubDomains: false, preload: true}}
+              session:
+                key: "0123456789abcdef0123456789abcdef"
+                cookieName: sid
+                ttl: 1h
+                fingerprintHeaders: [User-Agent, Accept-Language]
+                infoPath: /me
+                postLogoutRedirect: /bye
+              identity:
+                claims: [email]
+                groups: {{source: memberOf, match: [app-], render: dn, as: teams, strip: [cn=]}}
+                userInfo: always
+                subjectClaim: oid
+                assertion:
+                  issue: {{name: edge-a, keyId: k1, key: "{seed}", ttl: 30s, header: X-Id}}
+                  accept:
+                    issuer: edge-b
+                    requireBearer: false
+                    keys: [{{keyId: k2, publicKey: "{seed}"}}]
+              auth: {{loginPath: /in, logoutPath: /out}}
+              stateProvider:
+                type: kvstore
+                refreshSkew: 2m
+                keyPrefix: "s:"
+                config: {{address: "127.0.0.1:6379", db: 2, tls: true, timeout: 1s}}
+              drainTimeout: 5s
+            ---
+            kind: IdP
+            metadata: {{name: idp}}
+            spec:
+              type: oidc
+              issuer: https://idp.example.com
+              clientID: cid
+              clientSecret: sec
+              redirectURL: https://app.example.com/oauth/cb
+              scopes: [openid]
+              bearer: {{jwksURL: "https://idp.example.com/jwks", audienceClaim: client_id,
+                        audience: api, signingAlgs: [RS256]}}
+            ---
+            kind: Telemetry
+            metadata: {{name: t}}
+            spec:
+              service: {{name: edge}}
+              otlp: {{endpoint: "http://127.0.0.1:4318", protocol: grpc}}
+              accessLog: {{level: warn}}
+            ---
+            kind: RouteGroup
+            metadata: {{name: grp}}
+            spec:
+              type: service
+              selector:
+                matchLabels: {{tier: api}}
+                matchExpressions: [{{key: env, operator: In, values: [prod]}}]
+              access: {{auth: public}}
+            ---
+            kind: Policy
+            metadata: {{name: admins}}
+            spec:
+              require: {{groups: [admin], claims: {{dept: [eng, ops], country: NL}}}}
+              rego: {{path: policies/authz.rego}}
+            ---
+            kind: RequestPlugin
+            metadata: {{name: rp}}
+            spec: {{selector: {{matchLabels: {{tier: api}}}}, config: {{anything: [1, 2]}}}}
+            ---
+            kind: ResponsePlugin
+            metadata: {{name: resp}}
+            spec: {{plugin: rewriter, config: {{}}}}
+            ---
+            kind: StateProvider
+            metadata: {{name: sp}}
+            spec: {{type: custom, config: {{x: 1}}}}
+            ---
+            kind: Route
+            metadata: {{name: api, labels: {{tier: api, env: prod}}}}
+            spec:
+              match: "GET /api/users/{{id}}"
+              handler:
+                type: api
+                timeout: 2s
+                backends:
+                  - {{group: user, upstream: "http://127.0.0.1:1", path: "/users/{{id}}"}}
+                  - {{group: orders, upstream: "http://127.0.0.1:2", path: /o, method: POST,
+                      required: false, forwardQuery: true, forwardAccessToken: true,
+                      forwardIdentity: true}}
+              access:
+                authorize: [admins]
+                projection:
+                  session: {{claims: {{email: X-Mail}}, groups: {{header: X-Teams}}}}
+                  request: {{reserved: true}}
+                onDeny: {{redirect: /denied}}
+            ---
+            kind: Route
+            metadata: {{name: www}}
+            spec:
+              match: /
+              type: app
+              handler: {{type: static, dir: www, index: main.html, spaFallback: false,
+                         stripPrefix: /app, cacheControl: "max-age=60"}}
+            """,
+            gateway=False,
+        )
+        gateway = config.gateway
+        self.assertEqual(gateway.listen, "[::1]:8443")
+        self.assertEqual(gateway.security.headers.frame_options, "")
+        assert gateway.session is not None
+        self.assertEqual(gateway.session.ttl, 3600.0)
+        self.assertEqual(gateway.session.key, b"0123456789abcdef0123456789abcdef")
+        assertion = gateway.identity.assertion
+        assert assertion is not None and assertion.issue and assertion.accept
+        self.assertEqual(assertion.issue.seed, bytes(32))
+        self.assertEqual(assertion.issue.ttl, 30.0)
+        self.assertFalse(assertion.accept.require_bearer)
+        assert gateway.state_provider is not None and gateway.state_provider.kvstore
+        self.assertEqual(gateway.state_provider.kvstore.db, 2)
+        self.assertEqual(gateway.state_provider.refresh_skew, 120.0)
+        self.assertEqual(gateway.drain_timeout, 5.0)
+        assert config.idp is not None
+        self.assertEqual(config.idp.callback_path, "/oauth/cb")
+        self.assertEqual(config.idp.bearer.signing_algs, ("RS256",))
+        assert config.telemetry is not None
+        self.assertEqual(config.telemetry.otlp_protocol, "grpc")
+        self.assertEqual(config.telemetry.access_log_level, "warn")
+        policy = config.policies["admins"]
+        assert policy.require is not None and policy.rego is not None
+        self.assertEqual(policy.require.claims, {"dept": ("eng", "ops"), "country": ("NL",)})
+        self.assertEqual(
+            policy.rego.path, os.path.join(os.path.abspath(root), "policies/authz.rego")
+        )
+        self.assertEqual(config.request_plugins[0].plugin, "rp")
+        self.assertEqual(config.response_plugins[0].plugin, "rewriter")
+        self.assertEqual(config.state_providers["sp"].type, "custom")
+        api = config.routes[0].handler
+        assert isinstance(api, ApiHandlerSpec)
+        self.assertEqual([b.group for b in api.backends], ["user", "orders"])
+        self.assertFalse(api.backends[1].required)
+        self.assertEqual(config.routes[0].access.on_deny_redirect, "/denied")
+        static = config.routes[1].handler
+        assert isinstance(static, StaticHandlerSpec)
+        self.assertEqual(static.dir, os.path.join(os.path.abspath(root), "www"))
+        self.assertEqual(static.strip_prefix, "/app")
+
+
+class ConfigErrorTests(SynchronousTestCase):
+    """
+    Each error names document, resource and field; all are reported together.
+    """
+
+    def assertProblems(self, text: str, expected: list[str], **kw: object) -> None:
+        self.assertEqual(problems_of(self.mktemp(), text, **kw), expected)  # type: ignore[arg-type]
+
+    def test_unknown_field_did_you_mean(self) -> None:
+        self.assertProblems(
+            """\
+            kind: Route
+            metadata: {name: api}
+            spec:
+              match: /api/
+              handler: {type: reverse-proxy, upstrem: "http://x"}
+            """,
+            [
+                'document 2, Route "api": spec.handler.upstream: required field is missing',
+                'document 2, Route "api": spec.handler.upstrem: unknown field; '
+                'did you mean "upstream"?',
+            ],
+        )
+
+    def test_unknown_top_level_field(self) -> None:
+        self.assertProblems(
+            "kind: Route\nmetadata: {name: r}\nspce: {}\n",
+            [
+                'document 2, Route "r": spce: unknown field; did you mean "spec"?',
+                'document 2, Route "r": spec.match: required field is missing',
+                'document 2, Route "r": spec.handler: required field is missing',
+            ],
+        )
+
+    def test_unset_variable(self) -> None:
+        self.assertProblems(
+            HEALTH % ("h", "${ROUTE}"),
+            [
+                'document 2, Route "h": spec.match: environment variable ROUTE is not set',
+            ],
+        )
+
+    def test_missing_required_fields_all_reported(self) -> None:
+        self.assertProblems(
+            """\
+            kind: Route
+            metadata: {name: r}
+            spec:
+              handler: {type: static}
+            """,
+            [
+                'document 2, Route "r": spec.match: required field is missing',
+                'document 2, Route "r": spec.handler.dir: required field is missing',
+            ],
+        )
+
+    def test_wrong_types(self) -> None:
+        self.assertProblems(
+            """\
+            kind: Route
+            metadata: {name: r}
+            spec:
+              match: [a]
+              handler: {type: static, dir: ".", spaFallback: "yes", cacheControl: 5}
+            """,
+            [
+                'document 2, Route "r": spec.match: expected a string, got a list',
+                'document 2, Route "r": spec.handler.cacheControl: expected a string, '
+                "got an integer",
+                'document 2, Route "r": spec.handler.spaFallback: expected a boolean '
+                "(true or false), got a string",
+            ],
+        )
+
+    def test_bad_duration(self) -> None:
+        self.assertProblems(
+            """\
+            kind: Route
+            metadata: {name: r}
+            spec:
+              match: /x/
+              handler: {type: reverse-proxy, upstream: "http://127.0.0.1:1", timeout: 30}
+            ---
+            kind: Route
+            metadata: {name: s}
+            spec:
+              match: /y/
+              handler: {type: reverse-proxy, upstream: "http://127.0.0.1:1", timeout: "3 s"}
+            ---
+            kind: Route
+            metadata: {name: t}
+            spec:
+              match: /z/
+              handler: {type: reverse-proxy, upstream: "http://127.0.0.1:1", timeout: "0s"}
+            """,
+            [
+                'document 2, Route "r": spec.handler.timeout: expected a duration string '
+                'such as "30s" or "1h30m", got an integer',
+                "document 3, Route \"s\": spec.handler.timeout: invalid duration '3 s'; use a "
+                'number with a unit, such as "500ms", "30s", "1h30m"',
+                'document 4, Route "t": spec.handler.timeout: must be greater than 0, got "0s"',
+            ],
+        )
+
+    def test_session_key_length(self) -> None:
+        self.assertProblems(
+            """\
+            kind: Gateway
+            metadata: {name: g}
+            spec:
+              session: {key: short}
+            """,
+            [
+                'document 1, Gateway "g": spec.session.key: must be exactly 32 bytes '
+                "(AES-256-GCM key), got 5"
+            ],
+            gateway=False,
+        )
+
+    def test_on_deny_redirect_rules(self) -> None:
+        bad = ["//evil.example", "/\\evil", "https://evil.example/", "relative", "/x?u=http://e"]
+        docs = "---\n".join(
+            f"""\
+kind: Route
+metadata: {{name: r{i}}}
+spec:
+  match: /p{i}
+  handler: {{type: health}}
+  access: {{onDeny: {{redirect: "{target}"}}}}
+"""
+            for i, target in enumerate(bad)
+        )
+        problems = problems_of(self.mktemp(), docs.replace("\\", "\\\\"))
+        self.assertEqual(len(problems), len(bad))
+        for i, (problem, target) in enumerate(zip(problems, bad, strict=True)):
+            self.assertEqual(
+                problem,
+                f'document {i + 2}, Route "r{i}": spec.access.onDeny.redirect: "{target}" is '
+                'not a same-origin path: it must start with "/", must not start with "//" or '
+                '"/\\" and must not contain "://"',
+            )
+
+    def test_policy_errors(self) -> None:
+        self.assertProblems(
+            """\
+            kind: Policy
+            metadata: {name: nothing}
+            spec: {}
+            ---
+            kind: Policy
+            metadata: {name: empty-require}
+            spec: {require: {}}
+            ---
+            kind: Policy
+            metadata: {name: empty-claims}
+            spec: {require: {claims: {dept: []}}}
+            ---
+            kind: Policy
+            metadata: {name: empty-groups}
+            spec: {require: {groups: []}}
+            """,
+            [
+                'document 2, Policy "nothing": spec: a Policy needs require, rego, or both',
+                'document 3, Policy "empty-require": spec.require: a require block needs '
+                "groups, claims, or both",
+                'document 4, Policy "empty-claims": spec.require.claims.dept: empty list: '
+                "list at least one value",
+                'document 5, Policy "empty-groups": spec.require.groups: empty list: '
+                "list at least one group",
+            ],
+        )
+
+    def test_duplicate_match(self) -> None:
+        problems = problems_of(
+            self.mktemp(), HEALTH % ("a", "GET /x") + "---\n" + HEALTH % ("b", "GET /x")
+        )
+        self.assertEqual(len(problems), 1)
+        self.assertTrue(
+            problems[0].startswith(
+                'document 3, Route "b": spec.match: pattern "GET /x" conflicts with pattern '
+                '"GET /x"'
+            ),
+            problems[0],
+        )
+
+    def test_conflicting_match(self) -> None:
+        problems = problems_of(
+            self.mktemp(), HEALTH % ("a", "GET /{x}") + "---\n" + HEALTH % ("b", "/a")
+        )
+        self.assertEqual(len(problems), 1)
+        self.assertIn("matches more methods than GET /{x}", problems[0])
+
+    def test_invalid_pattern(self) -> None:
+        self.assertProblems(
+            HEALTH % ("a", "/{a...}/x"),
+            [
+                'document 2, Route "a": spec.match: parsing "/{a...}/x": at offset 1: '
+                "{...} wildcard not at end"
+            ],
+        )
+
+    def test_unknown_handler_type(self) -> None:
+        self.assertProblems(
+            "kind: Route\nmetadata: {name: r}\nspec: {match: /, handler: {type: statik}}\n",
+            [
+                'document 2, Route "r": spec.handler.type: unknown handler type "statik"; '
+                'did you mean "static"? (expected one of api, health, reverse-proxy, static)'
+            ],
+        )
+
+    def test_duplicate_api_group_and_placeholders(self) -> None:
+        self.assertProblems(
+            """\
+            kind: Route
+            metadata: {name: r}
+            spec:
+              match: GET /u/{id}
+              handler:
+                type: api
+                backends:
+                  - {group: a, upstream: "http://127.0.0.1:1", path: "/x/{id}"}
+                  - {group: a, upstream: "http://127.0.0.1:1", path: "/y/{other}"}
+            """,
+            [
+                'document 2, Route "r": spec.handler.backends[1].group: duplicate group "a": '
+                "groups must be unique",
+                'document 2, Route "r": spec.handler.backends[1].path: placeholder "{other}" '
+                "is not a wildcard of the route match 'GET /u/{id}' (wildcards: id)",
+            ],
+        )
+
+    def test_api_needs_backends(self) -> None:
+        self.assertProblems(
+            "kind: Route\nmetadata: {name: r}\nspec: {match: /, handler: {type: api, "
+            "backends: []}}\n",
+            ['document 2, Route "r": spec.handler.backends: must list at least one entry'],
+        )
+
+    def test_cardinality(self) -> None:
+        self.assertEqual(
+            problems_of(self.mktemp(), HEALTH % ("h", "/h"), gateway=False),
+            ["no Gateway resource: exactly one is required"],
+        )
+        root = self.mktemp()
+        problems = problems_of(
+            root,
+            GATEWAY.replace("gw", "second")
+            + "---\nkind: Telemetry\nmetadata: {name: a}\nspec: {service: {name: a}}\n"
+            + "---\nkind: Telemetry\nmetadata: {name: b}\nspec: {service: {name: b}}\n"
+            + "---\nkind: IdP\nmetadata: {name: a}\nspec: {type: oidc, issuer: 'https://i', "
+            + "clientID: c}\n"
+            + "---\nkind: IdP\nmetadata: {name: b}\nspec: {type: oidc, issuer: 'https://i', "
+            + "clientID: c}\n",
+        )
+        first = os.path.join(root, "config.yaml")
+        self.assertEqual(
+            problems,
+            [
+                f'document 2, Gateway "second": a second Gateway resource: exactly one is '
+                f'allowed (the first is {first}, document 1, Gateway "gw")',
+                f'document 6, IdP "b": a second IdP resource: at most one is allowed '
+                f'(the first is {first}, document 5, IdP "a")',
+                f'document 4, Telemetry "b": a second Telemetry resource: at most one is '
+                f'allowed (the first is {first}, document 3, Telemetry "a")',
+            ],
+        )
+
+    def test_unknown_kind_and_envelope(self) -> None:
+        self.assertProblems(
+            """\
+            kind: Rout
+            metadata: {name: r}
+            ---
+            metadata: {name: nokind}
+            ---
+            kind: Route
+            spec: {}
+            ---
+            - just a list
+            """,
+            [
+                'document 2, Rout "r": kind: unknown kind "Rout"; did you mean "Route"? '
+                "(expected one of Gateway, IdP, Telemetry, Route, RouteGroup, Policy, "
+                "RequestPlugin, ResponsePlugin, StateProvider)",
+                "document 3: kind: required field is missing",
+                "document 4, Route: metadata: required field is missing",
+                "document 4, Route: spec.match: required field is missing",
+                "document 4, Route: spec.handler: required field is missing",
+                "document 5: expected a resource mapping, got a list",
+            ],
+        )
+
+    def test_yaml_errors(self) -> None:
+        root = write_tree(self.mktemp(), {"a.yaml": "kind: [unclosed\n", "b.yaml": "a: 1\na: 2\n"})
+        e = self.assertRaises(ConfigError, load_config, root, {})
+        messages = [str(p) for p in e.problems]
+        self.assertEqual(len(messages), 3)
+        self.assertTrue(messages[0].startswith(os.path.join(root, "a.yaml") + ": invalid YAML"))
+        self.assertIn("duplicate key 'a'", messages[1])
+        self.assertEqual(messages[2], "no Gateway resource: exactly one is required")
+
+    def test_missing_source(self) -> None:
+        e = self.assertRaises(ConfigError, load_config, "/nonexistent/edgegw", {})
+        self.assertEqual(
+            e.render(),
+            "configuration has 2 errors:\n"
+            "  /nonexistent/edgegw: no such file or directory\n"
+            "  no Gateway resource: exactly one is required",
+        )
+
+    def test_gateway_field_validation(self) -> None:
+        self.assertProblems(
+            """\
+            kind: Gateway
+            metadata: {name: g}
+            spec:
+              listen: "localhost"
+              trustedProxies: ["10.0.0.0/33", "not-an-ip"]
+              security:
+                csrf: {trustedOrigins: ["https://example.com/"], bypassPatterns: ["/{a...}/x"]}
+              identity: {groups: {render: full}, userInfo: sometimes}
+              stateProvider: {type: kvstore, config: {address: "nohost"}}
+            """,
+            [
+                'document 1, Gateway "g": spec.listen: invalid listen address "localhost": '
+                'use ":8080", "127.0.0.1:8080", "[::1]:8080" or a Twisted endpoint such as '
+                '"tcp:8080" or "ssl:8443:..."',
+                'document 1, Gateway "g": spec.trustedProxies[0]: "10.0.0.0/33" is not an IP '
+                'address, a CIDR such as "10.0.0.0/8", or "*"',
+                'document 1, Gateway "g": spec.trustedProxies[1]: "not-an-ip" is not an IP '
+                'address, a CIDR such as "10.0.0.0/8", or "*"',
+                'document 1, Gateway "g": spec.security.csrf.trustedOrigins[0]: invalid origin '
+                '"https://example.com/": path, query, and fragment are not allowed',
+                'document 1, Gateway "g": spec.security.csrf.bypassPatterns[0]: parsing '
+                '"/{a...}/x": at offset 1: {...} wildcard not at end',
+                'document 1, Gateway "g": spec.identity.groups.render: "full" is not one of '
+                '"cn", "dn"',
+                'document 1, Gateway "g": spec.identity.userInfo: "sometimes" is not one of '
+                '"auto", "always", "never"',
+                'document 1, Gateway "g": spec.stateProvider.config.address: "nohost" is not '
+                "host:port",
+                'document 1, Gateway "g": spec.stateProvider: requires a session block (its '
+                "key encrypts the record)",
+            ],
+            gateway=False,
+        )
+
+    def test_assertion_keys(self) -> None:
+        self.assertProblems(
+            """\
+            kind: Gateway
+            metadata: {name: g}
+            spec:
+              identity:
+                assertion:
+                  issue: {name: a, keyId: k, key: "c2hvcnQ=", ttl: 0s}
+                  accept: {issuer: b, keys: []}
+            """,
+            [
+                'document 1, Gateway "g": spec.identity.assertion.issue.key: the Ed25519 seed '
+                "must decode to exactly 32 bytes, got 5",
+                'document 1, Gateway "g": spec.identity.assertion.issue.ttl: must be greater '
+                'than 0, got "0s"',
+                'document 1, Gateway "g": spec.identity.assertion.accept.keys: must list at '
+                "least one entry",
+            ],
+            gateway=False,
+        )
+
+    def test_verification_only_idp(self) -> None:
+        self.assertProblems(
+            """\
+            kind: IdP
+            metadata: {name: i}
+            spec:
+              type: oidc
+              verificationOnly: true
+              issuer: https://idp.example.com
+              clientID: c
+              clientSecret: s
+              redirectURL: https://app.example.com/cb
+            """,
+            [
+                'document 2, IdP "i": spec.clientSecret: not allowed with verificationOnly: true',
+                'document 2, IdP "i": spec.redirectURL: not allowed with verificationOnly: true',
+            ],
+        )
+
+    def test_unknown_policy_reference(self) -> None:
+        self.assertProblems(
+            (HEALTH % ("h", "/h")).rstrip()
+            + "\n  access: {authorize: [admns]}\n"
+            + "---\nkind: Policy\nmetadata: {name: admins}\nspec: {require: {groups: [a]}}\n",
+            [
+                'document 2, Route "h": spec.access.authorize[0]: no Policy named "admns"; '
+                'did you mean "admins"?'
+            ],
+        )
+
+    def test_selector_expressions(self) -> None:
+        self.assertProblems(
+            """\
+            kind: RouteGroup
+            metadata: {name: g}
+            spec:
+              selector:
+                matchExpressions:
+                  - {key: a, operator: In}
+                  - {key: b, operator: Exists, values: [x]}
+                  - {key: c, operator: Equals, values: [x]}
+            """,
+            [
+                'document 2, RouteGroup "g": spec.selector.matchExpressions[0].values: In '
+                "needs at least one value",
+                'document 2, RouteGroup "g": spec.selector.matchExpressions[1].values: Exists '
+                "takes no values",
+                'document 2, RouteGroup "g": spec.selector.matchExpressions[2].operator: '
+                '"Equals" is not one of "In", "NotIn", "Exists", "DoesNotExist"',
+            ],
+        )
+
+    def test_static_dir_must_exist(self) -> None:
+        root = self.mktemp()
+        problems = problems_of(
+            root,
+            "kind: Route\nmetadata: {name: r}\n"
+            "spec: {match: /, handler: {type: static, dir: nope}}\n",
+        )
+        self.assertEqual(
+            problems,
+            [
+                f'document 2, Route "r": spec.handler.dir: "nope" is not a directory '
+                f"(resolved to {os.path.join(os.path.abspath(root), 'nope')})"
+            ],
+        )
+
+    def test_duplicate_names(self) -> None:
+        problems = problems_of(self.mktemp(), HEALTH % ("h", "/a") + "---\n" + HEALTH % ("h", "/b"))
+        self.assertEqual(len(problems), 1)
+        self.assertIn('document 3, Route "h": metadata.name: duplicate Route name "h"', problems[0])
+
+    def test_upstream_url(self) -> None:
+        self.assertProblems(
+            "kind: Route\nmetadata: {name: r}\nspec: {match: /, handler: {type: reverse-proxy, "
+            "upstream: 'ftp://x'}}\n",
+            [
+                'document 2, Route "r": spec.handler.upstream: "ftp://x" is not a valid URL: '
+                "expected http:// or https:// followed by a host"
+            ],
+        )

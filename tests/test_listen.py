@@ -1,0 +1,199 @@
+"""
+Tests for L{edgegw.edge.listen}.
+"""
+
+import os
+import socket
+from typing import Any
+
+from twisted.internet import reactor
+from twisted.internet.defer import inlineCallbacks
+from twisted.internet.ssl import Certificate
+from twisted.trial.unittest import SynchronousTestCase, TestCase
+from twisted.web.client import Agent, BrowserLikePolicyForHTTPS, readBody
+from twisted.web.http_headers import Headers
+
+from edgegw.config.parse import load_config
+from edgegw.edge.listen import endpoint_description
+from edgegw.gateway import build_gateway
+from edgegw.service import GatewayService
+from tests.support.configs import GATEWAY, write_tree
+from tests.support.processes import (
+    connections_closed,
+    http_client,
+    http_get,
+    kill,
+    port_of,
+)
+
+
+class EndpointDescriptionTests(SynchronousTestCase):
+    def test_forms(self) -> None:
+        self.assertEqual(endpoint_description(":8080"), "tcp6:8080:interface=\\:\\:")
+        self.assertEqual(endpoint_description("127.0.0.1:8080"), "tcp:8080:interface=127.0.0.1")
+        self.assertEqual(endpoint_description("[::1]:8080"), "tcp6:8080:interface=\\:\\:1")
+        for endpoint in ("tcp:8080", "ssl:8443:privateKey=k.pem", "systemd:domain=INET:index=0"):
+            self.assertEqual(endpoint_description(endpoint), endpoint)
+
+    def test_invalid(self) -> None:
+        for bad in ("8080", "localhost", ":0x50", "127.0.0.1:99999", "::1:8080", "[]:80", ":"):
+            self.assertRaises(ValueError, endpoint_description, bad)
+
+
+class ListenOverSocketsTests(TestCase):
+    """
+    The gateway listening on each supported form, reached by a real client.
+    """
+
+    def start(self, listen: str) -> GatewayService:
+        root = write_tree(
+            self.mktemp(),
+            {
+                "a.yaml": GATEWAY.replace('"127.0.0.1:0"', f'"{listen}"')
+                + "---\nkind: Route\nmetadata: {name: h}\nspec: {match: /, handler: "
+                "{type: health}}\n"
+            },
+        )
+        gateway = build_gateway(load_config(root, {}), reactor)
+        service = GatewayService(gateway, reactor)
+        service.privilegedStartService()
+        service.startService()
+        self.addCleanup(service.stopService)
+        return service
+
+    @inlineCallbacks
+    def test_ipv4(self) -> Any:
+        service = self.start("127.0.0.1:0")
+        assert service.port is not None
+        response = yield http_get(f"http://127.0.0.1:{port_of(service)}/")
+        self.assertEqual(response.code, 200)
+        yield response.content()
+
+    @inlineCallbacks
+    def test_ipv6(self) -> Any:
+        service = self.start("[::1]:0")
+        assert service.port is not None
+        agent = Agent(reactor)
+        url = f"http://[::1]:{port_of(service)}/".encode()
+        response = yield agent.request(b"GET", url, Headers({b"connection": [b"close"]}))
+        self.assertEqual(response.code, 200)
+        yield readBody(response)
+
+    @inlineCallbacks
+    def test_tls_termination(self) -> Any:
+        directory = self.mktemp()
+        os.makedirs(directory)
+        key_path, cert_path, cert_pem = make_certificate(directory, "localhost")
+        service = self.start(f"ssl:0:interface=127.0.0.1:privateKey={key_path}:certKey={cert_path}")
+        assert service.port is not None
+        trust = Certificate.loadPEM(cert_pem)
+        client = http_client(
+            lambda pool: Agent(
+                reactor, contextFactory=BrowserLikePolicyForHTTPS(trustRoot=trust), pool=pool
+            )
+        )
+        response = yield client.get(f"https://localhost:{port_of(service)}/")
+        self.assertEqual(response.code, 200)
+        self.assertEqual((yield response.json()), {"status": "ok"})
+        yield connections_closed()
+
+    def test_bind_failure_is_a_clean_exit(self) -> None:
+        service = self.start("127.0.0.1:0")
+        assert service.port is not None
+        taken = port_of(service)
+        root = write_tree(
+            self.mktemp(),
+            {
+                "a.yaml": GATEWAY.replace('"127.0.0.1:0"', f'"127.0.0.1:{taken}"')
+                + "---\nkind: Route\nmetadata: {name: h}\nspec: {match: /, handler: "
+                "{type: health}}\n"
+            },
+        )
+        gateway = build_gateway(load_config(root, {}), reactor)
+        second = GatewayService(gateway, reactor)
+        e = self.assertRaises(SystemExit, second.privilegedStartService)
+        self.assertEqual(e.code, 1)
+
+
+class SocketActivationTests(TestCase):
+    @inlineCallbacks
+    def test_systemd_endpoint(self) -> Any:
+        listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(16)
+        self.addCleanup(listener.close)
+        port = listener.getsockname()[1]
+        root = write_tree(
+            self.mktemp(),
+            {
+                "a.yaml": GATEWAY.replace('"127.0.0.1:0"', '"systemd:domain=INET:index=0"')
+                + "---\nkind: Route\nmetadata: {name: h}\nspec: {match: /, handler: "
+                "{type: health}}\n"
+            },
+        )
+        from tests.test_daemon import BIN, ENV, ROOT, DaemonProtocol
+
+        protocol = DaemonProtocol()
+        twistd = os.path.join(BIN, "twistd")
+        process = reactor.spawnProcess(
+            protocol,
+            "/bin/sh",
+            [
+                "sh",
+                "-c",
+                f'export LISTEN_PID=$$; exec "{twistd}" -n --pidfile= edgegw --config {root}',
+            ],
+            env={**ENV, "LISTEN_FDS": "1", "LISTEN_FDNAMES": "edgegw.socket"},
+            path=ROOT,
+            childFDs={0: "w", 1: "r", 2: "r", 3: listener.fileno()},
+        )
+        self.addCleanup(kill, process)
+        yield protocol.listening
+        response = yield http_get(f"http://127.0.0.1:{port}/")
+        self.assertEqual(response.code, 200)
+        yield response.content()
+        process.signalProcess("TERM")
+        yield protocol.ended
+
+
+def make_certificate(directory: str, hostname: str) -> tuple[str, str, bytes]:
+    """
+    A self-signed certificate for C{hostname}; returns key path, cert path, cert PEM.
+    """
+    import datetime
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, hostname)])
+    now = datetime.datetime.now(datetime.UTC)
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(days=1))
+        .not_valid_after(now + datetime.timedelta(days=30))
+        .add_extension(x509.SubjectAlternativeName([x509.DNSName(hostname)]), critical=False)
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+        .sign(key, hashes.SHA256())
+    )
+    key_path = os.path.join(directory, "key.pem")
+    cert_path = os.path.join(directory, "cert.pem")
+    cert_pem = cert.public_bytes(serialization.Encoding.PEM)
+    with open(key_path, "wb") as stream:
+        stream.write(
+            key.private_bytes(
+                serialization.Encoding.PEM,
+                serialization.PrivateFormat.PKCS8,
+                serialization.NoEncryption(),
+            )
+        )
+    with open(cert_path, "wb") as stream:
+        stream.write(cert_pem)
+    return key_path, cert_path, cert_pem

@@ -1,0 +1,322 @@
+"""
+Tests for the per-route pipeline: composition, recover, request-id, access-log,
+projection, cancellation and in-flight tracking.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from typing import Any, cast
+
+from twisted.internet.defer import CancelledError, Deferred
+from twisted.internet.task import Clock
+from twisted.logger import ILogObserver, LogLevel, globalLogPublisher
+from twisted.trial.unittest import SynchronousTestCase
+
+from edgegw.chain.access_log import AccessLog
+from edgegw.chain.exchange import Exchange
+from edgegw.chain.pipeline import Handler, InFlight, RouteRunner, Stage, compose
+from edgegw.chain.projection import projection
+from edgegw.chain.request_id import sane_request_id
+from edgegw.chain.route import CompiledRoute
+from edgegw.config.effective import effective_routes
+from edgegw.config.model import GatewaySpec
+from edgegw.edge.mux import Mux
+from edgegw.edge.site import MuxDispatcher
+from edgegw.gateway import edge_site, route_runner
+from edgegw.identity.principal import Principal
+from tests.support.configs import load_text
+from tests.support.memory import MemoryClient
+
+
+def capture_log(test: SynchronousTestCase) -> list[dict[str, Any]]:
+    events: list[dict[str, Any]] = []
+    observer = cast(ILogObserver, events.append)
+    globalLogPublisher.addObserver(observer)
+    test.addCleanup(globalLogPublisher.removeObserver, observer)
+    return events
+
+
+class Harness:
+    """
+    One route with a test terminal behind the real edge and chain.
+    """
+
+    def __init__(
+        self,
+        test: SynchronousTestCase,
+        terminal: Handler,
+        pattern: str = "/",
+        access: str = "",
+        level: str = "info",
+        stages: list[Stage] | None = None,
+    ) -> None:
+        config = load_text(
+            test.mktemp(),
+            f"""\
+            kind: Route
+            metadata: {{name: test}}
+            spec:
+              match: "{pattern}"
+              handler: {{type: health}}
+              {access}
+            """,
+        )
+        effective = effective_routes(config)[0]
+        route = CompiledRoute("test", pattern, effective, "test terminal")
+        self.inflight = InFlight()
+        mux: Mux[Any] = Mux()
+        runner = (
+            route_runner(route, terminal, self.inflight, AccessLog(level).stage, "groups")
+            if stages is None
+            else RouteRunner(route, compose(stages, terminal), self.inflight)
+        )
+        mux.register(pattern, runner)
+        self.site = edge_site(GatewaySpec(), MuxDispatcher(mux), Clock())
+        self.client = MemoryClient(self.site)
+
+
+async def ok_terminal(exchange: Exchange) -> None:
+    exchange.request.write(b"ok")
+    exchange.request.finish()
+
+
+class ComposeTests(SynchronousTestCase):
+    def test_onion_order(self) -> None:
+        seen: list[str] = []
+
+        def stage(name: str) -> Any:
+            async def run(exchange: Exchange, next: Handler) -> None:
+                seen.append(f"{name} in")
+                await next(exchange)
+                seen.append(f"{name} out")
+
+            return run
+
+        async def terminal(exchange: Exchange) -> None:
+            seen.append("terminal")
+
+        handler = compose([stage("a"), stage("b")], terminal)
+        Deferred.fromCoroutine(handler(None))  # type: ignore[arg-type]
+        self.assertEqual(seen, ["a in", "b in", "terminal", "b out", "a out"])
+
+
+class RecoverTests(SynchronousTestCase):
+    def test_exception_becomes_500_and_is_logged(self) -> None:
+        events = capture_log(self)
+
+        async def broken(exchange: Exchange) -> None:
+            raise ZeroDivisionError("secret detail")
+
+        response = Harness(self, broken).client.request("GET", "/")
+        self.assertEqual(response.status, 500)
+        self.assertEqual(response.body, b"internal server error\n")
+        self.assertNotIn(b"secret", response.body)
+        failures = [e for e in events if e.get("log_namespace") == "edgegw.recover"]
+        self.assertEqual(len(failures), 1)
+        self.assertTrue(failures[0]["log_failure"].check(ZeroDivisionError))
+        self.assertEqual(failures[0]["route"], "/")
+        self.assertEqual(len(failures[0]["request_id"]), 32)
+        self.flushLoggedErrors(ZeroDivisionError)
+
+    def test_failure_after_response_started_aborts(self) -> None:
+        async def half(exchange: Exchange) -> None:
+            exchange.request.write(b"partial")
+            raise RuntimeError("late")
+
+        harness = Harness(self, half)
+        harness.client.send(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+        self.assertTrue(harness.client.transport.disconnecting)
+        self.flushLoggedErrors(RuntimeError)
+
+
+class RequestIdTests(SynchronousTestCase):
+    def test_generated_and_echoed(self) -> None:
+        seen: list[str] = []
+
+        async def terminal(exchange: Exchange) -> None:
+            seen.append(exchange.request.getHeader(b"x-request-id").decode())  # type: ignore[union-attr]
+            await ok_terminal(exchange)
+
+        response = Harness(self, terminal).client.request("GET", "/")
+        rid = response.header("X-Request-Id")
+        assert rid is not None
+        self.assertRegex(rid, r"\A[0-9a-f]{32}\Z")
+        self.assertEqual(seen, [rid])
+
+    def test_sane_inbound_kept(self) -> None:
+        response = Harness(self, ok_terminal).client.request(
+            "GET", "/", {"X-Request-Id": "abc-123_XYZ.7"}
+        )
+        self.assertEqual(response.header("X-Request-Id"), "abc-123_XYZ.7")
+
+    def test_insane_inbound_replaced(self) -> None:
+        client = Harness(self, ok_terminal).client
+        for bad in ["has space", "x" * 129, "tab\there", "caf\xe9"]:
+            response = client.request("GET", "/", {"X-Request-Id": bad})
+            self.assertRegex(response.header("X-Request-Id") or "", r"\A[0-9a-f]{32}\Z")
+
+    def test_sanity_rules(self) -> None:
+        self.assertEqual(sane_request_id(b"x" * 128), "x" * 128)
+        self.assertIsNone(sane_request_id(b"x" * 129))
+        self.assertIsNone(sane_request_id(b""))
+        self.assertIsNone(sane_request_id(b"a\r\nb"))
+
+
+class AccessLogTests(SynchronousTestCase):
+    def test_one_json_line_per_request(self) -> None:
+        events = capture_log(self)
+        client = Harness(self, ok_terminal, pattern="GET /items/{id}", level="warn").client
+        client.request("GET", "/items/7?token=secret", {"X-Request-Id": "req-1"})
+        lines = [e for e in events if e.get("log_namespace") == "edgegw.access"]
+        self.assertEqual(len(lines), 1)
+        event = lines[0]
+        self.assertEqual(event["log_level"], LogLevel.warn)
+        record = json.loads(event["access_line"])
+        self.assertEqual(record, event["access"])
+        duration = record.pop("duration_ms")
+        self.assertIsInstance(duration, float)
+        self.assertEqual(
+            record,
+            {
+                "method": "GET",
+                "path": "/items/7",
+                "status": 200,
+                "bytes": 2,
+                "request_id": "req-1",
+                "route": "GET /items/{id}",
+            },
+        )
+
+    def test_logged_for_failures(self) -> None:
+        events = capture_log(self)
+
+        async def broken(exchange: Exchange) -> None:
+            raise ValueError("x")
+
+        Harness(self, broken).client.request("GET", "/")
+        records = [e["access"] for e in events if e.get("log_namespace") == "edgegw.access"]
+        self.assertEqual([(r["status"], r["error"]) for r in records], [(500, "internal")])
+        self.flushLoggedErrors(ValueError)
+
+
+class ProjectionTests(SynchronousTestCase):
+    def test_inbound_user_headers_stripped(self) -> None:
+        seen: list[list[tuple[bytes, Sequence[bytes]]]] = []
+
+        async def terminal(exchange: Exchange) -> None:
+            seen.append(list(exchange.request.requestHeaders.getAllRawHeaders()))
+            await ok_terminal(exchange)
+
+        Harness(self, terminal).client.request(
+            "GET", "/", [("X-User-Id", "admin"), ("x-user-groups", "root"), ("X-Usr", "kept")]
+        )
+        names = [name.lower() for name, _ in seen[0]]
+        self.assertNotIn(b"x-user-id", names)
+        self.assertNotIn(b"x-user-groups", names)
+        self.assertIn(b"x-usr", names)
+
+    def test_principal_projected(self) -> None:
+        seen: dict[bytes, Sequence[bytes]] = {}
+
+        async def set_principal(exchange: Exchange, next: Handler) -> None:
+            exchange.principal = Principal(
+                subject="user-1",
+                passport={
+                    "email": "a@example.com",
+                    "given_name": "Ann",
+                    "roles": ["a,b", "c"],
+                    "verified": True,
+                    "nothing": None,
+                    "name": "Zoë\r\nX: y",
+                },
+                groups=("admins", "dev,ops"),
+            )
+            await next(exchange)
+
+        async def terminal(exchange: Exchange) -> None:
+            seen.update(dict(exchange.request.requestHeaders.getAllRawHeaders()))
+            await ok_terminal(exchange)
+
+        client = Harness(
+            self, terminal, stages=[set_principal, projection(b"X-User-Teams", None)]
+        ).client
+        client.request("GET", "/", {"X-User-Id": "forged"})
+        self.assertEqual(seen[b"X-User-Id"], [b"user-1"])
+        self.assertEqual(seen[b"X-User-Teams"], [b"admins,dev%2Cops"])
+        self.assertEqual(seen[b"X-User-Email"], [b"a@example.com"])
+        self.assertEqual(seen[b"X-User-Given-Name"], [b"Ann"])
+        self.assertEqual(seen[b"X-User-Roles"], [b"a%2Cb,c"])
+        self.assertEqual(seen[b"X-User-Verified"], [b"true"])
+        self.assertEqual(seen[b"X-User-Name"], [b"Zo%C3%AB%0D%0AX: y"])
+        self.assertNotIn(b"X-User-Nothing", seen)
+
+    def test_explicit_claims_map(self) -> None:
+        seen: dict[bytes, list[bytes]] = {}
+
+        class FakeRequest:
+            class requestHeaders:  # noqa: N801
+                @staticmethod
+                def getAllRawHeaders() -> list[Any]:
+                    return []
+
+                @staticmethod
+                def setRawHeaders(name: bytes, values: list[bytes]) -> None:
+                    seen[name] = values
+
+        exchange = Exchange(FakeRequest(), None, {}, 0.0)  # type: ignore[arg-type]
+        exchange.principal = Principal("s", {"email": "e@x", "name": "N"}, ())
+
+        async def terminal(exchange: Exchange) -> None:
+            pass
+
+        stage = projection(b"X-User-Groups", {"email": "X-Mail"})
+        Deferred.fromCoroutine(stage(exchange, terminal))  # type: ignore[arg-type]
+        self.assertEqual(seen, {b"X-User-Id": [b"s"], b"X-Mail": [b"e@x"]})
+
+
+class CancellationTests(SynchronousTestCase):
+    def test_client_gone_cancels_chain(self) -> None:
+        waiting: list[Deferred[None]] = []
+        outcome: list[str] = []
+
+        async def slow(exchange: Exchange) -> None:
+            d: Deferred[None] = Deferred()
+            waiting.append(d)
+            try:
+                await d
+            except CancelledError:
+                outcome.append("cancelled")
+                raise
+
+        harness = Harness(self, slow)
+        harness.client.send(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+        self.assertEqual(harness.inflight.count, 1)
+        harness.client.channel.connectionLost(Exception("client went away"))
+        self.assertEqual(outcome, ["cancelled"])
+        self.assertEqual(harness.inflight.count, 0)
+
+    def test_drained_fires_when_idle(self) -> None:
+        waiting: list[Deferred[None]] = []
+
+        async def slow(exchange: Exchange) -> None:
+            d: Deferred[None] = Deferred()
+            waiting.append(d)
+            await d
+            await ok_terminal(exchange)
+
+        harness = Harness(self, slow)
+        harness.client.send(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+        drained = harness.inflight.drain()
+        self.assertNoResult(drained)
+        waiting[0].callback(None)
+        self.successResultOf(drained)
+        self.assertIn(b"Connection: close", harness.client.transport.value())
+        self.assertTrue(harness.client.transport.disconnecting)
+
+    def test_draining_closes_connections(self) -> None:
+        harness = Harness(self, ok_terminal)
+        harness.inflight.draining = True
+        response = harness.client.request("GET", "/")
+        self.assertEqual(response.header("Connection"), "close")

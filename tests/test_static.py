@@ -1,0 +1,807 @@
+"""
+Tests for L{edgegw.handlers.static}, over real loopback sockets.
+
+Most requests go out through a raw TCP client so that the request target reaches the
+server byte for byte (no client-side normalisation of C{..}) and every status line and
+header can be asserted exactly; the large downloads also go through treq.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+from typing import Any
+
+import attrs
+from treq.client import HTTPClient
+from twisted.internet import reactor
+from twisted.internet.defer import CancelledError, Deferred
+from twisted.internet.endpoints import TCP4ClientEndpoint, connectProtocol
+from twisted.internet.protocol import Protocol, connectionDone
+from twisted.internet.task import deferLater
+from twisted.python.failure import Failure
+from twisted.trial.unittest import TestCase
+from twisted.web.client import Agent, HTTPConnectionPool
+from twisted.web.http import datetimeToString
+from twisted.web.resource import Resource
+from twisted.web.server import NOT_DONE_YET, Request, Site
+
+from edgegw.config.model import StaticHandlerSpec
+from edgegw.handlers.static import SMALL_FILE_LIMIT, StaticHandler
+
+_reactor: Any = reactor
+
+INDEX = b"<!doctype html><title>app</title>"
+APP_JS = b"console.log('app');\n"
+DIGITS = bytes(range(48, 58)) * 10
+SECRETS = (b"ENV-SECRET", b"GIT-SECRET", b"OUTSIDE-SECRET", b"PASSWD-SECRET")
+BIG_SIZE = 5 * 1024 * 1024
+ETAG_FORMAT = re.compile(rb'^"[0-9a-f]+-[0-9a-f]+-[0-9a-f]+"$')
+LONG_AGO = b"Sat, 01 Jan 2000 00:00:00 GMT"
+
+
+@attrs.frozen
+class RawResponse:
+    """
+    One response as it came off the wire.
+
+    @ivar status: The status code.
+    @ivar headers: Header names (lower case) to their values, in order.
+    @ivar body: Everything after the header block.
+    """
+
+    status: int
+    headers: dict[bytes, list[bytes]]
+    body: bytes
+
+    def header(self, name: bytes) -> bytes | None:
+        """
+        The single value of a header, or L{None}; fails if it is repeated.
+        """
+        values = self.headers.get(name.lower())
+        if values is None:
+            return None
+        assert len(values) == 1, (name, values)
+        return values[0]
+
+
+def parse_response(data: bytes) -> RawResponse:
+    """
+    Split a complete HTTP/1.1 response (the server closed the connection after it).
+    """
+    head, separator, body = data.partition(b"\r\n\r\n")
+    assert separator, data[:200]
+    lines = head.split(b"\r\n")
+    status = int(lines[0].split(b" ", 2)[1])
+    headers: dict[bytes, list[bytes]] = {}
+    for line in lines[1:]:
+        name, _, value = line.partition(b":")
+        headers.setdefault(name.strip().lower(), []).append(value.strip())
+    return RawResponse(status, headers, body)
+
+
+class RawClient(Protocol):
+    """
+    Send prepared request bytes and collect the whole response until the server closes.
+
+    @ivar received: Fires with all received bytes when the connection is closed.
+    @ivar first_data: Fires with the first chunk of response bytes.
+    """
+
+    def __init__(self, request: bytes) -> None:
+        self.request = request
+        self.chunks: list[bytes] = []
+        self.received: Deferred[bytes] = Deferred()
+        self.first_data: Deferred[bytes] = Deferred()
+
+    @property
+    def connection(self) -> Any:
+        """
+        The transport, untyped (the zope interfaces confuse mypy).
+        """
+        return self.transport
+
+    def connectionMade(self) -> None:
+        self.connection.write(self.request)
+
+    def dataReceived(self, data: bytes) -> None:
+        self.chunks.append(data)
+        if not self.first_data.called:
+            self.first_data.callback(data)
+
+    def connectionLost(self, reason: Failure = connectionDone) -> None:
+        self.received.callback(b"".join(self.chunks))
+
+
+class HandlerResource(Resource):
+    """
+    Run the handler for every request, as the route pipeline does: cancel the handler's
+    coroutine when the client goes away.
+
+    @ivar served: The handler's Deferred for each request, in arrival order.
+    """
+
+    isLeaf = True
+
+    def __init__(self, handler: StaticHandler) -> None:
+        super().__init__()
+        self.handler = handler
+        self.served: list[Deferred[None]] = []
+
+    def render(self, request: Request) -> int:
+        served = Deferred.fromCoroutine(self.handler.serve(request))
+        self.served.append(served)
+        request.notifyFinish().addErrback(lambda _: served.cancel())
+        return NOT_DONE_YET
+
+
+def write_file(path: str, data: bytes) -> None:
+    """
+    Create C{path} (and its parents) holding C{data}.
+    """
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "wb") as f:
+        f.write(data)
+
+
+def open_descriptors_for(path: str) -> list[int]:
+    """
+    This process's file descriptors open on C{path} (Linux C{/proc}).
+    """
+    found = []
+    real = os.path.realpath(path)
+    for name in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink(f"/proc/self/fd/{name}")
+        except OSError:
+            continue
+        if target == real:
+            found.append(int(name))
+    return found
+
+
+def build_request(method: bytes, target: bytes, headers: dict[bytes, bytes]) -> bytes:
+    """
+    An HTTP/1.1 request with C{Connection: close}, target sent verbatim.
+    """
+    lines = [method + b" " + target + b" HTTP/1.1", b"Host: 127.0.0.1", b"Connection: close"]
+    lines.extend(name + b": " + value for name, value in headers.items())
+    return b"\r\n".join(lines) + b"\r\n\r\n"
+
+
+class StaticHandlerTests(TestCase):
+    """
+    The handler behind a real Site, with the default spec unless a test says otherwise.
+    """
+
+    def setUp(self) -> None:
+        base = self.mktemp()
+        os.makedirs(base)
+        self.make_tree(os.path.abspath(base))
+        self.port = self.listen()
+
+    def make_tree(self, base: str) -> None:
+        """
+        Lay out a site under C{base}/site with secrets next to it, outside the root.
+        """
+        self.root = os.path.join(base, "site")
+        self.outside = os.path.join(base, "outside")
+        root = self.root
+        write_file(os.path.join(root, "index.html"), INDEX)
+        write_file(os.path.join(root, "app.js"), APP_JS)
+        write_file(os.path.join(root, "style.css"), b"body { margin: 0 }\n")
+        write_file(os.path.join(root, "about.html"), b"<p>about</p>")
+        write_file(os.path.join(root, "module.wasm"), b"\0asm\x01\0\0\0")
+        write_file(os.path.join(root, "data.unknownext"), b"opaque")
+        write_file(os.path.join(root, "LICENSE"), b"MIT")
+        write_file(os.path.join(root, "notes.txt"), b"notes")
+        write_file(os.path.join(root, "digits.txt"), DIGITS)
+        write_file(os.path.join(root, "empty.txt"), b"")
+        write_file(os.path.join(root, "\u00e9t\u00e9.txt"), b"summer")
+        write_file(os.path.join(root, "docs", "index.html"), b"docs index")
+        write_file(os.path.join(root, "docs", "guide.txt"), b"guide")
+        os.makedirs(os.path.join(root, "empty"))
+        write_file(os.path.join(root, ".env"), b"ENV-SECRET=1")
+        write_file(os.path.join(root, ".git", "config"), b"GIT-SECRET")
+        write_file(os.path.join(root, "etc", "passwd"), b"PASSWD-SECRET")
+        write_file(os.path.join(base, "secret.txt"), b"OUTSIDE-SECRET")
+        write_file(os.path.join(self.outside, "secret.txt"), b"OUTSIDE-SECRET")
+        os.symlink(os.path.join(base, "secret.txt"), os.path.join(root, "escape.txt"))
+        os.symlink(self.outside, os.path.join(root, "escape-dir"))
+        os.symlink("app.js", os.path.join(root, "inside-link.js"))
+        os.symlink("docs", os.path.join(root, "docs-link"))
+        os.mkfifo(os.path.join(root, "pipe.txt"))
+        self.big = os.urandom(BIG_SIZE)
+        write_file(os.path.join(root, "big.bin"), self.big)
+
+    def listen(self, **spec: Any) -> int:
+        """
+        Serve the tree with a handler built from C{spec}; return the port.
+        """
+        handler = StaticHandler(StaticHandlerSpec(dir=self.root, **spec))
+        self.resource = HandlerResource(handler)
+        port = _reactor.listenTCP(0, Site(self.resource), interface="127.0.0.1")
+        self.addCleanup(port.stopListening)
+        return int(port.getHost().port)
+
+    def connect(self, port: int, request: bytes) -> Deferred[RawClient]:
+        """
+        Open a raw connection that sends C{request}.
+        """
+        endpoint = TCP4ClientEndpoint(_reactor, "127.0.0.1", port)
+        connected: Deferred[RawClient] = connectProtocol(endpoint, RawClient(request))
+        return connected
+
+    async def fetch(
+        self,
+        target: bytes,
+        method: bytes = b"GET",
+        headers: dict[bytes, bytes] | None = None,
+        port: int | None = None,
+    ) -> RawResponse:
+        """
+        Send one request on a fresh connection and parse the response.
+        """
+        request = build_request(method, target, headers or {})
+        client = await self.connect(self.port if port is None else port, request)
+        response = parse_response(await client.received)
+        length = response.header(b"content-length")
+        if length is not None and method != b"HEAD" and response.status != 304:
+            self.assertEqual(len(response.body), int(length))
+        return response
+
+    def assertNotFound(self, response: RawResponse) -> None:
+        self.assertEqual(response.status, 404)
+        self.assertEqual(response.body, b"not found")
+        self.assertEqual(response.header(b"content-type"), b"text/plain; charset=utf-8")
+        self.assertEqual(response.header(b"content-length"), b"9")
+        self.assertIsNone(response.header(b"etag"))
+        self.assertIsNone(response.header(b"cache-control"))
+
+    # -- index, fallback, caching --------------------------------------------------------
+
+    async def test_root_serves_index_without_caching(self) -> None:
+        response = await self.fetch(b"/")
+        self.assertEqual(response.status, 200)
+        self.assertEqual(response.body, INDEX)
+        self.assertEqual(response.header(b"content-type"), b"text/html; charset=utf-8")
+        self.assertEqual(response.header(b"content-length"), b"%d" % len(INDEX))
+        self.assertEqual(response.header(b"cache-control"), b"no-cache")
+        self.assertEqual(response.header(b"accept-ranges"), b"bytes")
+        etag = response.header(b"etag")
+        assert etag is not None
+        self.assertRegex(etag, ETAG_FORMAT)
+        mtime = os.stat(os.path.join(self.root, "index.html")).st_mtime
+        self.assertEqual(response.header(b"last-modified"), datetimeToString(int(mtime)))
+
+    async def test_index_requested_by_name_is_not_cached(self) -> None:
+        response = await self.fetch(b"/index.html")
+        self.assertEqual(response.status, 200)
+        self.assertEqual(response.body, INDEX)
+        self.assertEqual(response.header(b"cache-control"), b"no-cache")
+
+    async def test_index_never_gets_configured_cache_control(self) -> None:
+        port = self.listen(cache_control="public, max-age=31536000, immutable")
+        for target in (b"/", b"/index.html", b"/client/route", b"/docs/"):
+            response = await self.fetch(target, port=port)
+            self.assertEqual(response.status, 200, target)
+            self.assertEqual(response.header(b"cache-control"), b"no-cache", target)
+
+    async def test_asset_gets_configured_cache_control(self) -> None:
+        port = self.listen(cache_control="public, max-age=31536000, immutable")
+        response = await self.fetch(b"/app.js", port=port)
+        self.assertEqual(response.status, 200)
+        self.assertEqual(response.body, APP_JS)
+        self.assertEqual(response.header(b"cache-control"), b"public, max-age=31536000, immutable")
+
+    async def test_asset_without_configured_cache_control(self) -> None:
+        response = await self.fetch(b"/app.js")
+        self.assertEqual(response.status, 200)
+        self.assertIsNone(response.header(b"cache-control"))
+
+    async def test_spa_fallback_for_client_route(self) -> None:
+        for target in (b"/some/client/route", b"/login", b"/v1.2/settings", b"/route/"):
+            response = await self.fetch(target)
+            self.assertEqual(response.status, 200, target)
+            self.assertEqual(response.body, INDEX, target)
+            self.assertEqual(response.header(b"cache-control"), b"no-cache", target)
+            self.assertEqual(response.header(b"content-type"), b"text/html; charset=utf-8", target)
+
+    async def test_missing_file_with_extension(self) -> None:
+        for target in (b"/missing.js", b"/assets/missing.css", b"/app.js/"):
+            self.assertNotFound(await self.fetch(target))
+        head = await self.fetch(b"/missing.js", method=b"HEAD")
+        self.assertEqual(head.status, 404)
+        self.assertEqual(head.header(b"content-length"), b"9")
+        self.assertEqual(head.body, b"")
+
+    async def test_spa_fallback_disabled(self) -> None:
+        port = self.listen(spa_fallback=False)
+        for target in (b"/some/client/route", b"/empty/", b"/missing.js"):
+            self.assertNotFound(await self.fetch(target, port=port))
+        response = await self.fetch(b"/", port=port)
+        self.assertEqual(response.status, 200)
+        self.assertEqual(response.body, INDEX)
+
+    async def test_fallback_without_root_index(self) -> None:
+        os.remove(os.path.join(self.root, "index.html"))
+        for target in (b"/", b"/client/route"):
+            self.assertNotFound(await self.fetch(target))
+
+    async def test_custom_index_name(self) -> None:
+        write_file(os.path.join(self.root, "app.html"), b"custom index")
+        port = self.listen(index="app.html", cache_control="max-age=60")
+        for target in (b"/", b"/client/route", b"/app.html"):
+            response = await self.fetch(target, port=port)
+            self.assertEqual(response.status, 200, target)
+            self.assertEqual(response.body, b"custom index", target)
+            self.assertEqual(response.header(b"cache-control"), b"no-cache", target)
+        response = await self.fetch(b"/index.html", port=port)
+        self.assertEqual(response.header(b"cache-control"), b"max-age=60")
+
+    async def test_directory_serves_its_index(self) -> None:
+        for target in (b"/docs", b"/docs/", b"/docs-link/"):
+            response = await self.fetch(target)
+            self.assertEqual(response.status, 200, target)
+            self.assertEqual(response.body, b"docs index", target)
+            self.assertEqual(response.header(b"cache-control"), b"no-cache", target)
+        response = await self.fetch(b"/docs/guide.txt")
+        self.assertEqual(response.body, b"guide")
+
+    async def test_directory_without_index_is_a_miss(self) -> None:
+        for target in (b"/empty", b"/empty/"):
+            response = await self.fetch(target)
+            self.assertEqual(response.status, 200, target)
+            self.assertEqual(response.body, INDEX, target)
+
+    async def test_query_string_is_not_part_of_the_path(self) -> None:
+        response = await self.fetch(b"/app.js?v=123&x=.env")
+        self.assertEqual(response.status, 200)
+        self.assertEqual(response.body, APP_JS)
+
+    async def test_percent_encoded_name(self) -> None:
+        response = await self.fetch(b"/%C3%A9t%C3%A9.txt")
+        self.assertEqual(response.status, 200)
+        self.assertEqual(response.body, b"summer")
+
+    async def test_fifo_is_a_miss(self) -> None:
+        self.assertNotFound(await self.fetch(b"/pipe.txt"))
+
+    # -- stripPrefix -------------------------------------------------------------------------
+
+    async def test_strip_prefix(self) -> None:
+        port = self.listen(strip_prefix="/app")
+        cases = [
+            (b"/app/app.js", 200, APP_JS),
+            (b"/app", 200, INDEX),
+            (b"/app/", 200, INDEX),
+            (b"/app/docs/guide.txt", 200, b"guide"),
+            (b"/app/client/route", 200, INDEX),
+            (b"/app/missing.js", 404, b"not found"),
+            (b"/app/.env", 404, b"not found"),
+        ]
+        for target, status, body in cases:
+            response = await self.fetch(target, port=port)
+            self.assertEqual((response.status, response.body), (status, body), target)
+
+    async def test_path_outside_strip_prefix_is_looked_up_unchanged(self) -> None:
+        port = self.listen(strip_prefix="/app")
+        response = await self.fetch(b"/docs/guide.txt", port=port)
+        self.assertEqual(response.status, 200)
+        self.assertEqual(response.body, b"guide")
+
+    # -- dotfiles, traversal, separators, symlinks ---------------------------------------
+
+    async def test_dot_segments_are_rejected_before_the_filesystem(self) -> None:
+        touched: list[str] = []
+        realpath = os.path.realpath
+        open_ = os.open
+        lstat = os.lstat
+
+        def spy_realpath(path: Any, *args: Any, **kwargs: Any) -> Any:
+            touched.append(str(path))
+            return realpath(path, *args, **kwargs)
+
+        def spy_open(path: Any, *args: Any, **kwargs: Any) -> Any:
+            touched.append(str(path))
+            return open_(path, *args, **kwargs)
+
+        def spy_lstat(path: Any, *args: Any, **kwargs: Any) -> Any:
+            touched.append(str(path))
+            return lstat(path, *args, **kwargs)
+
+        self.patch(os.path, "realpath", spy_realpath)
+        self.patch(os, "open", spy_open)
+        self.patch(os, "lstat", spy_lstat)
+        targets = [
+            b"/.env",
+            b"/%2Eenv",
+            b"/%2eenv",
+            b"/.git/config",
+            b"/.git/",
+            b"/a/../etc/passwd",
+            b"/docs/../../secret.txt",
+            b"/../../../../../../../../etc/passwd",
+            b"/%2e%2e/secret.txt",
+            b"/%2E%2E/%2e%2E/secret.txt",
+            b"/docs/%2e%2e/%2e%2e/secret.txt",
+            b"/..",
+            b"/.",
+            b"/./index.html",
+            b"/.well-known/client-route",
+            b"/..%2fsecret.txt",
+        ]
+        for target in targets:
+            response = await self.fetch(target)
+            self.assertNotFound(response)
+            for secret in SECRETS:
+                self.assertNotIn(secret, response.body)
+        self.assertEqual([path for path in touched if path.startswith(self.root)], [])
+
+    async def test_hidden_separators_and_bad_encoding(self) -> None:
+        # All extensionless, so each would get the index if it were treated as a miss.
+        for target in (
+            b"/docs%2fguide",
+            b"/docs%2Fguide",
+            b"/a%5cb",
+            b"/a\\b",
+            b"/a%00b",
+            b"/%ff",
+            b"/%c3",
+        ):
+            self.assertNotFound(await self.fetch(target))
+
+    async def test_symlink_leaving_root(self) -> None:
+        for target in (b"/escape.txt", b"/escape-dir/secret.txt"):
+            response = await self.fetch(target)
+            self.assertNotFound(response)
+            self.assertNotIn(b"OUTSIDE-SECRET", response.body)
+
+    async def test_symlink_inside_root(self) -> None:
+        response = await self.fetch(b"/inside-link.js")
+        self.assertEqual(response.status, 200)
+        self.assertEqual(response.body, APP_JS)
+        self.assertEqual(response.header(b"content-type"), b"text/javascript; charset=utf-8")
+
+    async def test_symlinked_root(self) -> None:
+        link = os.path.join(os.path.dirname(self.root), "current")
+        os.symlink(self.root, link)
+        handler = StaticHandler(StaticHandlerSpec(dir=link))
+        port = _reactor.listenTCP(0, Site(HandlerResource(handler)), interface="127.0.0.1")
+        self.addCleanup(port.stopListening)
+        response = await self.fetch(b"/app.js", port=port.getHost().port)
+        self.assertEqual(response.status, 200)
+        self.assertEqual(response.body, APP_JS)
+
+    # -- methods ------------------------------------------------------------------------
+
+    async def test_other_methods(self) -> None:
+        for method in (b"POST", b"PUT", b"DELETE", b"OPTIONS", b"PATCH"):
+            response = await self.fetch(b"/app.js", method=method)
+            self.assertEqual(response.status, 405, method)
+            self.assertEqual(response.header(b"allow"), b"GET, HEAD")
+            self.assertEqual(response.body, b"method not allowed")
+            self.assertEqual(response.header(b"content-type"), b"text/plain; charset=utf-8")
+
+    async def test_head_has_get_headers_and_no_body(self) -> None:
+        get = await self.fetch(b"/app.js")
+        head = await self.fetch(b"/app.js", method=b"HEAD")
+        self.assertEqual(head.status, 200)
+        self.assertEqual(head.body, b"")
+        self.assertEqual(head.header(b"content-length"), b"%d" % len(APP_JS))
+        without_date = {name: value for name, value in get.headers.items() if name != b"date"}
+        self.assertEqual(
+            {name: value for name, value in head.headers.items() if name != b"date"},
+            without_date,
+        )
+
+    async def test_head_of_large_file(self) -> None:
+        response = await self.fetch(b"/big.bin", method=b"HEAD")
+        self.assertEqual(response.status, 200)
+        self.assertEqual(response.header(b"content-length"), b"%d" % BIG_SIZE)
+        self.assertEqual(response.body, b"")
+
+    # -- content types --------------------------------------------------------------------
+
+    async def test_content_types(self) -> None:
+        expected = {
+            b"/app.js": b"text/javascript; charset=utf-8",
+            b"/style.css": b"text/css; charset=utf-8",
+            b"/about.html": b"text/html; charset=utf-8",
+            b"/module.wasm": b"application/wasm",
+            b"/notes.txt": b"text/plain; charset=utf-8",
+            b"/data.unknownext": b"application/octet-stream",
+            b"/LICENSE": b"application/octet-stream",
+            b"/big.bin": b"application/octet-stream",
+        }
+        for target, content_type in expected.items():
+            response = await self.fetch(target, method=b"HEAD")
+            self.assertEqual(response.status, 200, target)
+            self.assertEqual(response.header(b"content-type"), content_type, target)
+
+    async def test_empty_file(self) -> None:
+        response = await self.fetch(b"/empty.txt")
+        self.assertEqual(response.status, 200)
+        self.assertEqual(response.header(b"content-length"), b"0")
+        self.assertEqual(response.body, b"")
+
+    # -- validators and conditional requests ------------------------------------------
+
+    async def validators(self, target: bytes) -> tuple[bytes, bytes]:
+        response = await self.fetch(target, method=b"HEAD")
+        etag = response.header(b"etag")
+        last_modified = response.header(b"last-modified")
+        assert etag is not None and last_modified is not None
+        return etag, last_modified
+
+    def assertNotModified(self, response: RawResponse, etag: bytes, modified: bytes) -> None:
+        self.assertEqual(response.status, 304)
+        self.assertEqual(response.body, b"")
+        self.assertEqual(response.header(b"etag"), etag)
+        self.assertEqual(response.header(b"last-modified"), modified)
+        self.assertIsNone(response.header(b"content-range"))
+
+    async def test_etag_changes_with_the_file(self) -> None:
+        etag, _ = await self.validators(b"/app.js")
+        write_file(os.path.join(self.root, "app.js"), APP_JS + b"// more\n")
+        changed, _ = await self.validators(b"/app.js")
+        self.assertNotEqual(etag, changed)
+
+    async def test_if_none_match(self) -> None:
+        port = self.listen(cache_control="max-age=60")
+        etag, modified = await self.validators(b"/app.js")
+        for value in (etag, b"W/" + etag, b'"other", ' + etag, b"*"):
+            for method in (b"GET", b"HEAD"):
+                response = await self.fetch(
+                    b"/app.js", method=method, headers={b"If-None-Match": value}, port=port
+                )
+                self.assertNotModified(response, etag, modified)
+                self.assertEqual(response.header(b"cache-control"), b"max-age=60")
+        response = await self.fetch(b"/app.js", headers={b"If-None-Match": b'"other"'})
+        self.assertEqual(response.status, 200)
+        self.assertEqual(response.body, APP_JS)
+
+    async def test_index_revalidates_with_no_cache(self) -> None:
+        etag, modified = await self.validators(b"/")
+        response = await self.fetch(b"/client/route", headers={b"If-None-Match": etag})
+        self.assertNotModified(response, etag, modified)
+        self.assertEqual(response.header(b"cache-control"), b"no-cache")
+
+    async def test_if_modified_since(self) -> None:
+        etag, modified = await self.validators(b"/app.js")
+        response = await self.fetch(b"/app.js", headers={b"If-Modified-Since": modified})
+        self.assertNotModified(response, etag, modified)
+        for value in (LONG_AGO, b"not a date", b""):
+            response = await self.fetch(b"/app.js", headers={b"If-Modified-Since": value})
+            self.assertEqual(response.status, 200, value)
+            self.assertEqual(response.body, APP_JS)
+
+    async def test_if_none_match_wins_over_if_modified_since(self) -> None:
+        _, modified = await self.validators(b"/app.js")
+        response = await self.fetch(
+            b"/app.js", headers={b"If-None-Match": b'"other"', b"If-Modified-Since": modified}
+        )
+        self.assertEqual(response.status, 200)
+        self.assertEqual(response.body, APP_JS)
+
+    async def test_if_match_and_if_unmodified_since(self) -> None:
+        etag, modified = await self.validators(b"/app.js")
+        for headers in (
+            {b"If-Match": b'"other"'},
+            {b"If-Match": b"W/" + etag},
+            {b"If-Unmodified-Since": LONG_AGO},
+        ):
+            response = await self.fetch(b"/app.js", headers=headers)
+            self.assertEqual(response.status, 412, headers)
+            self.assertEqual(response.body, b"precondition failed")
+        for headers in (
+            {b"If-Match": etag},
+            {b"If-Match": b"*"},
+            {b"If-Unmodified-Since": modified},
+        ):
+            response = await self.fetch(b"/app.js", headers=headers)
+            self.assertEqual(response.status, 200, headers)
+            self.assertEqual(response.body, APP_JS)
+
+    # -- ranges ---------------------------------------------------------------------------
+
+    async def assertRange(self, value: bytes, start: int, end: int, **headers: bytes) -> None:
+        sent = {b"Range": value}
+        sent.update((name.replace("_", "-").encode(), header) for name, header in headers.items())
+        response = await self.fetch(b"/digits.txt", headers=sent)
+        self.assertEqual(response.status, 206, value)
+        self.assertEqual(response.body, DIGITS[start : end + 1], value)
+        self.assertEqual(
+            response.header(b"content-range"), b"bytes %d-%d/%d" % (start, end, len(DIGITS))
+        )
+        self.assertEqual(response.header(b"content-length"), b"%d" % (end + 1 - start))
+        self.assertEqual(response.header(b"content-type"), b"text/plain; charset=utf-8")
+        self.assertEqual(response.header(b"accept-ranges"), b"bytes")
+        self.assertIsNotNone(response.header(b"etag"))
+
+    async def assertFull(self, headers: dict[bytes, bytes]) -> None:
+        response = await self.fetch(b"/digits.txt", headers=headers)
+        self.assertEqual(response.status, 200, headers)
+        self.assertEqual(response.body, DIGITS, headers)
+        self.assertIsNone(response.header(b"content-range"))
+
+    async def test_range(self) -> None:
+        await self.assertRange(b"bytes=10-19", 10, 19)
+        await self.assertRange(b"bytes=0-0", 0, 0)
+        await self.assertRange(b"bytes=90-200", 90, 99)
+        await self.assertRange(b"bytes = 5 - 6", 5, 6)
+        await self.assertRange(b"Bytes=5-6", 5, 6)
+
+    async def test_suffix_range(self) -> None:
+        await self.assertRange(b"bytes=-7", 93, 99)
+        await self.assertRange(b"bytes=-500", 0, 99)
+        await self.assertRange(b"bytes=-99999999999999999999999999", 0, 99)
+
+    async def test_open_range(self) -> None:
+        await self.assertRange(b"bytes=95-", 95, 99)
+        await self.assertRange(b"bytes=0-", 0, 99)
+
+    async def test_unsatisfiable_range(self) -> None:
+        for value in (b"bytes=100-", b"bytes=100-200", b"bytes=-0", b"bytes=99999999999999999999-"):
+            response = await self.fetch(b"/digits.txt", headers={b"Range": value})
+            self.assertEqual(response.status, 416, value)
+            self.assertEqual(response.header(b"content-range"), b"bytes */100")
+            self.assertEqual(response.body, b"range not satisfiable")
+            self.assertEqual(response.header(b"content-type"), b"text/plain; charset=utf-8")
+            self.assertIsNone(response.header(b"cache-control"))
+        response = await self.fetch(b"/empty.txt", headers={b"Range": b"bytes=0-"})
+        self.assertEqual(response.status, 416)
+        self.assertEqual(response.header(b"content-range"), b"bytes */0")
+
+    async def test_invalid_or_multiple_ranges_give_the_whole_file(self) -> None:
+        for value in (
+            b"bytes=abc",
+            b"bytes=5-2",
+            b"bytes=",
+            b"bytes=-",
+            b"bytes=1",
+            b"bytes=+1-2",
+            b"items=0-1",
+            b"0-1",
+            b"bytes=0-1,5-6",
+            b"bytes=0-1, 200-300",
+        ):
+            await self.assertFull({b"Range": value})
+
+    async def test_if_range(self) -> None:
+        etag, modified = await self.validators(b"/digits.txt")
+        await self.assertRange(b"bytes=1-2", 1, 2, If_Range=etag)
+        await self.assertRange(b"bytes=1-2", 1, 2, If_Range=modified)
+        for validator in (b'"other"', b"W/" + etag, LONG_AGO, b"garbage"):
+            await self.assertFull({b"Range": b"bytes=1-2", b"If-Range": validator})
+
+    async def test_head_with_range(self) -> None:
+        response = await self.fetch(
+            b"/digits.txt", method=b"HEAD", headers={b"Range": b"bytes=1-2"}
+        )
+        self.assertEqual(response.status, 206)
+        self.assertEqual(response.header(b"content-range"), b"bytes 1-2/100")
+        self.assertEqual(response.header(b"content-length"), b"2")
+        self.assertEqual(response.body, b"")
+
+    async def test_range_of_large_file(self) -> None:
+        start, end = 1_000_000, 3_000_000
+        response = await self.fetch(b"/big.bin", headers={b"Range": b"bytes=%d-%d" % (start, end)})
+        self.assertEqual(response.status, 206)
+        self.assertEqual(
+            response.header(b"content-range"), b"bytes %d-%d/%d" % (start, end, BIG_SIZE)
+        )
+        self.assertEqual(
+            hashlib.sha256(response.body).hexdigest(),
+            hashlib.sha256(self.big[start : end + 1]).hexdigest(),
+        )
+
+    # -- streaming ------------------------------------------------------------------------
+
+    async def test_large_file_streams_byte_exact(self) -> None:
+        response = await self.fetch(b"/big.bin")
+        self.assertEqual(response.status, 200)
+        self.assertEqual(response.header(b"content-length"), b"%d" % BIG_SIZE)
+        self.assertEqual(
+            hashlib.sha256(response.body).hexdigest(), hashlib.sha256(self.big).hexdigest()
+        )
+        await self.resource.served[-1]
+        self.assertEqual(open_descriptors_for(os.path.join(self.root, "big.bin")), [])
+
+    async def test_large_file_through_agent(self) -> None:
+        pool = HTTPConnectionPool(_reactor)
+        self.addCleanup(pool.closeCachedConnections)
+        agent: Any = Agent(_reactor, pool=pool)
+        client = HTTPClient(agent)
+        for _ in range(2):  # the second one reuses the kept-alive connection
+            response = await client.get(f"http://127.0.0.1:{self.port}/big.bin")
+            body = await response.content()
+            self.assertEqual(response.code, 200)
+            self.assertEqual(response.length, BIG_SIZE)
+            self.assertEqual(hashlib.sha256(body).hexdigest(), hashlib.sha256(self.big).hexdigest())
+        small = await client.get(f"http://127.0.0.1:{self.port}/app.js")
+        self.assertEqual(await small.content(), APP_JS)
+
+    async def test_file_at_fast_path_limit(self) -> None:
+        for size in (SMALL_FILE_LIMIT, SMALL_FILE_LIMIT + 1):
+            data = os.urandom(size)
+            write_file(os.path.join(self.root, "edge.bin"), data)
+            response = await self.fetch(b"/edge.bin")
+            self.assertEqual(response.status, 200)
+            self.assertEqual(response.body, data)
+        self.assertEqual(open_descriptors_for(os.path.join(self.root, "edge.bin")), [])
+
+    async def test_client_disconnect_closes_the_file(self) -> None:
+        path = os.path.join(self.root, "huge.bin")
+        with open(path, "wb") as f:
+            f.truncate(256 * 1024 * 1024)
+        client = await self.connect(self.port, build_request(b"GET", b"/huge.bin", {}))
+        await client.first_data
+        self.assertEqual(len(open_descriptors_for(path)), 1)
+        client.connection.abortConnection()
+        await client.received
+        await self.resource.served[-1]
+        self.assertEqual(open_descriptors_for(path), [])
+
+    async def test_cancellation_closes_the_file(self) -> None:
+        path = os.path.join(self.root, "huge.bin")
+        with open(path, "wb") as f:
+            f.truncate(256 * 1024 * 1024)
+        client = await self.connect(self.port, build_request(b"GET", b"/huge.bin", {}))
+        await client.first_data
+        client.connection.pauseProducing()
+        served = self.resource.served[-1]
+        served.cancel()
+        await self.assertFailure(served, CancelledError)
+        self.assertEqual(open_descriptors_for(path), [])
+        # The producer is detached: nothing more is pulled from the (closed) file.
+        await deferLater(_reactor, 0.05, lambda: None)
+        client.connection.abortConnection()
+        await client.received
+
+    async def test_file_shrinking_while_streaming_cuts_the_connection(self) -> None:
+        path = os.path.join(self.root, "shrinking.bin")
+        size = 64 * 1024 * 1024
+        with open(path, "wb") as f:
+            f.truncate(size)
+        client = await self.connect(self.port, build_request(b"GET", b"/shrinking.bin", {}))
+        await client.first_data
+        client.connection.pauseProducing()
+        os.truncate(path, 1024 * 1024)
+        client.connection.resumeProducing()
+        response = parse_response(await client.received)
+        self.assertEqual(response.status, 200)
+        self.assertEqual(response.header(b"content-length"), b"%d" % size)
+        self.assertLess(len(response.body), size)
+        await self.resource.served[-1]
+        self.assertEqual(open_descriptors_for(path), [])
+
+
+class ConstructionTests(TestCase):
+    """
+    What L{StaticHandler} works out at load: its route-table line and its index.
+    """
+
+    def test_describe(self) -> None:
+        self.assertEqual(
+            StaticHandler(StaticHandlerSpec(dir="/srv/app")).describe(),
+            "static /srv/app (index index.html, spa fallback)",
+        )
+        spec = StaticHandlerSpec(
+            dir="/srv/app",
+            index="main.html",
+            spa_fallback=False,
+            strip_prefix="/app",
+            cache_control="public, max-age=60",
+        )
+        self.assertEqual(
+            StaticHandler(spec).describe(),
+            'static /srv/app (index main.html, strip /app, cache-control "public, max-age=60")',
+        )
+
+    def test_index_must_stay_inside_dir(self) -> None:
+        for index in ("../index.html", "", "/", "a/../../b"):
+            self.assertRaises(ValueError, StaticHandler, StaticHandlerSpec(dir="/srv", index=index))
+        handler = StaticHandler(StaticHandlerSpec(dir="/srv", index="./public/index.html"))
+        self.assertIn("index ./public/index.html", handler.describe())
