@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 CONFIG ?= etc/edgegw
 STAMP := $(VENV)/.installed
 
-.PHONY: run test check lint typecheck unit venv clean bench
+.PHONY: run test check lint typecheck unit venv clean
 
 $(STAMP): setup.py pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -26,8 +26,8 @@ check: $(STAMP)
 	$(BIN)/edgegw check $(CONFIG)
 
 lint: $(STAMP)
-	$(BIN)/ruff check edgegw tests bench twisted
-	$(BIN)/ruff format --check edgegw tests bench twisted
+	$(BIN)/ruff check edgegw tests twisted
+	$(BIN)/ruff format --check edgegw tests twisted
 
 typecheck: $(STAMP)
 	$(BIN)/mypy
@@ -37,9 +37,6 @@ unit: $(STAMP)
 
 ## Set up and pass the whole suite: lint, types, tests.
 test: lint typecheck unit
-
-bench: $(STAMP)
-	$(BIN)/python -m bench
 
 clean:
 	rm -rf $(VENV) _trial_temp* build *.egg-info .mypy_cache .ruff_cache

@@ -163,7 +163,11 @@ def route_runner(
 def _terminal(effective: EffectiveRoute, problems: Problems) -> Terminal | None:
     spec = effective.spec.handler
     if isinstance(spec, StaticHandlerSpec):
-        return StaticHandler(spec)
+        try:
+            return StaticHandler(spec)
+        except ValueError as e:
+            problems.add(effective.spec.location, "spec.handler", str(e))
+            return None
     if isinstance(spec, HealthHandlerSpec):
         return HealthHandler()
     problems.add(

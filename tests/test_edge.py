@@ -6,9 +6,10 @@ from __future__ import annotations
 
 import textwrap
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, cast
 
 from twisted.internet.task import Clock
+from twisted.logger import ILogObserver, globalLogPublisher
 from twisted.trial.unittest import SynchronousTestCase
 from twisted.web.server import Request
 
@@ -172,6 +173,37 @@ class GatewayHttpTests(SynchronousTestCase):
 
     def test_target_without_path_is_bad_request(self) -> None:
         self.assertEqual(gateway_client(self, ROUTES).request("GET", "healthz").status, 400)
+
+    def test_malformed_escape_is_bad_request(self) -> None:
+        client = gateway_client(self, ROUTES)
+        for target in ("/docs/%zz", "/docs/%", "/docs/%4"):
+            response = client.request("GET", target)
+            self.assertEqual((response.status, response.body), (400, b"bad request\n"), target)
+        self.assertEqual(client.request("GET", "/docs/%41").status, 200)
+
+    def test_percent_encoded_utf8_matches_pattern(self) -> None:
+        config = ROUTES + (
+            "---\nkind: Route\nmetadata: {name: u}\n"
+            "spec: {match: GET /caf\u00e9, handler: {type: health}}\n"
+        )
+        raw = gateway_client(self, config).request("GET", "/caf\u00e9".encode().decode("latin-1"))
+        encoded = gateway_client(self, config).request("GET", "/caf%C3%A9")
+        # Raw non-ASCII is not a valid request-target (RFC 9112): Twisted refuses it.
+        self.assertEqual((raw.status, encoded.status), (400, 200))
+
+    def test_edge_answers_are_access_logged(self) -> None:
+        events: list[dict[str, Any]] = []
+        observer = cast(ILogObserver, events.append)
+        globalLogPublisher.addObserver(observer)
+        self.addCleanup(globalLogPublisher.removeObserver, observer)
+        client = gateway_client(self, ROUTES)
+        client.request("GET", "/nope")
+        client.request("POST", "/things/1", {"Sec-Fetch-Site": "cross-site"})
+        records = [e["access"] for e in events if e.get("log_namespace") == "edgegw.access"]
+        self.assertEqual(
+            [(r["method"], r["path"], r["status"], r["route"]) for r in records],
+            [("GET", "/nope", 404, None), ("POST", "/things/1", 403, None)],
+        )
 
     def test_absolute_form_target(self) -> None:
         response = gateway_client(self, ROUTES).request("GET", "http://gateway.test/healthz")

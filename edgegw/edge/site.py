@@ -8,6 +8,7 @@ traversal each.
 
 from __future__ import annotations
 
+import re
 from time import monotonic
 from typing import Protocol
 
@@ -34,6 +35,9 @@ class Dispatcher(Protocol):
         """
         Serve C{request}; return a body, or C{NOT_DONE_YET} when answering later.
         """
+
+
+_BAD_ESCAPE = re.compile(r"%(?![0-9A-Fa-f]{2})")
 
 
 def _plain(request: Request, status: int, body: bytes) -> bytes:
@@ -102,9 +106,11 @@ class EdgeResource(Resource):
         target = request.uri
         if target[:1] != b"/":
             target = _origin_form(target)
-        path, _, query = target.decode("latin-1").partition("?")
-        if path[:1] != "/":
-            # "OPTIONS *" and other targets that name no path: nothing to route.
+        # surrogateescape: invalid UTF-8 is matched byte for byte, as Go does, never raises.
+        path, _, query = target.decode("utf-8", "surrogateescape").partition("?")
+        if path[:1] != "/" or ("%" in path and _BAD_ESCAPE.search(path)):
+            # A target that names no path, or a malformed percent-escape (Go's server
+            # refuses these before routing too).
             return _plain(request, 400, b"bad request\n")
         denied = self.security.apply(request, method, host, path)
         if denied is not None:
