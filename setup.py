@@ -24,6 +24,7 @@ setup(
             "mypy-zope>=1.0.17,<2",
             "ruff>=0.5,<0.18",
             "types-PyYAML>=6.0,<7",
+            "wsproto>=1.2,<2",
         ],
     },
     entry_points={"console_scripts": ["edgegw=edgegw.__main__:main"]},

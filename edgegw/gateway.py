@@ -24,13 +24,22 @@ from edgegw.chain.request_id import request_id
 from edgegw.chain.route import CompiledRoute
 from edgegw.config.effective import EffectiveRoute, effective_routes
 from edgegw.config.errors import Problems
-from edgegw.config.model import Config, GatewaySpec, HealthHandlerSpec, StaticHandlerSpec
+from edgegw.config.model import (
+    Config,
+    GatewaySpec,
+    HealthHandlerSpec,
+    ProxyHandlerSpec,
+    StaticHandlerSpec,
+)
 from edgegw.edge.forwarded import ForwardedFilter
 from edgegw.edge.mux import Mux
-from edgegw.edge.security import SecurityLayer
+from edgegw.edge.request import GatewayChannel, GatewayRequest
+from edgegw.edge.security import SecurityLayer, security_headers
 from edgegw.edge.site import Dispatcher, EdgeResource, MuxDispatcher
 from edgegw.handlers.health import HealthHandler
+from edgegw.handlers.proxy import ProxyHandler
 from edgegw.handlers.static import StaticHandler
+from edgegw.upstream.pool import UpstreamClient
 
 IDLE_CONNECTION_TIMEOUT = 75.0
 """Seconds an idle keep-alive client connection stays open (nginx's default)."""
@@ -60,18 +69,24 @@ class Gateway:
     @ivar site: The Twisted Site to serve.
     @ivar routes: The compiled routes, in document order.
     @ivar inflight: Requests in flight, for graceful shutdown.
+    @ivar upstream_client: The connection pool shared by every proxy route.
     """
 
     config: Config
     site: Site
     routes: list[CompiledRoute]
     inflight: InFlight
+    upstream_client: UpstreamClient
 
 
-def build_gateway(config: Config, reactor: IReactorTime) -> Gateway:
+def build_gateway(
+    config: Config, reactor: IReactorTime, upstream_client: UpstreamClient | None = None
+) -> Gateway:
     """
     Build every handler and chain of C{config}.
 
+    @param upstream_client: The connection pool for proxy routes; a new one by default
+        (tests pass one that trusts their own certificate authority).
     @raise ConfigError: Something in the configuration cannot run.
     """
     problems = Problems()
@@ -82,8 +97,10 @@ def build_gateway(config: Config, reactor: IReactorTime) -> Gateway:
     level = config.telemetry.access_log_level if config.telemetry is not None else "info"
     access = AccessLog(level)
     groups_as = config.gateway.identity.groups.as_
+    client = upstream_client or UpstreamClient(reactor)
+    context = _TerminalContext(config, client, reactor)
     for effective in effective_routes(config):
-        terminal = _terminal(effective, problems)
+        terminal = _terminal(effective, context, problems)
         if terminal is None:
             continue
         route = CompiledRoute(
@@ -99,7 +116,9 @@ def build_gateway(config: Config, reactor: IReactorTime) -> Gateway:
         compiled.append(route)
     problems.raise_if_any()
     site = edge_site(config.gateway, MuxDispatcher(mux), reactor, access)
-    return Gateway(config=config, site=site, routes=compiled, inflight=inflight)
+    return Gateway(
+        config=config, site=site, routes=compiled, inflight=inflight, upstream_client=client
+    )
 
 
 def edge_site(
@@ -125,9 +144,14 @@ def edge_site(
 
 class GatewaySite(Site):
     """
-    A Site without Twisted's own combined-format access log: edgegw logs every request
-    once, as structured JSON (L{AccessLog}).
+    A Site without Twisted's own combined-format access log (edgegw logs every request
+    once, as structured JSON: L{AccessLog}), whose requests stream their bodies
+    (L{GatewayRequest}).
     """
+
+    requestFactory = GatewayRequest
+    # Plain HTTP/1.1 channels: the gateway negotiates no HTTP/2.
+    protocol = GatewayChannel  # type: ignore[assignment]
 
     def log(self, request: object) -> None:
         pass
@@ -160,8 +184,43 @@ def route_runner(
     return RouteRunner(route, compose(stages, terminal), inflight)
 
 
-def _terminal(effective: EffectiveRoute, problems: Problems) -> Terminal | None:
+@attrs.frozen
+class _TerminalContext:
+    """
+    What terminals share, computed once per gateway.
+    """
+
+    config: Config
+    client: UpstreamClient
+    reactor: IReactorTime
+
+    @property
+    def gateway_headers(self) -> frozenset[bytes]:
+        return frozenset(name.lower() for name, _ in security_headers(self.config.gateway.security))
+
+    @property
+    def assertion_headers(self) -> frozenset[bytes]:
+        names = {b"x-gw-identity"}
+        assertion = self.config.gateway.identity.assertion
+        if assertion is not None and assertion.issue is not None:
+            names.add(assertion.issue.header.lower().encode("ascii"))
+        if assertion is not None and assertion.accept is not None:
+            names.add(assertion.accept.header.lower().encode("ascii"))
+        return frozenset(names)
+
+
+def _terminal(
+    effective: EffectiveRoute, context: _TerminalContext, problems: Problems
+) -> Terminal | None:
     spec = effective.spec.handler
+    if isinstance(spec, ProxyHandlerSpec):
+        return ProxyHandler(
+            spec,
+            context.client,
+            context.reactor,
+            gateway_headers=context.gateway_headers,
+            assertion_headers=context.assertion_headers,
+        )
     if isinstance(spec, StaticHandlerSpec):
         try:
             return StaticHandler(spec)
@@ -174,7 +233,7 @@ def _terminal(effective: EffectiveRoute, problems: Problems) -> Terminal | None:
         effective.spec.location,
         "spec.handler.type",
         f'handler type "{spec.type}" is not available in this version of edgegw '
-        "(available: static, health)",
+        "(available: static, health, reverse-proxy)",
     )
     return None
 

@@ -93,7 +93,11 @@ class GatewayService(MultiService):
         reactor: IReactorTime = self.reactor  # type: ignore[assignment]
         timeout = self.gateway.config.gateway.drain_timeout
         drained.addTimeout(timeout, reactor, onTimeoutCancel=self._gave_up)
+        drained.addCallback(self._closed)
         return drained
+
+    def _closed(self, result: object) -> Deferred[None]:
+        return self.gateway.upstream_client.close()
 
     def _gave_up(self, result: object, timeout: float) -> None:
         self._log.warn(

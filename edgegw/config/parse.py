@@ -932,6 +932,24 @@ class _Parser:
         if gateway is None:
             return
         location, spec = gateway
+        assertion = spec.identity.assertion
+        if assertion is None or assertion.issue is None:
+            for route in routes:
+                handler = route.handler
+                backends = getattr(handler, "backends", ())
+                if getattr(handler, "forward_identity", False):
+                    self.problems.add(
+                        route.location,
+                        "spec.handler.forwardIdentity",
+                        "needs identity.assertion.issue in the Gateway to mint assertions",
+                    )
+                for index, backend in enumerate(backends):
+                    if backend.forward_identity:
+                        self.problems.add(
+                            route.location,
+                            f"spec.handler.backends[{index}].forwardIdentity",
+                            "needs identity.assertion.issue in the Gateway to mint assertions",
+                        )
         if idp is not None and idp.verification_only and spec.session is not None:
             self.problems.add(
                 location,

@@ -14,7 +14,7 @@ def port_of(listening: Any) -> int:
     """
     The TCP port number a listening port (or a service holding one) is bound to.
     """
-    port = getattr(listening, "port", listening)
+    port = listening if hasattr(listening, "getHost") else listening.port
     return int(port.getHost().port)
 
 
@@ -94,3 +94,12 @@ async def connections_closed(timeout: float = 5.0) -> None:
         if not live:
             return
         await task.deferLater(reactor, 0.01, lambda: None)
+
+
+def listen_local(factory: Any) -> Any:
+    """
+    Listen C{factory} on 127.0.0.1 on a free port; return the listening port.
+    """
+    from twisted.internet import reactor
+
+    return reactor.listenTCP(0, factory, interface="127.0.0.1")

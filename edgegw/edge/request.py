@@ -1,0 +1,700 @@
+"""
+Streaming request bodies: the gateway's Site request and channel classes.
+
+Twisted's L{twisted.web.server.Request} collects the whole request body in
+C{request.content} and renders only once the last byte has arrived. A reverse proxy
+must instead start on a request as soon as its head is in, and pass the body on as it
+arrives, at the pace of whoever consumes it. With L{GatewayRequest} and
+L{GatewayChannel}:
+
+  - A request without a body (no C{Content-Length}, or C{Content-Length: 0}, and not
+    chunked) takes Twisted's path unchanged; its C{body} is L{EMPTY_BODY}.
+  - A request with a body is rendered as soon as its head is parsed. Its C{body} is a
+    L{RequestBody}, an L{IBodyProducer} that hands the bytes to one consumer and reads
+    from the client only as fast as that consumer takes them. C{request.content} is an
+    empty file: it never accumulates the body. C{Expect: 100-continue} is answered
+    when the consumer starts, not when the head arrives (as a proxy should: a request
+    refused outright never has its body sent).
+  - A response finished before the whole body has arrived goes out at once. Then, if
+    at most L{DISCARD_LIMIT} bytes of the body remain (or, for a chunked body, until
+    that many have been read), the rest is read and thrown away and only then is the
+    request done with: C{notifyFinish} fires, the next request on the connection is
+    read. Otherwise the connection closes after the response (announced with
+    C{Connection: close} when the response head has not been sent yet).
+  - Over-long request lines get a 414, over-long header lines and header sections a
+    431, where Twisted closes silently or answers 400; folded header lines (obs-fold)
+    get a 400 where Twisted unfolds them. Twisted's other 400s are kept.
+
+Use both classes together: C{Site(resource, requestFactory=GatewayRequest)} with
+C{site.protocol = GatewayChannel}.
+"""
+
+from __future__ import annotations
+
+from io import BytesIO
+from typing import Final, Protocol, cast
+
+from twisted.internet.abstract import FileDescriptor
+from twisted.internet.defer import Deferred, fail, succeed
+from twisted.internet.error import ConnectionLost
+from twisted.internet.interfaces import IConsumer, IDelayedCall, IPushProducer
+from twisted.internet.protocol import connectionDone
+from twisted.python.failure import Failure
+from twisted.web.http import HTTPChannel, parse_qs
+from twisted.web.http import Request as HTTPRequest
+from twisted.web.http_headers import Headers
+from twisted.web.iweb import UNKNOWN_LENGTH, IBodyProducer
+from twisted.web.server import Request
+from zope.interface import implementer
+
+BUFFER_LIMIT: Final = 64 * 1024
+"""
+Body bytes held for a consumer that has not attached yet before reading from the client
+stops. What was already read from the socket is still kept, so the buffer can exceed
+this by one read (64 KiB on Twisted's TCP transports); so can a paused consumer's.
+"""
+
+DISCARD_LIMIT: Final = 1024 * 1024
+"""
+Body bytes the gateway reads and throws away, per request, to keep a connection usable
+after a response that did not need the body. Beyond it the connection is closed.
+"""
+
+LINGER_SECONDS: Final = 2.0
+"""
+How long a connection closed with part of a request body unread keeps reading (and
+dropping) what the client still sends after the response, before closing for good.
+"""
+
+_CONTINUE: Final = b"HTTP/1.1 100 Continue\r\n\r\n"
+_LINE_RECEIVED: Final = HTTPChannel.lineReceived
+_FOLD_START: Final = (b" ", b"\t")
+
+
+class BodyDiscardedError(Exception):
+    """
+    The response was finished before the request body had all arrived: the rest of the
+    body is thrown away and never reaches a consumer.
+    """
+
+
+class _Transport(Protocol):
+    """
+    What the channel's network producer is: a transport, which both produces (reads)
+    and consumes (has the channel registered as its producer).
+    """
+
+    def pauseProducing(self) -> None: ...
+
+    def resumeProducing(self) -> None: ...
+
+    def stopProducing(self) -> None: ...
+
+    def registerProducer(self, producer: object, streaming: bool) -> None: ...
+
+    def unregisterProducer(self) -> None: ...
+
+
+@implementer(IPushProducer)
+class _ReadGate:
+    """
+    Stands in for the transport as the channel's network producer, so that Twisted's own
+    pausing (a client that sends while its previous response is pending, a full send
+    buffer) and the request body's flow control can both hold reading without one
+    resuming what the other paused: the transport reads only while neither holds it.
+
+    @ivar bodyHeld: Whether the request body holds reading.
+    """
+
+    __slots__ = ("_channelHeld", "_registered", "_transport", "bodyHeld")
+
+    def __init__(self, transport: _Transport, channelHeld: bool) -> None:
+        """
+        @param transport: The network producer replaced.
+        @param channelHeld: Whether the channel may have paused it.
+        """
+        self._transport = transport
+        self._channelHeld = channelHeld
+        self._registered = True
+        self.bodyHeld = False
+
+    def pauseProducing(self) -> None:
+        self._channelHeld = True
+        self._transport.pauseProducing()
+
+    def resumeProducing(self) -> None:
+        self._channelHeld = False
+        if not self.bodyHeld:
+            self._transport.resumeProducing()
+
+    def stopProducing(self) -> None:
+        self._transport.stopProducing()
+
+    def registerProducer(self, producer: object, streaming: bool) -> None:
+        self._registered = True
+        self._transport.registerProducer(producer, streaming)
+
+    def unregisterProducer(self) -> None:
+        if self._registered:
+            self._registered = False
+            self._transport.unregisterProducer()
+
+    def holdForBody(self) -> None:
+        self.bodyHeld = True
+        self._transport.pauseProducing()
+
+    def releaseForBody(self) -> None:
+        self.bodyHeld = False
+        if not self._channelHeld:
+            self._transport.resumeProducing()
+
+    def releaseAll(self) -> None:
+        """
+        Unhook the channel from the transport and read, whatever held reading.
+        """
+        self.unregisterProducer()
+        self.bodyHeld = self._channelHeld = False
+        self._transport.resumeProducing()
+
+
+@implementer(IBodyProducer)
+class RequestBody:
+    """
+    The body of one request, as it arrives from the client.
+
+    Bytes received before a consumer attaches are kept (up to about L{BUFFER_LIMIT};
+    then reading from the client pauses) and are written to the consumer first. While a
+    consumer is attached its C{pauseProducing}/C{resumeProducing} pause and resume
+    reading from the client.
+
+    @ivar length: The body's length from C{Content-Length}, or L{UNKNOWN_LENGTH} for a
+        chunked body.
+    @ivar complete: Whether the whole body has been received.
+    @ivar received: Body bytes received from the client so far.
+    """
+
+    length: int | str
+    complete: bool
+    received: int
+
+    def __init__(
+        self,
+        length: int | None,
+        request: GatewayRequest | None = None,
+        channel: GatewayChannel | None = None,
+    ) -> None:
+        """
+        @param length: The declared length, or L{None} for a chunked body.
+        @param request: The request this is the body of.
+        @param channel: The channel it arrives on.
+        """
+        self.length = UNKNOWN_LENGTH if length is None else length
+        self.complete = length == 0
+        self.received = 0
+        self._request = request
+        self._channel = channel
+        self._buffer: list[bytes] = []
+        self._buffered = 0
+        self._consumer: IConsumer | None = None
+        self._done: Deferred[None] | None = None
+        self._started = False
+        self._paused = False
+        self._discarding = False
+        self._discarded = 0
+        self._overLimit = False
+        self._lost: Failure | None = None
+
+    @property
+    def buffered(self) -> int:
+        """
+        Bytes received and held for the consumer, not yet written to it.
+        """
+        return self._buffered
+
+    # IBodyProducer
+
+    def startProducing(self, consumer: IConsumer) -> Deferred[None]:
+        """
+        Write every body byte received so far, and then each as it arrives, to
+        C{consumer}.
+
+        If the client sent C{Expect: 100-continue} and nothing of the body has arrived
+        yet, this is when it is told to go ahead (C{100 Continue}).
+
+        @return: Fires with L{None} once the whole body has been written; fails with the
+            reason if the client disconnects before that, with L{BodyDiscardedError} if the
+            response was finished first; never fires after L{stopProducing}.
+            Cancelling it stops producing, like L{stopProducing}.
+        @raise RuntimeError: A consumer was already given.
+        """
+        if self._started:
+            raise RuntimeError("a request body can be produced only once")
+        self._started = True
+        if self._lost is not None:
+            return fail(self._lost)
+        if self._discarding:
+            return fail(BodyDiscardedError())
+        self._consumer = consumer
+        done: Deferred[None] = Deferred(self._cancel)
+        self._done = done
+        if self._request is not None and not self.complete:
+            self._request._bodyDemanded()
+        self._flush()
+        return done
+
+    def pauseProducing(self) -> None:
+        """
+        Write nothing more to the consumer, and stop reading from the client, until
+        L{resumeProducing} (also before L{startProducing}: a consumer may register us
+        with a transport of its own first).
+        """
+        self._paused = True
+        self._updateReading()
+
+    def resumeProducing(self) -> None:
+        """
+        Write what arrived meanwhile, and read from the client again.
+        """
+        self._paused = False
+        if self._consumer is None:
+            self._updateReading()
+        else:
+            self._flush()
+
+    def stopProducing(self) -> None:
+        """
+        The consumer wants no more: the rest of the body is read from the client and
+        thrown away (so that the connection can carry the next request), and the
+        L{Deferred} from L{startProducing} never fires.
+        """
+        self._started = True
+        self._consumer = None
+        self._done = None
+        self._discard()
+
+    # Called by the request and the channel.
+
+    def _dataReceived(self, data: bytes) -> None:
+        self.received += len(data)
+        if self._discarding:
+            self._discarded += len(data)
+            if self._discarded > DISCARD_LIMIT and not self._overLimit:
+                self._overLimit = True
+                if self._request is not None:
+                    self._request._discardLimitReached()
+            return
+        consumer = self._consumer
+        if consumer is not None and not self._paused and not self._buffer:
+            consumer.write(data)
+            return
+        self._buffer.append(data)
+        self._buffered += len(data)
+        if consumer is None:
+            self._updateReading()
+
+    def _finish(self) -> None:
+        """
+        The last body byte has arrived.
+        """
+        self.complete = True
+        self._flush()
+
+    def _abandon(self) -> None:
+        """
+        The response is finished but the body is not: discard the rest.
+        """
+        done = self._done
+        self._consumer = None
+        self._done = None
+        self._discard()
+        if done is not None:
+            done.errback(BodyDiscardedError())
+
+    def _connectionLost(self, reason: Failure) -> None:
+        if self.complete or self._lost is not None:
+            return
+        self._lost = reason
+        self._buffer = []
+        self._buffered = 0
+        done = self._done
+        self._consumer = None
+        self._done = None
+        if done is not None:
+            done.errback(reason)
+
+    # Internals.
+
+    def _flush(self) -> None:
+        consumer = self._consumer
+        if consumer is None:
+            return
+        if self._buffer:
+            if self._paused:
+                return
+            data = b"".join(self._buffer)
+            self._buffer = []
+            self._buffered = 0
+            # May pause, or stop, us synchronously.
+            consumer.write(data)
+            if self._consumer is None:
+                return
+        if self.complete:
+            done = self._done
+            self._consumer = None
+            self._done = None
+            if done is not None:
+                done.callback(None)
+        else:
+            self._updateReading()
+
+    def _updateReading(self) -> None:
+        channel = self._channel
+        if channel is None or self.complete or self._discarding or self._lost is not None:
+            return
+        if self._paused or (self._consumer is None and self._buffered >= BUFFER_LIMIT):
+            channel._holdReading()
+        else:
+            channel._releaseReading()
+
+    def _discard(self) -> None:
+        if self._discarding:
+            return
+        self._discarding = True
+        self._paused = False
+        self._buffer = []
+        self._buffered = 0
+        channel = self._channel
+        if channel is not None and not self.complete and self._lost is None:
+            channel._releaseReading()
+
+    def _cancel(self, done: Deferred[None]) -> None:
+        self._consumer = None
+        self._done = None
+        self._discard()
+
+
+@implementer(IBodyProducer)
+class _EmptyBody(RequestBody):
+    """
+    The body of every request that has none: complete, and stateless so that one
+    instance serves them all.
+    """
+
+    def startProducing(self, consumer: IConsumer) -> Deferred[None]:
+        return succeed(None)
+
+    def pauseProducing(self) -> None:
+        pass
+
+    def resumeProducing(self) -> None:
+        pass
+
+    def stopProducing(self) -> None:
+        pass
+
+
+EMPTY_BODY: Final[RequestBody] = _EmptyBody(0)
+"""
+The C{body} of a request without one (shared: it holds no state).
+"""
+
+
+class GatewayRequest(Request):
+    """
+    A request rendered as soon as its head is in, its body streaming in C{body}.
+
+    Requests without a body are handled exactly as by L{Request}. For one with a body,
+    C{method}, C{uri}, C{path}, C{args} (from the query only: a form body is not parsed),
+    C{clientproto}, C{prepath} and C{postpath} are set as Twisted sets them, and the
+    resource renders, before the body arrives; C{content} stays an empty file.
+
+    If the response is finished before the body is complete, a consumer still attached
+    to the body gets L{BodyDiscardedError}, and C{notifyFinish} fires once the rest of
+    the body has been read and dropped (or the connection has closed: the response was
+    whole, so it fires with L{None} then too). If the client disconnects before the
+    response is finished, the body and C{notifyFinish} fail with the reason, as in
+    Twisted; so they do, at once, if the body's chunked framing turns out malformed.
+
+    @ivar body: The request body.
+    """
+
+    body: RequestBody = EMPTY_BODY
+    _dispatched = False
+    _cleanupPending = False
+    _expectContinue = False
+
+    def gotLength(self, length: int | None) -> None:
+        """
+        Set up for a body of C{length} bytes (L{None}: chunked).
+
+        @raise TypeError: The request has a body, but its channel is not a
+            L{GatewayChannel}.
+        """
+        if length == 0:
+            Request.gotLength(self, length)
+            return
+        channel = self.channel
+        if not isinstance(channel, GatewayChannel):
+            raise TypeError("GatewayRequest needs GatewayChannel as the Site's protocol")
+        self.content = BytesIO()
+        self.body = RequestBody(length, self, channel)
+
+    def handleContentChunk(self, data: bytes) -> None:
+        """
+        Pass a piece of the body on (not intended for users).
+        """
+        self.body._dataReceived(data)
+
+    def _dispatch(self, command: bytes, path: bytes, version: bytes) -> None:
+        """
+        Render now, with the body yet to come (the channel calls this once the head of a
+        request with a body is parsed).
+        """
+        self._dispatched = True
+        if version == b"HTTP/1.1":
+            expect = self.requestHeaders.getRawHeaders(b"expect")
+            if expect and expect[0].lower() == b"100-continue":
+                self._expectContinue = True
+        self.method = command
+        self.uri = path
+        self.clientproto = version
+        target, question, query = path.partition(b"?")
+        self.path = target
+        self.args = parse_qs(query, 1) if question else {}
+        self.process()
+
+    def requestReceived(self, command: bytes, path: bytes, version: bytes) -> None:
+        """
+        The whole request is in: render it (no body), or complete the body of one that
+        is already being answered.
+        """
+        if not self._dispatched:
+            Request.requestReceived(self, command, path, version)
+            return
+        self.body._finish()
+        if self._cleanupPending:
+            self._cleanupPending = False
+            HTTPRequest._cleanup(self)
+
+    def _closeAfterResponse(self, finishing: bool) -> bool:
+        """
+        Whether the connection should close after this response rather than read the
+        rest of the body, which is incomplete.
+
+        @param finishing: The response is being finished (otherwise it is starting, and
+            an attached consumer may yet read the whole body).
+        """
+        body = self.body
+        if body._overLimit:
+            return True
+        if self._expectContinue and body.received == 0:
+            # The client may be holding the body back until told to go ahead.
+            return True
+        return (
+            (finishing or body._consumer is None)
+            and isinstance(body.length, int)
+            and body.length - body.received > DISCARD_LIMIT
+        )
+
+    def _cleanup(self) -> None:
+        body = self.body
+        if body.complete:
+            HTTPRequest._cleanup(self)
+            return
+        channel = self.channel
+        if channel.persistent and self._closeAfterResponse(finishing=True):
+            channel.persistent = False
+        body._abandon()
+        if channel.persistent:
+            # Done once the rest of the body has been read (requestReceived).
+            self._cleanupPending = True
+        else:
+            HTTPRequest._cleanup(self)
+
+    def _discardLimitReached(self) -> None:
+        if self._cleanupPending:
+            self._cleanupPending = False
+            self.channel.persistent = False
+            HTTPRequest._cleanup(self)
+        else:
+            # Still answering: read no more, close once the response is finished.
+            channel = self.channel
+            if isinstance(channel, GatewayChannel):
+                channel._holdReading()
+
+    def _bodyDemanded(self) -> None:
+        if self._expectContinue:
+            self._expectContinue = False
+            transport = self.channel.transport
+            if not self.startedWriting and self.body.received == 0 and transport is not None:
+                transport.write(_CONTINUE)
+
+    def connectionLost(self, reason: Failure) -> None:
+        """
+        The connection is gone: the body, if incomplete, fails with C{reason}, and so
+        does C{notifyFinish} unless the response had been finished (and only the rest of
+        the body was still being read).
+        """
+        if not self.body.complete:
+            self.body._connectionLost(reason)
+        if self._cleanupPending:
+            self._cleanupPending = False
+            notifications, self.notifications = self.notifications, []
+            super().connectionLost(reason)
+            for notification in notifications:
+                notification.callback(None)
+            return
+        super().connectionLost(reason)
+
+
+class GatewayChannel(HTTPChannel):
+    """
+    An L{HTTPChannel} that dispatches L{GatewayRequest}s with a body as soon as their
+    head is parsed, lets their body's flow control pause reading, and refuses over-long
+    or folded header lines with a status.
+
+    A connection whose last response left part of a request body unread is closed in
+    stages (RFC 9112 section 9.6): the write side is shut down, so that the client reads
+    the response and then end of file, while whatever the client still sends is read
+    and dropped for up to L{LINGER_SECONDS}; closing at once, with unread data, would
+    reset the connection, and the client could lose the response. (Under TLS the write
+    side cannot be shut down alone: there the connection just lingers, then closes.)
+    """
+
+    _gate: _ReadGate | None = None
+    _streaming: GatewayRequest | None = None
+    _draining = False
+    _lingerCall: IDelayedCall | None = None
+    _heldTimeOut: float | None = None
+
+    def lineReceived(self, line: bytes) -> None:
+        if line[:1] in _FOLD_START:
+            # obs-fold (RFC 9112 section 5.2): rejected rather than unfolded, so that
+            # no two parsers can disagree about it.
+            self._respondToBadRequestAndDisconnect()
+        else:
+            _LINE_RECEIVED(self, line)
+
+    def lineLengthExceeded(self, line: bytes) -> None:
+        if getattr(self, "_HTTPChannel__first_line", 1):
+            self._refuse(b"414 URI Too Long")
+        else:
+            self._refuse(b"431 Request Header Fields Too Large")
+
+    def allHeadersReceived(self) -> None:
+        request = self.requests[-1]
+        if self.length == 0 or not isinstance(request, GatewayRequest):
+            HTTPChannel.allHeadersReceived(self)
+            return
+        self._streaming = request
+        if self._gate is None:
+            # Installed with the first body, so that a connection without one pays
+            # nothing. Twisted leaves reading paused at this point only while it waits
+            # for the transport (and, if it did not pause, resumes it when the transport
+            # drains anyway).
+            gate = _ReadGate(cast(_Transport, self._networkProducer), self._waitingForTransport)
+            self._gate = self._networkProducer = gate
+        request.parseCookies()
+        self.persistent = self.checkPersistence(request, self._version)
+        request.gotLength(self.length)
+        # No "100 Continue" here: the body's consumer asks for it when it starts.
+        request._dispatch(self._command, self._path, self._version)
+
+    def allContentReceived(self) -> None:
+        if self._streaming is not None:
+            self._streaming = None
+            # Before Twisted saves the idle timeout for the time the request is handled.
+            self._releaseReading()
+        elif self._draining:
+            return
+        HTTPChannel.allContentReceived(self)
+
+    def rawDataReceived(self, data: bytes) -> None:
+        if self._draining:
+            return
+        HTTPChannel.rawDataReceived(self, data)
+
+    def requestDone(self, request: HTTPRequest) -> None:
+        if request is not self._streaming:
+            HTTPChannel.requestDone(self, request)
+            return
+        # Answered, not persistent, the body not all read: close (never while persistent).
+        if request is not self.requests[0]:
+            raise TypeError(request)
+        del self.requests[0]
+        self._streaming = None
+        self._drain()
+
+    def writeHeaders(self, version: bytes, code: bytes, reason: bytes, headers: Headers) -> None:
+        request = self._streaming
+        if request is not None and self.persistent and request._closeAfterResponse(finishing=False):
+            # A response starting before the body is all in, which will close.
+            self.persistent = False
+            headers.setRawHeaders(b"connection", [b"close"])
+        HTTPChannel.writeHeaders(self, version, code, reason, headers)
+
+    def connectionLost(self, reason: Failure = connectionDone) -> None:
+        if self._lingerCall is not None:
+            self._lingerCall.cancel()
+            self._lingerCall = None
+        HTTPChannel.connectionLost(self, reason)
+
+    def _respondToBadRequestAndDisconnect(self) -> None:
+        if self._draining:
+            self.loseConnection()
+            return
+        if self._receivedHeaderSize > self.totalHeadersSize:
+            # What Twisted refuses with a 400 when the header section is too large.
+            self._refuse(b"431 Request Header Fields Too Large")
+            return
+        request = self._streaming
+        if request is not None:
+            self._streaming = None
+            # Malformed body framing, with the request already being answered: a 400 only
+            # if the response has not started, and the request learns of it at once.
+            if not request.startedWriting:
+                self._write(b"HTTP/1.1 400 Bad Request\r\n\r\n")
+            self.requests.remove(request)
+            request.connectionLost(Failure(ConnectionLost("malformed request body")))
+            self.loseConnection()
+            return
+        HTTPChannel._respondToBadRequestAndDisconnect(self)
+
+    def _refuse(self, status: bytes) -> None:
+        self._write(b"HTTP/1.1 " + status + b"\r\nConnection: close\r\nContent-Length: 0\r\n\r\n")
+        self.loseConnection()
+
+    def _write(self, data: bytes) -> None:
+        if self.transport is not None:
+            self.transport.write(data)
+
+    def _holdReading(self) -> None:
+        gate = self._gate
+        if gate is not None and not gate.bodyHeld:
+            gate.holdForBody()
+            # Not the client's fault: no idle timeout while we are the ones not reading.
+            self._heldTimeOut = self.setTimeout(None)
+
+    def _releaseReading(self) -> None:
+        gate = self._gate
+        if gate is not None and gate.bodyHeld:
+            gate.releaseForBody()
+            self.setTimeout(self._heldTimeOut)
+
+    def _drain(self) -> None:
+        self._draining = True
+        self._dataBuffer = []
+        self.setRawMode()
+        self._releaseReading()
+        if self._gate is not None:
+            self._gate.releaseAll()
+        # Plain sockets only: under TLS, shutting the socket down would cut the TLS stream.
+        transport: object = self.transport
+        if isinstance(transport, FileDescriptor):
+            transport.loseWriteConnection()
+        self._lingerCall = self.callLater(LINGER_SECONDS, self._lingerDone)
+
+    def _lingerDone(self) -> None:
+        self._lingerCall = None
+        if self.transport is not None:
+            self.transport.loseConnection()

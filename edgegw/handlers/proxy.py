@@ -1,0 +1,324 @@
+"""
+The C{reverse-proxy} terminal: one upstream, streamed both ways.
+
+Requests are sent with the gateway's own HTTP/1.1 client over pooled connections; request
+bodies stream from the client to the upstream as they arrive and responses stream back,
+with a slow reader on either side pausing the other. An upgrade to WebSocket becomes a
+L{Tunnel}. The C{timeout} covers connecting, sending the request and receiving the
+response head (a streaming response, such as server-sent events, may then last as long
+as it likes); when it fires the upstream call is cancelled and the client gets 504. Any
+other failure before the response head is a 502; a failure mid-body aborts the client
+connection so that it cannot mistake a truncated body for a whole one.
+"""
+
+from __future__ import annotations
+
+from time import monotonic
+from typing import Any
+from urllib.parse import urlsplit
+
+from twisted.internet.defer import CancelledError, Deferred, TimeoutError
+from twisted.internet.interfaces import IPushProducer, IReactorTime
+from twisted.logger import Logger
+from twisted.web.server import Request
+from zope.interface import implementer
+
+from edgegw.chain.exchange import Exchange
+from edgegw.chain.respond import abort, write_text
+from edgegw.config.model import ProxyHandlerSpec
+from edgegw.handlers.headers import HOP_BY_HOP, connection_tokens, is_websocket_upgrade
+from edgegw.handlers.tunnel import Tunnel
+from edgegw.upstream.http11 import UpstreamResponse
+from edgegw.upstream.pool import Upstream, UpstreamClient
+
+_log = Logger()
+
+BODYLESS_METHODS = frozenset({b"GET", b"HEAD", b"DELETE", b"OPTIONS", b"TRACE", b"CONNECT"})
+# Headers the gateway itself sets on every request it forwards, or frames itself.
+_REPLACED = frozenset(
+    {
+        b"host",
+        b"content-length",
+        b"expect",
+        b"x-forwarded-for",
+        b"x-forwarded-proto",
+        b"x-forwarded-host",
+    }
+)
+
+
+def join_path(prefix: bytes, path: bytes) -> bytes:
+    """
+    Join an upstream's base path and a request path with exactly one slash between them.
+    """
+    if not prefix:
+        return path
+    if prefix.endswith(b"/") and path.startswith(b"/"):
+        return prefix + path[1:]
+    if not prefix.endswith(b"/") and not path.startswith(b"/"):
+        return prefix + b"/" + path
+    return prefix + path
+
+
+def origin_form(uri: bytes) -> bytes:
+    """
+    The path and query of a request-target (absolute-form C{http://h/p?q} -> C{/p?q}).
+    """
+    if uri[:1] == b"/":
+        return uri
+    _, sep, rest = uri.partition(b"://")
+    if not sep:
+        return b"/"
+    slash = rest.find(b"/")
+    return rest[slash:] if slash != -1 else b"/"
+
+
+@implementer(IPushProducer)
+class _Relay:
+    """
+    Streams an upstream body into the client response; the client's flow control pauses
+    and resumes the upstream read.
+    """
+
+    def __init__(self, request: Request, response: UpstreamResponse) -> None:
+        self.write = request.write
+        self.response = response
+
+    def pauseProducing(self) -> None:
+        self.response.pause()
+
+    def resumeProducing(self) -> None:
+        self.response.resume()
+
+    def stopProducing(self) -> None:
+        self.response.abort()
+
+
+class ProxyHandler:
+    """
+    Forwards requests to one upstream.
+
+    @param spec: The route's C{reverse-proxy} handler block.
+    @param client: The gateway's shared upstream client (connection pool).
+    @param reactor: For the timeout.
+    @param gateway_headers: Lowercased names of response headers that the gateway sets
+        itself (security headers, C{Server}); the upstream's values do not override them.
+    @param assertion_headers: Lowercased identity-assertion header names: never forwarded
+        from the client, since a backend may only receive assertions the gateway minted.
+    """
+
+    def __init__(
+        self,
+        spec: ProxyHandlerSpec,
+        client: UpstreamClient,
+        reactor: IReactorTime,
+        gateway_headers: frozenset[bytes] = frozenset(),
+        assertion_headers: frozenset[bytes] = frozenset({b"x-gw-identity"}),
+    ) -> None:
+        self.spec = spec
+        self.client = client
+        self.reactor = reactor
+        self.upstream = Upstream.from_url(spec.upstream, verify_tls=not spec.insecure_skip_verify)
+        self.base_path = urlsplit(spec.upstream).path.encode("ascii").rstrip(b"/")
+        self.strip_prefix = spec.strip_prefix.encode("utf-8") if spec.strip_prefix else b""
+        self.timeout = spec.timeout
+        drop = set(HOP_BY_HOP) | _REPLACED | assertion_headers
+        if not spec.forward_cookies:
+            drop.add(b"cookie")
+        if not spec.forward_access_token:
+            drop.add(b"authorization")
+        self.drop_request = frozenset(drop)
+        self.skip_response = HOP_BY_HOP | gateway_headers | {b"server"}
+
+    def describe(self) -> str:
+        """
+        One line for the route table.
+        """
+        parts = []
+        if self.spec.strip_prefix:
+            parts.append(f"strip {self.spec.strip_prefix}")
+        if self.spec.timeout is not None:
+            parts.append(f"timeout {self.spec.timeout:g}s")
+        for flag, name in (
+            (self.spec.preserve_host, "preserve host"),
+            (self.spec.forward_cookies, "cookies"),
+            (self.spec.forward_access_token, "access token"),
+            (self.spec.forward_identity, "identity"),
+            (self.spec.insecure_skip_verify, "INSECURE tls"),
+        ):
+            if flag:
+                parts.append(name)
+        extra = f" ({', '.join(parts)})" if parts else ""
+        return f"reverse-proxy {self.spec.upstream}{extra}"
+
+    # -- request ---------------------------------------------------------------------------
+
+    def target(self, request: Request) -> bytes:
+        """
+        The upstream request-target: base path + request path (less C{stripPrefix}) +
+        query, the path kept exactly as the client encoded it.
+        """
+        path, sep, query = origin_form(request.uri).partition(b"?")
+        strip = self.strip_prefix
+        if strip and path.startswith(strip):
+            path = path[len(strip) :] or b"/"
+            if path[:1] != b"/":
+                path = b"/" + path
+        path = join_path(self.base_path, path)
+        return path + sep + query
+
+    def request_headers(
+        self, request: Request, exchange: Exchange, upgrade: bool
+    ) -> list[tuple[bytes, bytes]]:
+        """
+        The headers to send upstream: the client's, less hop-by-hop and gateway-owned
+        ones, plus C{Host} and the C{X-Forwarded-*} set.
+        """
+        incoming = request.requestHeaders
+        drop = self.drop_request
+        named = connection_tokens(incoming.getRawHeaders(b"connection"))
+        out: list[tuple[bytes, bytes]] = []
+        append = out.append
+        for name, values in incoming.getAllRawHeaders():
+            lower = name.lower()
+            if lower in drop or lower in named:
+                continue
+            for value in values:
+                append((name, value))
+        host_values = incoming.getRawHeaders(b"host")
+        inbound_host = host_values[0] if host_values else b""
+        append((b"Host", inbound_host if self.spec.preserve_host else self.upstream.authority))
+        peer = request.getClientAddress()
+        peer_host = getattr(peer, "host", "")
+        chain = incoming.getRawHeaders(b"x-forwarded-for")
+        forwarded_for = peer_host.encode("ascii", "replace")
+        if chain:
+            forwarded_for = b", ".join([*chain, forwarded_for])
+        append((b"X-Forwarded-For", forwarded_for))
+        proto = incoming.getRawHeaders(b"x-forwarded-proto")
+        append(
+            (
+                b"X-Forwarded-Proto",
+                proto[0] if proto else (b"https" if request.isSecure() else b"http"),
+            )
+        )
+        forwarded_host = incoming.getRawHeaders(b"x-forwarded-host")
+        if forwarded_host or inbound_host:
+            append((b"X-Forwarded-Host", forwarded_host[0] if forwarded_host else inbound_host))
+        principal = exchange.principal
+        if self.spec.forward_access_token and principal is not None and principal.access_token:
+            out = [(n, v) for n, v in out if n.lower() != b"authorization"]
+            out.append((b"Authorization", b"Bearer " + principal.access_token.encode("ascii")))
+        if upgrade:
+            out.append((b"Connection", b"Upgrade"))
+            out.append((b"Upgrade", incoming.getRawHeaders(b"upgrade", [b"websocket"])[0]))
+        return out
+
+    # -- response --------------------------------------------------------------------------
+
+    def relay_head(self, request: Request, response: UpstreamResponse) -> None:
+        """
+        Copy the upstream's status and end-to-end headers to the client response,
+        repeated headers (C{Set-Cookie}) in order.
+        """
+        request.setResponseCode(response.code, response.phrase or None)
+        skip = self.skip_response
+        named: frozenset[bytes] = frozenset()
+        grouped: dict[bytes, list[bytes]] = {}
+        for name, value in response.headers:
+            lower = name.lower()
+            if lower == b"connection":
+                named = named | connection_tokens([value])
+                continue
+            if lower in skip:
+                continue
+            values = grouped.get(lower)
+            if values is None:
+                grouped[lower] = [value]
+            else:
+                values.append(value)
+        set_header = request.responseHeaders.setRawHeaders
+        for lower, values in grouped.items():
+            if lower not in named:
+                set_header(lower, values)
+
+    # -- the terminal ----------------------------------------------------------------------
+
+    async def __call__(self, exchange: Exchange) -> None:
+        request = exchange.request
+        method = request.method
+        headers = request.requestHeaders
+        upgrade = method == b"GET" and is_websocket_upgrade(
+            headers.getRawHeaders(b"connection"), headers.getRawHeaders(b"upgrade")
+        )
+        body: Any = getattr(request, "body", None)
+        outgoing = self.request_headers(request, exchange, upgrade)
+        if body is not None and body.length == 0:
+            body = None
+        if body is None and method not in BODYLESS_METHODS:
+            outgoing.append((b"Content-Length", b"0"))
+        started = monotonic()
+        pending = self.client.request(
+            self.upstream, method, self.target(request), outgoing, body, upgrade=upgrade
+        )
+        if self.timeout is not None:
+            pending.addTimeout(self.timeout, self.reactor)
+        try:
+            response = await pending
+        except CancelledError:
+            raise
+        except TimeoutError:
+            exchange.note("upstream_error", "timeout")
+            write_text(request, 504, b"gateway timeout\n")
+            return
+        except Exception as e:
+            exchange.note("upstream_error", _describe(e))
+            write_text(request, 502, b"bad gateway\n")
+            return
+        exchange.note("upstream_status", response.code)
+        exchange.note("upstream_ms", round((monotonic() - started) * 1000, 3))
+        if upgrade and response.code == 101:
+            tunnel = Tunnel(request, response)
+            await tunnel.start()
+            exchange.note("tunnel_bytes_up", tunnel.to_upstream)
+            return
+        self.relay_head(request, response)
+        await self._relay_body(request, exchange, response)
+
+    async def _relay_body(
+        self, request: Request, exchange: Exchange, response: UpstreamResponse
+    ) -> None:
+        if not response.has_body:
+            request.finish()
+            await response.deliver(_Discard())
+            return
+        relay = _Relay(request, response)
+        request.registerProducer(relay, True)
+        delivered: Deferred[None] = response.deliver(relay)
+        try:
+            await delivered
+        except CancelledError:
+            response.abort()
+            raise
+        except Exception as e:
+            exchange.note("upstream_error", "body: " + _describe(e))
+            request.unregisterProducer()
+            abort(request)
+            return
+        request.unregisterProducer()
+        if not request._disconnected:
+            request.finish()
+
+
+class _Discard:
+    def write(self, data: bytes) -> None:
+        pass
+
+
+def _describe(error: BaseException) -> str:
+    """
+    A short reason for logs: the exception type and message, never sent to the client.
+    """
+    text = str(error)
+    name = type(error).__name__
+    return f"{name}: {text}" if text else name
