@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 CONFIG ?= etc/edgegw
 STAMP := $(VENV)/.installed
 
-.PHONY: run test check lint typecheck unit venv clean
+.PHONY: run test check lint typecheck unit venv clean bench
 
 $(STAMP): setup.py pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -26,8 +26,8 @@ check: $(STAMP)
 	$(BIN)/edgegw check $(CONFIG)
 
 lint: $(STAMP)
-	$(BIN)/ruff check edgegw tests twisted
-	$(BIN)/ruff format --check edgegw tests twisted
+	$(BIN)/ruff check edgegw tests twisted bench
+	$(BIN)/ruff format --check edgegw tests twisted bench
 
 typecheck: $(STAMP)
 	$(BIN)/mypy
@@ -37,6 +37,12 @@ unit: $(STAMP)
 
 ## Set up and pass the whole suite: lint, types, tests.
 test: lint typecheck unit
+
+## Benchmarks (never part of the tests): wrk against the backend, nginx, an Agent proxy
+## and edgegw, interleaved; then the proxy's memory figures. Installs wrk and nginx as root.
+bench: $(STAMP)
+	$(BIN)/python -m bench proxy
+	$(BIN)/python -m bench memory
 
 clean:
 	rm -rf $(VENV) _trial_temp* build *.egg-info .mypy_cache .ruff_cache

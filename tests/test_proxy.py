@@ -374,6 +374,20 @@ class StreamingTests(ProxyTestCase):
         await client.close()
 
 
+class StreamHeadTests(ProxyTestCase):
+    async def test_head_of_silent_stream_reaches_client(self) -> None:
+        port = self.gateway()
+        client = await connect(port)
+        client.send(b"GET /silent/events HTTP/1.1\r\nHost: x\r\n\r\n")
+        # The backend sends its head and no event yet: the client still sees the head.
+        head = await client.until(b"\r\n\r\n")
+        self.assertTrue(head.startswith(b"HTTP/1.1 200 OK\r\n"), head)
+        self.assertIn(b"text/event-stream", head.lower())
+        self.backend.sse[0].finish()
+        await client.until(b"0\r\n\r\n")
+        await client.close()
+
+
 class WebSocketTests(ProxyTestCase):
     def setUp(self) -> None:
         super().setUp()

@@ -294,6 +294,10 @@ class ProxyHandler:
             return
         relay = _Relay(request, response)
         request.registerProducer(relay, True)
+        # Send the head now: a stream (server-sent events) may have no body byte for a
+        # long time, and the client must see the response start. Twisted only writes the
+        # head on the first write; an empty write sends it and nothing else.
+        request.write(b"")
         delivered: Deferred[None] = response.deliver(relay)
         try:
             await delivered

@@ -1,0 +1,6 @@
+"""
+edgegw's benchmark harness: C{python -m bench proxy} and C{python -m bench memory}.
+
+Benchmarks run real processes on loopback and are never part of the test suite; see
+C{bench/README.md} for what each command measures and how to read its numbers.
+"""

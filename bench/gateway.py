@@ -1,0 +1,129 @@
+"""
+edgegw as a process under test: its configuration, its check, and starting it.
+"""
+
+from __future__ import annotations
+
+import subprocess
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import attrs
+import yaml
+
+from bench.processes import Process, venv_bin
+
+
+@attrs.frozen
+class RouteConfig:
+    """
+    One C{Route} resource of a benchmark configuration.
+
+    @ivar name: C{metadata.name}.
+    @ivar match: The mux pattern (C{spec.match}).
+    @ivar handler: C{spec.handler}, as it would be written in YAML.
+    """
+
+    name: str
+    match: str
+    handler: Mapping[str, Any]
+
+
+def reverse_proxy(name: str, match: str, upstream: str) -> RouteConfig:
+    """
+    A public C{reverse-proxy} route to C{upstream}.
+    """
+    return RouteConfig(name, match, {"type": "reverse-proxy", "upstream": upstream})
+
+
+def static(name: str, match: str, directory: Path) -> RouteConfig:
+    """
+    A C{static} route serving C{directory} (no SPA fallback: a miss is a 404).
+    """
+    return RouteConfig(name, match, {"type": "static", "dir": str(directory), "spaFallback": False})
+
+
+def write_config(directory: Path, port: int, routes: Sequence[RouteConfig]) -> Path:
+    """
+    Write a configuration directory: a Gateway on 127.0.0.1:C{port} and C{routes}.
+
+    Routes are made C{auth: public} explicitly: a reverse-proxy route is a C{service}
+    route, which requires authentication by default, and the benchmark has no IdP.
+    """
+    directory.mkdir(parents=True, exist_ok=True)
+    documents = [
+        {
+            "apiVersion": "edgegw.io/v1",
+            "kind": "Gateway",
+            "metadata": {"name": "bench"},
+            "spec": {"listen": f"127.0.0.1:{port}"},
+        }
+    ]
+    for route in routes:
+        documents.append(
+            {
+                "apiVersion": "edgegw.io/v1",
+                "kind": "Route",
+                "metadata": {"name": route.name},
+                "spec": {
+                    "match": route.match,
+                    "access": {"auth": "public"},
+                    "handler": dict(route.handler),
+                },
+            }
+        )
+    path = directory / "gateway.yaml"
+    path.write_text(yaml.safe_dump_all(documents, sort_keys=False))
+    return directory
+
+
+def check(directory: Path) -> str | None:
+    """
+    Run C{edgegw check DIRECTORY}.
+
+    @return: L{None} when the configuration is usable, otherwise the reason edgegw gives
+        (for example that a handler type is not available in this version).
+    """
+    done = subprocess.run(
+        [venv_bin("edgegw"), "check", str(directory)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    if done.returncode == 0:
+        return None
+    lines = [line.strip() for line in done.stderr.splitlines() if line.strip()]
+    if any(line.startswith("Traceback") for line in lines):
+        # Not a verdict on the configuration: edgegw itself failed (say, mid-change).
+        return f"edgegw check crashed: {lines[-1]}"
+    # The first line is a summary ("configuration has N errors:"); the problems follow,
+    # each prefixed with the temporary file's path, which says nothing to the reader.
+    problems = [_without_location(line) for line in lines[1:]] or lines
+    # The same refusal for several routes reads once.
+    unique = list(dict.fromkeys(problems))
+    return "; ".join(unique) or f"edgegw check exited with {done.returncode}"
+
+
+def _without_location(problem: str) -> str:
+    """
+    C{'/tmp/x/gateway.yaml, document 2, Route "r": spec.handler.type: ...'} without the
+    file, the document and the resource.
+    """
+    prefix, sep, rest = problem.partition(", document ")
+    if not sep or "/" not in prefix:
+        return problem
+    _, _, rest = rest.partition(", ")
+    if rest.startswith(("Route ", "Gateway ")):
+        _, _, rest = rest.partition(": ")
+    return rest or problem
+
+
+def start(directory: Path, log: Path, name: str = "edgegw") -> Process:
+    """
+    Start C{twistd -n --pidfile= edgegw --config DIRECTORY} (one process), its log
+    (the JSON access log included) going to C{log}.
+    """
+    argv = [venv_bin("twistd"), "-n", "--pidfile=", "edgegw", "--config", str(directory)]
+    return Process(name, argv, log)

@@ -1,0 +1,465 @@
+"""
+C{python -m bench memory}: edgegw's memory figures on reverse-proxy routes.
+
+  1. Streaming: the RSS growth of the edgegw process while a client downloads a 1 GiB
+     response through a reverse-proxy route as fast as it can (peak RSS during the
+     download minus the RSS before it). A proxy that streams with back-pressure stays
+     flat; one that buffers grows with the response. Target: < 32 MiB.
+  2. Idle streams: the RSS of the edgegw process holding 5,000 concurrent idle
+     server-sent-event responses through a reverse-proxy route. Target: < 300 MiB.
+
+Each measurement uses a fresh edgegw process. Both need the C{reverse-proxy} handler:
+when C{edgegw check} refuses the configuration they are reported as unavailable.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import shutil
+import socket
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+from collections.abc import Callable
+from contextlib import ExitStack
+from pathlib import Path
+from typing import Any
+
+import attrs
+
+from bench import gateway, report
+from bench.processes import (
+    MIB,
+    Process,
+    StartupError,
+    free_port,
+    peak_rss_bytes,
+    raise_fd_limit,
+    reset_peak_rss,
+    rss_bytes,
+    started,
+)
+
+GIB = 1024 * MIB
+DOWNLOAD_TARGET = 32 * MIB
+"""The streaming target: RSS growth below this while 1 GiB passes through."""
+SSE_TARGET = 300 * MIB
+"""The idle-streams target: RSS below this with 5,000 streams open."""
+
+
+@attrs.frozen
+class Settings:
+    """
+    The options of one memory benchmark run.
+
+    @ivar download_size: Bytes of the streamed response.
+    @ivar sse_connections: Concurrent idle event streams.
+    @ivar keep_tmp: Keep the temporary directory (configuration and logs).
+    """
+
+    download_size: int = GIB
+    sse_connections: int = 5000
+    keep_tmp: bool = False
+
+
+class ClientError(Exception):
+    """The client got something other than the expected response."""
+
+
+def _say(text: str) -> None:
+    print(text, file=sys.stderr, flush=True)
+
+
+def _read_head(stream: Any) -> tuple[int, dict[bytes, bytes]]:
+    status_line = stream.readline(65536)
+    parts = status_line.split(None, 2)
+    if len(parts) < 2 or not parts[1].isdigit():
+        raise ClientError(f"bad status line {status_line!r}")
+    headers = {}
+    while True:
+        line = stream.readline(65536)
+        if line in (b"\r\n", b"\n", b""):
+            break
+        name, _, value = line.partition(b":")
+        headers[name.strip().lower()] = value.strip()
+    return int(parts[1]), headers
+
+
+def _drain(stream: Any, count: int, buffer: memoryview) -> int:
+    """Read and discard exactly C{count} bytes; return how many arrived before EOF."""
+    done = 0
+    while done < count:
+        n = stream.readinto(buffer[: min(len(buffer), count - done)])
+        if not n:
+            break
+        done += n
+    return done
+
+
+def download(port: int, path: str) -> int:
+    """
+    GET C{path} from 127.0.0.1:C{port} over a plain socket, reading the body as fast as
+    possible and discarding it (Content-Length, chunked, or until close).
+
+    @return: The number of body bytes received.
+    @raise ClientError: If the status is not 200.
+    """
+    buffer = memoryview(bytearray(MIB))
+    with socket.create_connection(("127.0.0.1", port), timeout=60) as sock:
+        sock.sendall(
+            f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nConnection: close\r\n\r\n".encode()
+        )
+        with sock.makefile("rb", buffering=MIB) as stream:
+            status, headers = _read_head(stream)
+            if status != 200:
+                raise ClientError(f"GET {path} answered {status}")
+            if b"content-length" in headers:
+                return _drain(stream, int(headers[b"content-length"]), buffer)
+            if headers.get(b"transfer-encoding", b"").lower() == b"chunked":
+                total = 0
+                while True:
+                    size = int(stream.readline(1024).split(b";")[0].strip() or b"0", 16)
+                    if size == 0:
+                        return total
+                    total += _drain(stream, size, buffer)
+                    stream.readline(1024)
+            return _drain(stream, 1 << 62, buffer)
+
+
+class RssSampler:
+    """
+    Samples a process's RSS every few milliseconds in a thread and keeps the maximum.
+    """
+
+    def __init__(self, pid: int, interval: float = 0.005) -> None:
+        self.pid = pid
+        self.interval = interval
+        self.peak = rss_bytes(pid)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval):
+            self.peak = max(self.peak, rss_bytes(self.pid))
+
+    def __enter__(self) -> RssSampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.peak = max(self.peak, rss_bytes(self.pid))
+
+
+def measure_download(edgegw: Process, port: int, size: int) -> dict[str, Any]:
+    """
+    Measure the RSS growth of C{edgegw} while C{size} bytes stream through it.
+    """
+    # Warm up the route (imports, first connection) so that the baseline is the
+    # process's steady state rather than its cold start.
+    warm = download(port, f"/zeros/{MIB}")
+    if warm != MIB:
+        raise ClientError(f"warm-up download got {warm} of {MIB} bytes")
+    time.sleep(0.5)
+    baseline = rss_bytes(edgegw.pid)
+    hwm_reset = reset_peak_rss(edgegw.pid)
+    started_at = time.monotonic()
+    with RssSampler(edgegw.pid) as sampler:
+        received = download(port, f"/zeros/{size}")
+    seconds = time.monotonic() - started_at
+    peak = sampler.peak
+    if hwm_reset:
+        # VmHWM catches a spike between two samples.
+        peak = max(peak, peak_rss_bytes(edgegw.pid))
+    if received != size:
+        raise ClientError(f"downloaded {received} of {size} bytes")
+    growth = peak - baseline
+    return {
+        "bytes": received,
+        "seconds": round(seconds, 3),
+        "mib_per_second": round(received / MIB / seconds, 1),
+        "baseline_rss_mib": round(baseline / MIB, 2),
+        "peak_rss_mib": round(peak / MIB, 2),
+        "growth_mib": round(growth / MIB, 2),
+        "peak_from_vmhwm": hwm_reset,
+        "target_mib": DOWNLOAD_TARGET // MIB,
+        "ok": growth < DOWNLOAD_TARGET,
+    }
+
+
+HEAD_TIMEOUT = 30.0
+"""Seconds to wait for an event stream's response head."""
+
+
+class StreamOpener:
+    """
+    Opens C{GET /events} streams, at most C{concurrency} connecting at once, and gives
+    up on the rest once C{max_failures} have failed (rather than waiting out a timeout
+    for each of thousands).
+    """
+
+    def __init__(self, port: int, concurrency: int = 100, max_failures: int = 50) -> None:
+        self.port = port
+        self.limit = asyncio.Semaphore(concurrency)
+        self.failures = 0
+        self.max_failures = max_failures
+
+    async def open(self) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+        """
+        Open one stream and wait for its C{200 text/event-stream} head.
+
+        @raise ClientError: On any other answer, no head within L{HEAD_TIMEOUT}, or
+            after too many failures.
+        """
+        async with self.limit:
+            if self.failures >= self.max_failures:
+                raise ClientError(f"not attempted after {self.failures} failures")
+            try:
+                return await self._open()
+            except (ClientError, OSError, EOFError):
+                self.failures += 1
+                raise
+
+    async def _open(self) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+        reader, writer = await asyncio.open_connection("127.0.0.1", self.port)
+        try:
+            writer.write(
+                f"GET /events HTTP/1.1\r\nHost: 127.0.0.1:{self.port}\r\n"
+                "Accept: text/event-stream\r\n\r\n".encode()
+            )
+            try:
+                head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), HEAD_TIMEOUT)
+            except TimeoutError:
+                raise ClientError(
+                    f"GET /events: no response head within {HEAD_TIMEOUT:.0f}s (the backend "
+                    "sends its head at once and then nothing: the proxy must not hold the "
+                    "head back until body bytes arrive)"
+                ) from None
+            except asyncio.IncompleteReadError:
+                raise ClientError("GET /events: connection closed before the head") from None
+            status_line, _, headers = head.partition(b"\r\n")
+            if status_line.split()[1:2] != [b"200"] or b"text/event-stream" not in headers.lower():
+                raise ClientError(f"GET /events answered {status_line.decode('latin-1')!r}")
+        except BaseException:
+            writer.close()
+            raise
+        return reader, writer
+
+
+def _backend_open(backend_port: int) -> int:
+    with urllib.request.urlopen(f"http://127.0.0.1:{backend_port}/stats", timeout=10) as r:
+        count: int = json.load(r)["open"]
+        return count
+
+
+async def _hold_streams(
+    edgegw: Process, port: int, backend_port: int, count: int
+) -> dict[str, Any]:
+    # One stream first, closed again, so that the baseline has the route warmed up.
+    _, writer = await StreamOpener(port, max_failures=1).open()
+    writer.close()
+    await asyncio.sleep(0.5)
+    baseline = rss_bytes(edgegw.pid)
+    opener = StreamOpener(port)
+    started_at = time.monotonic()
+    outcomes = await asyncio.gather(*(opener.open() for _ in range(count)), return_exceptions=True)
+    opening = time.monotonic() - started_at
+    streams = [o for o in outcomes if not isinstance(o, BaseException)]
+    failures = [o for o in outcomes if isinstance(o, BaseException)]
+    try:
+        await asyncio.sleep(2)  # let the process settle with everything open
+        samples = []
+        for _ in range(10):
+            samples.append(rss_bytes(edgegw.pid))
+            await asyncio.sleep(0.1)
+        rss = max(samples)
+        still_open = sum(1 for reader, _ in streams if not reader.at_eof())
+        at_backend = await asyncio.get_running_loop().run_in_executor(
+            None, _backend_open, backend_port
+        )
+    finally:
+        for _, writer in streams:
+            writer.close()
+    result: dict[str, Any] = {
+        "requested": count,
+        "opened": len(streams),
+        "still_open": still_open,
+        "open_at_backend": at_backend,
+        "seconds_to_open": round(opening, 2),
+        "baseline_rss_mib": round(baseline / MIB, 2),
+        "rss_mib": round(rss / MIB, 2),
+        "kib_per_stream": round((rss - baseline) / 1024 / max(1, len(streams)), 1),
+        "target_mib": SSE_TARGET // MIB,
+        "ok": rss < SSE_TARGET and still_open == count,
+    }
+    if failures:
+        result["failures"] = len(failures)
+        result["first_failure"] = repr(failures[0])
+    return result
+
+
+def measure_sse(edgegw: Process, port: int, backend_port: int, count: int) -> dict[str, Any]:
+    """
+    Open C{count} idle event streams through C{edgegw} from this one asyncio process
+    and measure edgegw's RSS while they are all open.
+    """
+    return asyncio.run(_hold_streams(edgegw, port, backend_port, count))
+
+
+def _python_backend(kind: str, port: int, log: Path) -> Process:
+    argv = [sys.executable, "-m", "bench.backends", kind, "--port", str(port)]
+    return Process(f"{kind} backend", argv, log)
+
+
+def _with_processes(
+    label: str,
+    tmp: Path,
+    config: Path,
+    port: int,
+    backend: tuple[str, int],
+    measure: Callable[[Process], dict[str, Any]],
+) -> dict[str, Any]:
+    """
+    Start a backend and a fresh edgegw, run C{measure(edgegw)}, stop both.
+
+    @return: The measurement, or C{{"failed": reason}}.
+    """
+    kind, backend_port = backend
+    _say(f"bench: {label} ...")
+    try:
+        with ExitStack() as stack:
+            upstream = stack.enter_context(
+                started(_python_backend(kind, backend_port, tmp / f"{kind}.log"))
+            )
+            upstream.wait_for_port(backend_port)
+            edgegw = stack.enter_context(started(gateway.start(config, tmp / f"edgegw-{kind}.log")))
+            edgegw.wait_for_port(port)
+            return measure(edgegw)
+    except (StartupError, ClientError, OSError, EOFError) as e:
+        return {"failed": f"{type(e).__name__}: {e}"}
+
+
+def run(settings: Settings) -> int:
+    """
+    Run both measurements, print them, and write the JSON results.
+
+    @return: The exit status: 0, also when edgegw cannot proxy yet (the results say
+        "unavailable"); 1 when a measurement failed.
+    """
+    count = settings.sse_connections
+    needed = 2 * count + 1024  # edgegw holds a client and an upstream socket per stream
+    fd_limit = raise_fd_limit(needed)
+    tmp = Path(tempfile.mkdtemp(prefix="edgegw-bench-memory-"))
+    results: dict[str, dict[str, Any]] = {}
+    try:
+        zeros_port, sse_port, port = free_port(), free_port(), free_port()
+        config = gateway.write_config(
+            tmp / "edgegw",
+            port,
+            [
+                gateway.reverse_proxy("zeros", "GET /zeros/", f"http://127.0.0.1:{zeros_port}"),
+                gateway.reverse_proxy("events", "GET /events", f"http://127.0.0.1:{sse_port}"),
+            ],
+        )
+        reason = gateway.check(config)
+        if reason is not None:
+            results["download"] = {"unavailable": reason}
+            results["sse"] = {"unavailable": reason}
+        else:
+            size = settings.download_size
+            results["download"] = _with_processes(
+                f"streaming {size / MIB:.0f} MiB through edgegw",
+                tmp,
+                config,
+                port,
+                ("zeros", zeros_port),
+                lambda edgegw: measure_download(edgegw, port, size),
+            )
+            if fd_limit < needed:
+                results["sse"] = {
+                    "unavailable": f"the open-file limit is {fd_limit}, below the {needed} "
+                    f"needed for {count} streams (raise it with ulimit -n, or run as root)"
+                }
+            else:
+                results["sse"] = _with_processes(
+                    f"holding {count} idle event streams through edgegw",
+                    tmp,
+                    config,
+                    port,
+                    ("sse", sse_port),
+                    lambda edgegw: measure_sse(edgegw, port, sse_port, count),
+                )
+    finally:
+        if settings.keep_tmp:
+            print(f"bench: kept {tmp}", file=sys.stderr)
+        else:
+            shutil.rmtree(tmp, ignore_errors=True)
+    print()
+    print(table(settings, results))
+    path = report.write_json(
+        "memory",
+        {
+            "benchmark": "memory",
+            "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "settings": attrs.asdict(settings),
+            "machine": report.machine(),
+            "fd_limit": fd_limit,
+            "results": results,
+        },
+    )
+    print(f"\nresults: {path}")
+    return 1 if any("failed" in result for result in results.values()) else 0
+
+
+def table(settings: Settings, results: dict[str, dict[str, Any]]) -> str:
+    """
+    The two figures against their targets, with the details under each.
+    """
+    size = f"{settings.download_size / MIB:,.0f} MiB"
+    lines = []
+    download = results.get("download", {})
+    title = f"1. edgegw RSS growth while streaming {size} through reverse-proxy"
+    lines.append(title)
+    if "growth_mib" in download:
+        verdict = "ok" if download["ok"] else "OVER TARGET"
+        lines.append(
+            f"   growth {download['growth_mib']:.1f} MiB (target < {download['target_mib']} MiB): "
+            f"{verdict}"
+        )
+        lines.append(
+            f"   baseline {download['baseline_rss_mib']:.1f} MiB, peak "
+            f"{download['peak_rss_mib']:.1f} MiB, {download['seconds']:.1f}s at "
+            f"{download['mib_per_second']:,.0f} MiB/s"
+        )
+    else:
+        lines.append(f"   {_not_measured(download)}")
+    sse = results.get("sse", {})
+    lines.append(
+        f"2. edgegw RSS holding {settings.sse_connections:,} idle SSE streams through reverse-proxy"
+    )
+    if "rss_mib" in sse:
+        verdict = "ok" if sse["ok"] else "OVER TARGET or streams lost"
+        lines.append(
+            f"   RSS {sse['rss_mib']:.1f} MiB with {sse['still_open']:,} open "
+            f"(target < {sse['target_mib']} MiB with all open): {verdict}"
+        )
+        lines.append(
+            f"   baseline {sse['baseline_rss_mib']:.1f} MiB, {sse['kib_per_stream']:.1f} KiB "
+            f"per stream; opened {sse['opened']:,} of {sse['requested']:,} in "
+            f"{sse['seconds_to_open']:.1f}s; {sse['open_at_backend']:,} open at the backend"
+        )
+        if "first_failure" in sse:
+            lines.append(f"   {sse['failures']} failed, first: {sse['first_failure']}")
+    else:
+        lines.append(f"   {_not_measured(sse)}")
+    return "\n".join(lines)
+
+
+def _not_measured(result: dict[str, Any]) -> str:
+    if "unavailable" in result:
+        return f"unavailable: {result['unavailable']}"
+    return f"failed: {result.get('failed', 'not run')}"

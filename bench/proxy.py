@@ -1,0 +1,242 @@
+"""
+C{python -m bench proxy}: proxy throughput, latency and CPU per request, side by side.
+
+Every target is started once; then each round loads, for each payload, every target in
+turn (a, b, c, d, e) with the same wrk settings, so that the targets are interleaved and
+slow drifts of the machine hit them all alike. The report gives medians over the rounds.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+import tempfile
+import time
+from contextlib import ExitStack
+from pathlib import Path
+
+import attrs
+
+from bench import report, wrk
+from bench.processes import StartupError, busy_fraction, cpu_seconds, tail
+from bench.report import Sample
+from bench.targets import PAYLOADS, TARGETS, Target, start_targets
+from bench.tools import Tools, ensure_tools, version
+
+BUSY_WARNING = 0.15
+"""Warn when the CPUs are busier than this before the run starts."""
+
+
+@attrs.frozen
+class Settings:
+    """
+    The options of one proxy benchmark run.
+
+    @ivar duration: Seconds per wrk run.
+    @ivar connections: wrk's concurrent connections (and the proxies' pool sizes).
+    @ivar rounds: How many times each target and payload is measured.
+    @ivar warmup: Seconds of unrecorded load per target and payload before round 1.
+    @ivar targets: The letters of the targets to run.
+    @ivar keep_tmp: Keep the temporary directory (configurations and logs).
+    """
+
+    duration: int = 10
+    connections: int = 50
+    rounds: int = 3
+    warmup: int = 1
+    targets: str = "abcde"
+    keep_tmp: bool = False
+
+
+def notes(settings: Settings) -> list[str]:
+    """How to read this run's numbers; printed under the table and saved in the JSON."""
+    cpus = os.cpu_count() or 0
+    return [
+        f"No CPU pinning: wrk (1 thread), the process under test and, for proxies, the "
+        f"backend nginx all share this machine's {cpus} core(s), so they compete for CPU; "
+        "compare targets within a run, not across machines.",
+        "Both nginx instances run with worker_processes 1 (one serving process each, as "
+        "edgegw and the Agent proxy are one process each).",
+        "CPU µs/req: utime+stime of the process under test over the wrk run (nginx: its "
+        "worker; the direct row: the backend's worker), divided by the requests wrk "
+        "completed. A proxy's figure excludes the backend's CPU.",
+        f"Medians over {settings.rounds} round(s) of {settings.duration}s at "
+        f"{settings.connections} connections; ratios are medians of per-round ratios "
+        "against the same round's run of a (direct) and b (nginx proxy).",
+        "edgegw logs one JSON access-log line per request (part of its chain) to a file; "
+        "nginx and the Agent proxy log nothing.",
+    ]
+
+
+def _measure(
+    tools: Tools, target: Target, url: str, settings: Settings
+) -> tuple[wrk.WrkResult, float]:
+    before = cpu_seconds(target.pids)
+    result = wrk.run(tools.wrk, url, settings.connections, settings.duration)
+    return result, cpu_seconds(target.pids) - before
+
+
+def _check_alive(target: Target) -> None:
+    if not target.alive() and target.unavailable is None:
+        assert target.process is not None
+        target.unavailable = f"exited during the run:\n{tail(target.process.log)}"
+
+
+def run_rounds(
+    tools: Tools, targets: list[Target], settings: Settings, progress: bool = True
+) -> list[Sample]:
+    """
+    Warm every target up, then measure every (round, payload, target) in interleaved
+    order; a target that fails is marked unavailable and skipped from then on.
+    """
+    samples = []
+
+    def say(text: str) -> None:
+        if progress:
+            print(text, file=sys.stderr, flush=True)
+
+    if settings.warmup > 0:
+        say(f"warm-up: {settings.warmup}s per target and payload")
+        for payload in PAYLOADS:
+            for target in targets:
+                if target.unavailable is None:
+                    try:
+                        wrk.run(
+                            tools.wrk, target.url(payload), settings.connections, settings.warmup
+                        )
+                    except wrk.WrkError as e:
+                        target.unavailable = f"wrk failed during warm-up: {e}"
+                    _check_alive(target)
+    for round_ in range(1, settings.rounds + 1):
+        for payload in PAYLOADS:
+            for target in targets:
+                if target.unavailable is not None:
+                    continue
+                try:
+                    result, cpu = _measure(tools, target, target.url(payload), settings)
+                except wrk.WrkError as e:
+                    target.unavailable = f"wrk failed: {e}"
+                    continue
+                _check_alive(target)
+                sample = Sample(
+                    round=round_,
+                    target=target.key,
+                    payload=payload.name,
+                    requests=result.requests,
+                    rps=result.rps,
+                    p50=result.latency[50.0],
+                    p99=result.latency[99.0],
+                    cpu_seconds=cpu,
+                    errors=result.errors,
+                )
+                samples.append(sample)
+                cpu_text = (
+                    "-"
+                    if sample.cpu_us_per_request is None
+                    else f"{sample.cpu_us_per_request:.1f}µs CPU/req"
+                )
+                say(
+                    f"round {round_}/{settings.rounds} {payload.name:<10} {target.key} "
+                    f"{target.name:<14} {result.rps:>10,.0f} req/s  "
+                    f"p50 {report.format_duration(sample.p50)}  "
+                    f"p99 {report.format_duration(sample.p99)}  {cpu_text}"
+                    + (f"  {sample.errors} errors" if sample.errors else "")
+                )
+    return samples
+
+
+def run(settings: Settings) -> int:
+    """
+    Run the whole benchmark, print the table and write the JSON results.
+
+    @return: The exit status: 0, or 1 if the backend could not be started.
+    """
+    tools = ensure_tools()
+    busy = busy_fraction()
+    if busy > BUSY_WARNING:
+        print(
+            f"bench: warning: the CPUs were {busy:.0%} busy before starting; other "
+            "processes will skew the results",
+            file=sys.stderr,
+        )
+    tmp = Path(tempfile.mkdtemp(prefix="edgegw-bench-proxy-"))
+    started_at = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    try:
+        with ExitStack() as stack:
+            print(f"bench: starting targets in {tmp}", file=sys.stderr, flush=True)
+            try:
+                targets = start_targets(stack, tools, tmp, settings.targets, settings.connections)
+            except StartupError as e:
+                print(f"bench: {e}", file=sys.stderr)
+                return 1
+            for target in targets:
+                state = "ready" if target.unavailable is None else target.unavailable
+                print(
+                    f"  {target.key} {target.name:<14} {target.description}: {state}",
+                    file=sys.stderr,
+                    flush=True,
+                )
+            samples = run_rounds(tools, targets, settings)
+    finally:
+        if settings.keep_tmp:
+            print(f"bench: kept {tmp}", file=sys.stderr)
+        else:
+            shutil.rmtree(tmp, ignore_errors=True)
+    summaries = report.summarize(samples)
+    names = {target.key: target.name for target in targets}
+    unavailable = {
+        target.key: target.unavailable.splitlines()[0]
+        for target in targets
+        if target.unavailable is not None
+    }
+    payloads = [payload.name for payload in PAYLOADS]
+    print()
+    print(report.table(summaries, names, unavailable, payloads))
+    print()
+    for note in notes(settings):
+        print(f"* {note}")
+    path = report.write_json(
+        "proxy",
+        {
+            "benchmark": "proxy",
+            "started": started_at,
+            "settings": attrs.asdict(settings),
+            "machine": {**report.machine(), "busy_before_start": round(busy, 3)},
+            "versions": {
+                "wrk": version([tools.wrk, "-v"]),
+                "nginx": version([tools.nginx, "-v"]),
+            },
+            "targets": [
+                {
+                    "key": target.key,
+                    "name": target.name,
+                    "description": target.description,
+                    "unavailable": target.unavailable,
+                }
+                for target in targets
+            ],
+            "payloads": {payload.name: len(payload.body) for payload in PAYLOADS},
+            "samples": [
+                {**attrs.asdict(sample), "cpu_us_per_request": sample.cpu_us_per_request}
+                for sample in samples
+            ],
+            "summary": [attrs.asdict(summary) for summary in summaries],
+            "notes": notes(settings),
+        },
+    )
+    print(f"\nresults: {path}")
+    return 0
+
+
+def target_letters(text: str) -> str:
+    """
+    Validate a C{--targets} value such as C{abce}; returns the letters in round order.
+
+    @raise ValueError: On a letter that names no target.
+    """
+    letters = "".join(sorted(set(text.replace(",", "").lower())))
+    unknown = [letter for letter in letters if letter not in TARGETS]
+    if unknown or not letters:
+        raise ValueError(f"targets are letters among {''.join(TARGETS)}, got {text!r}")
+    return letters

@@ -1,0 +1,246 @@
+"""
+Turning wrk runs into the proxy benchmark's table and JSON results.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import statistics
+import subprocess
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import attrs
+
+RESULTS_DIR = Path(__file__).resolve().parent / "results"
+"""Where result files go (git-ignored)."""
+
+
+@attrs.frozen
+class Sample:
+    """
+    One wrk run against one target and payload.
+
+    @ivar round: 1-based round number.
+    @ivar target: The target's letter.
+    @ivar payload: The payload's name.
+    @ivar requests: Requests wrk completed.
+    @ivar rps: Requests per second.
+    @ivar p50: Median latency in seconds.
+    @ivar p99: 99th-percentile latency in seconds.
+    @ivar cpu_seconds: utime+stime of the target's processes over the run.
+    @ivar errors: wrk's socket errors plus non-2xx/3xx responses.
+    """
+
+    round: int
+    target: str
+    payload: str
+    requests: int
+    rps: float
+    p50: float
+    p99: float
+    cpu_seconds: float
+    errors: int
+
+    @property
+    def cpu_us_per_request(self) -> float | None:
+        """CPU microseconds per completed request."""
+        return self.cpu_seconds / self.requests * 1e6 if self.requests else None
+
+
+@attrs.frozen
+class Summary:
+    """
+    Medians over the rounds for one target and payload.
+
+    Ratios are the medians of per-round ratios (each against the same round's run of
+    the reference), so that drift between rounds cancels out.
+    """
+
+    target: str
+    payload: str
+    rounds: int
+    rps: float
+    vs_direct: float | None
+    vs_nginx: float | None
+    p50: float
+    p99: float
+    cpu_us_per_request: float | None
+    errors: int
+
+
+def _ratio(samples: Sequence[Sample], all_samples: Sequence[Sample], ref: str) -> float | None:
+    ratios = []
+    for sample in samples:
+        for other in all_samples:
+            if (
+                other.target == ref
+                and other.payload == sample.payload
+                and other.round == sample.round
+                and other.rps > 0
+            ):
+                ratios.append(sample.rps / other.rps)
+    return statistics.median(ratios) if ratios else None
+
+
+def summarize(samples: Sequence[Sample], direct: str = "a", nginx: str = "b") -> list[Summary]:
+    """
+    One L{Summary} per (target, payload), in the order the samples first appear.
+    """
+    keys: dict[tuple[str, str], None] = {}
+    for sample in samples:
+        keys[(sample.target, sample.payload)] = None
+    summaries = []
+    for target, payload in keys:
+        mine = [s for s in samples if s.target == target and s.payload == payload]
+        cpu = [s.cpu_us_per_request for s in mine if s.cpu_us_per_request is not None]
+        summaries.append(
+            Summary(
+                target=target,
+                payload=payload,
+                rounds=len(mine),
+                rps=statistics.median(s.rps for s in mine),
+                vs_direct=_ratio(mine, samples, direct),
+                vs_nginx=_ratio(mine, samples, nginx),
+                p50=statistics.median(s.p50 for s in mine),
+                p99=statistics.median(s.p99 for s in mine),
+                cpu_us_per_request=statistics.median(cpu) if cpu else None,
+                errors=sum(s.errors for s in mine),
+            )
+        )
+    return summaries
+
+
+def format_duration(seconds: float) -> str:
+    """A latency in µs below a millisecond, in ms below a second, else in s."""
+    if seconds < 1e-3:
+        return f"{seconds * 1e6:.0f}µs"
+    if seconds < 1:
+        return f"{seconds * 1e3:.2f}ms"
+    return f"{seconds:.2f}s"
+
+
+def _ratio_text(ratio: float | None) -> str:
+    if ratio is None:
+        return "-"
+    return f"{ratio:.2f}x" if ratio >= 0.1 else f"{ratio:.3f}x"
+
+
+def table(
+    summaries: Sequence[Summary],
+    names: dict[str, str],
+    unavailable: dict[str, str],
+    payloads: Sequence[str],
+) -> str:
+    """
+    The results as a text table: one block of rows per payload, one row per target;
+    unavailable targets get a row saying why.
+    """
+    header = (
+        "payload",
+        "target",
+        "req/s",
+        "vs direct",
+        "vs nginx",
+        "p50",
+        "p99",
+        "CPU µs/req",
+        "errors",
+    )
+    rows: list[tuple[str, ...]] = [header]
+    wide: dict[int, str] = {}
+    for payload in payloads:
+        for key, name in names.items():
+            label = f"{key} {name}"
+            if key in unavailable:
+                wide[len(rows)] = f"{payload:<10}  {label:<16}  unavailable: {unavailable[key]}"
+                rows.append(())
+                continue
+            found = [s for s in summaries if s.target == key and s.payload == payload]
+            if not found:
+                continue
+            s = found[0]
+            cpu = "-" if s.cpu_us_per_request is None else f"{s.cpu_us_per_request:.1f}"
+            rows.append(
+                (
+                    payload,
+                    label,
+                    f"{s.rps:,.0f}",
+                    _ratio_text(s.vs_direct),
+                    _ratio_text(s.vs_nginx),
+                    format_duration(s.p50),
+                    format_duration(s.p99),
+                    cpu,
+                    str(s.errors),
+                )
+            )
+    cells = [row for row in rows if row]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(header))]
+    lines = []
+    for index, row in enumerate(rows):
+        if not row:
+            lines.append(wide[index])
+            continue
+        parts = [
+            cell.ljust(width) if i < 2 else cell.rjust(width)
+            for i, (cell, width) in enumerate(zip(row, widths, strict=True))
+        ]
+        lines.append("  ".join(parts).rstrip())
+    lines.insert(1, "-" * len(lines[0]))
+    return "\n".join(lines)
+
+
+def machine() -> dict[str, Any]:
+    """What the numbers were measured on."""
+    model = ""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return {
+        "edgegw_commit": _commit(),
+        "hostname": platform.node(),
+        "kernel": platform.release(),
+        "cpu": model,
+        "cpus": os.cpu_count(),
+        "python": platform.python_version(),
+    }
+
+
+def _commit() -> str:
+    """The repository's HEAD commit (the working tree may hold changes on top of it)."""
+    try:
+        done = subprocess.run(
+            ["git", "rev-parse", "HEAD"],
+            cwd=RESULTS_DIR.parent,
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=False,
+            env={**os.environ, "GIT_OPTIONAL_LOCKS": "0"},
+        )
+    except OSError:
+        return "unknown"
+    return done.stdout.strip() or "unknown"
+
+
+def write_json(kind: str, data: dict[str, Any]) -> Path:
+    """
+    Write C{data} to C{bench/results/KIND-<UTC timestamp>.json}.
+    """
+    RESULTS_DIR.mkdir(exist_ok=True)
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    path = RESULTS_DIR / f"{kind}-{stamp}.json"
+    serial = 1
+    while path.exists():
+        serial += 1
+        path = RESULTS_DIR / f"{kind}-{stamp}-{serial}.json"
+    path.write_text(json.dumps(data, indent=2, ensure_ascii=False) + "\n")
+    return path

@@ -1,0 +1,234 @@
+"""
+The targets of C{python -m bench proxy}: what runs behind each URL that wrk loads.
+
+  - a. C{direct}: the nginx backend itself, serving two static files.
+  - b. C{nginx-proxy}: nginx as a keepalive reverse proxy in front of the backend.
+  - c. C{agent-proxy}: L{bench.agent_proxy}, a minimal Twisted Agent reverse proxy.
+  - d. C{edgegw-proxy}: edgegw's C{reverse-proxy} route, with its whole per-route chain.
+  - e. C{edgegw-static}: edgegw's C{static} route serving the same two files.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import sys
+from collections.abc import Callable
+from contextlib import ExitStack
+from pathlib import Path
+
+import attrs
+
+from bench import gateway, nginx
+from bench.processes import Process, StartupError, children, free_port, started
+from bench.tools import Tools
+
+
+@attrs.frozen
+class Payload:
+    """
+    One of the files every target serves.
+
+    @ivar name: Its label in reports.
+    @ivar path: Its URL path.
+    @ivar body: Its exact content.
+    """
+
+    name: str
+    path: str
+    body: bytes
+
+
+def _small_json() -> bytes:
+    document = {"id": 4242, "name": "edgegw", "ok": True, "tags": ["bench", "small"]}
+    body = json.dumps(document, separators=(",", ":"))
+    # Pad to exactly 100 bytes with a string field so that it stays valid JSON.
+    padding = 100 - len(body) - len(',"pad":""') - 1
+    return (body[:-1] + ',"pad":"' + "x" * padding + '"}\n').encode()
+
+
+PAYLOADS = (
+    Payload("small-json", "/small.json", _small_json()),
+    Payload("64KiB", "/64k.bin", bytes(range(256)) * 256),
+)
+"""The two payloads: a 100-byte JSON document and a 64 KiB file."""
+
+
+@attrs.define
+class Target:
+    """
+    One thing being measured.
+
+    @ivar key: Its letter (C{a} to C{e}), also its position in each round.
+    @ivar name: Its short name.
+    @ivar description: One line saying what it is.
+    @ivar port: Where it listens on 127.0.0.1.
+    @ivar pids: The processes whose CPU time is charged to it (nginx's worker; the one
+        Python process otherwise).
+    @ivar unavailable: Why it cannot be measured, or L{None} when it can.
+    @ivar process: The process started for it (nginx: the master), once started.
+    """
+
+    key: str
+    name: str
+    description: str
+    port: int = 0
+    pids: list[int] = attrs.Factory(list)
+    unavailable: str | None = None
+    process: Process | None = None
+
+    def url(self, payload: Payload) -> str:
+        """The URL of C{payload} on this target."""
+        return f"http://127.0.0.1:{self.port}{payload.path}"
+
+    def alive(self) -> bool:
+        """Whether its process is still running."""
+        return self.process is None or self.process.running()
+
+
+TARGETS = {
+    "a": ("direct", "nginx backend serving the files directly (1 worker)"),
+    "b": ("nginx-proxy", "nginx reverse proxy -> backend (1 worker, upstream keepalive)"),
+    "c": ("agent-proxy", "minimal twisted.web.client.Agent reverse proxy (1 process)"),
+    "d": ("edgegw-proxy", "edgegw reverse-proxy route, full per-route chain (1 process)"),
+    "e": ("edgegw-static", "edgegw static route serving the same files (1 process)"),
+}
+"""Letter to (name, description) of every target, in round order."""
+
+
+def write_payloads(www: Path) -> None:
+    """
+    Write the payload files into C{www}, readable by nginx's worker.
+    """
+    www.mkdir(parents=True, exist_ok=True)
+    for payload in PAYLOADS:
+        (www / payload.path.lstrip("/")).write_bytes(payload.body)
+
+
+def verify(target: Target) -> str | None:
+    """
+    Fetch every payload once through C{target}.
+
+    @return: L{None} if each came back C{200} with the exact body, else what was wrong.
+    """
+    for payload in PAYLOADS:
+        connection = http.client.HTTPConnection("127.0.0.1", target.port, timeout=10)
+        try:
+            connection.request("GET", payload.path)
+            response = connection.getresponse()
+            body = response.read()
+        except (OSError, http.client.HTTPException) as e:
+            return f"GET {payload.path} failed: {e}"
+        finally:
+            connection.close()
+        if response.status != 200 or body != payload.body:
+            return (
+                f"GET {payload.path} answered {response.status} with {len(body)} bytes "
+                f"(expected 200 with {len(payload.body)} bytes)"
+            )
+    return None
+
+
+def _nginx_workers(process: Process) -> list[int]:
+    """
+    The worker processes of an nginx master (one, with C{worker_processes 1}).
+    """
+    workers = children(process.pid)
+    if not workers:
+        raise StartupError(f"{process.name} has no worker process")
+    return workers
+
+
+def start_targets(
+    stack: ExitStack, tools: Tools, tmp: Path, keys: str, connections: int
+) -> list[Target]:
+    """
+    Start the backend and the selected targets (letters in C{keys}); every process is
+    stopped when C{stack} closes. A target that cannot run is returned with
+    C{unavailable} set instead of raising.
+
+    @raise StartupError: If the backend itself does not start: nothing can be measured.
+    """
+    www = tmp / "www"
+    write_payloads(www)
+    backend = Target("a", *TARGETS["a"], port=free_port())
+    prefix = tmp / "nginx-backend"
+    prefix.mkdir()
+    config = nginx.backend_config(prefix, backend.port, www)
+    backend.process = stack.enter_context(
+        started(nginx.start(tools.nginx, "nginx backend", prefix, config))
+    )
+    backend.process.wait_for_port(backend.port)
+    backend.pids = _nginx_workers(backend.process)
+    wrong = verify(backend)
+    if wrong is not None:
+        raise StartupError(f"the nginx backend does not serve the payloads: {wrong}")
+    upstream = f"http://127.0.0.1:{backend.port}"
+
+    def nginx_proxy(target: Target) -> None:
+        prefix = tmp / "nginx-proxy"
+        prefix.mkdir()
+        keepalive = max(64, connections)
+        config = nginx.proxy_config(prefix, target.port, backend.port, keepalive)
+        process = stack.enter_context(
+            started(nginx.start(tools.nginx, "nginx proxy", prefix, config))
+        )
+        target.process = process
+        process.wait_for_port(target.port)
+        target.pids = _nginx_workers(process)
+
+    def agent_proxy(target: Target) -> None:
+        argv = [
+            sys.executable,
+            "-m",
+            "bench.agent_proxy",
+            "--port",
+            str(target.port),
+            "--upstream",
+            upstream,
+            "--pool-size",
+            str(connections),
+        ]
+        process = stack.enter_context(
+            started(Process("agent proxy", argv, tmp / "agent-proxy.log"))
+        )
+        target.process = process
+        process.wait_for_port(target.port)
+        target.pids = [process.pid]
+
+    def edgegw(route: gateway.RouteConfig, label: str) -> Callable[[Target], None]:
+        def start(target: Target) -> None:
+            directory = gateway.write_config(tmp / label, target.port, [route])
+            reason = gateway.check(directory)
+            if reason is not None:
+                target.unavailable = reason
+                return
+            process = stack.enter_context(
+                started(gateway.start(directory, tmp / f"{label}.log", label))
+            )
+            target.process = process
+            process.wait_for_port(target.port)
+            target.pids = [process.pid]
+
+        return start
+
+    starters: dict[str, Callable[[Target], None]] = {
+        "b": nginx_proxy,
+        "c": agent_proxy,
+        "d": edgegw(gateway.reverse_proxy("backend", "/", upstream), "edgegw-proxy"),
+        "e": edgegw(gateway.static("files", "/", www), "edgegw-static"),
+    }
+    targets = []
+    for key in sorted(keys):
+        if key == "a":
+            targets.append(backend)
+            continue
+        target = Target(key, *TARGETS[key], port=free_port())
+        try:
+            starters[key](target)
+        except StartupError as e:
+            target.unavailable = f"did not start: {e}"
+        if target.unavailable is None:
+            target.unavailable = verify(target)
+        targets.append(target)
+    return targets
