@@ -48,7 +48,8 @@ def write_config(directory: Path, port: int, routes: Sequence[RouteConfig]) -> P
     """
     Write a configuration directory: a Gateway on 127.0.0.1:C{port} and C{routes}.
 
-    Routes are made C{auth: public} explicitly: a reverse-proxy route is a C{service}
+    The access log goes to C{access.log} in C{directory}. Routes are made C{auth: public}
+    explicitly: a reverse-proxy route is a C{service}
     route, which requires authentication by default, and the benchmark has no IdP.
     """
     directory.mkdir(parents=True, exist_ok=True)
@@ -57,7 +58,12 @@ def write_config(directory: Path, port: int, routes: Sequence[RouteConfig]) -> P
             "apiVersion": "edgegw.io/v1",
             "kind": "Gateway",
             "metadata": {"name": "bench"},
-            "spec": {"listen": f"127.0.0.1:{port}"},
+            # The access log as a production gateway would write it: JSON lines to a
+            # file (buffered), not through the daemon's log.
+            "spec": {
+                "listen": f"127.0.0.1:{port}",
+                "accessLog": {"output": str(directory / "access.log")},
+            },
         }
     ]
     for route in routes:

@@ -16,6 +16,7 @@ from twisted.internet.interfaces import IReactorTime
 from twisted.web.server import Site
 
 from edgegw.chain.access_log import AccessLog
+from edgegw.chain.access_writer import LineWriter
 from edgegw.chain.exchange import Exchange
 from edgegw.chain.pipeline import Handler, InFlight, RouteRunner, Stage, compose
 from edgegw.chain.projection import groups_header_name, projection
@@ -70,6 +71,7 @@ class Gateway:
     @ivar routes: The compiled routes, in document order.
     @ivar inflight: Requests in flight, for graceful shutdown.
     @ivar upstream_client: The connection pool shared by every proxy route.
+    @ivar access_log: The access log (flushed on shutdown).
     """
 
     config: Config
@@ -77,6 +79,7 @@ class Gateway:
     routes: list[CompiledRoute]
     inflight: InFlight
     upstream_client: UpstreamClient
+    access_log: AccessLog
 
 
 def build_gateway(
@@ -95,7 +98,8 @@ def build_gateway(
     mux: Mux[RouteRunner] = Mux()
     compiled: list[CompiledRoute] = []
     level = config.telemetry.access_log_level if config.telemetry is not None else "info"
-    access = AccessLog(level)
+    output = config.gateway.access_log.output
+    access = AccessLog(level, None if output == "log" else LineWriter(reactor, output))
     groups_as = config.gateway.identity.groups.as_
     client = upstream_client or UpstreamClient(reactor)
     context = _TerminalContext(config, client, reactor)
@@ -117,7 +121,12 @@ def build_gateway(
     problems.raise_if_any()
     site = edge_site(config.gateway, MuxDispatcher(mux), reactor, access)
     return Gateway(
-        config=config, site=site, routes=compiled, inflight=inflight, upstream_client=client
+        config=config,
+        site=site,
+        routes=compiled,
+        inflight=inflight,
+        upstream_client=client,
+        access_log=access,
     )
 
 
@@ -149,7 +158,7 @@ class GatewaySite(Site):
     (L{GatewayRequest}).
     """
 
-    requestFactory = GatewayRequest
+    requestFactory = GatewayRequest  # type: ignore[assignment]
     # Plain HTTP/1.1 channels: the gateway negotiates no HTTP/2.
     protocol = GatewayChannel  # type: ignore[assignment]
 

@@ -97,6 +97,9 @@ class GatewayService(MultiService):
         return drained
 
     def _closed(self, result: object) -> Deferred[None]:
+        writer = self.gateway.access_log.writer
+        if writer is not None:
+            writer.close()
         return self.gateway.upstream_client.close()
 
     def _gave_up(self, result: object, timeout: float) -> None:

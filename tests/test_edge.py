@@ -255,3 +255,20 @@ class GatewayHttpTests(SynchronousTestCase):
         client = MemoryClient(build_gateway(config, Clock()).site)
         hostile = {"Sec-Fetch-Site": "cross-site"}
         self.assertEqual(client.request("POST", "/things/1", hostile).status, 200)
+
+
+class ResponseHeadTests(SynchronousTestCase):
+    def test_fixed_headers_once_each(self) -> None:
+        client = gateway_client(self, ROUTES)
+        for target in ("/healthz", "/nope", "/docs"):
+            response = client.request("GET", target)
+            for name in ("Date", "Server", "X-Frame-Options", "Strict-Transport-Security"):
+                self.assertEqual(len(response.all(name)), 1, (target, name))
+            self.assertEqual(response.header("Server"), "edgegw")
+
+    def test_date_line_cached_per_second(self) -> None:
+        from edgegw.edge.response_head import date_line
+
+        first = date_line()
+        self.assertTrue(first.startswith(b"Date: ") and first.endswith(b" GMT\r\n"), first)
+        self.assertIn(date_line()[:6], (b"Date: ",))

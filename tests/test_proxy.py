@@ -631,3 +631,11 @@ class BackpressureTests(ProxyTestCase):
         head_and_body = counted
         self.assertGreater(head_and_body, total)
         await client.closed
+
+
+class ProxiedHeadTests(ProxyTestCase):
+    async def test_one_date_and_server(self) -> None:
+        port = self.gateway()
+        _, headers, _ = await self.get(port, "/cookies")
+        self.assertEqual(len(headers["date"]), 1)
+        self.assertEqual(headers["server"], ["edgegw"])

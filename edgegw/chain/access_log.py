@@ -16,6 +16,7 @@ from twisted.internet.defer import CancelledError
 from twisted.logger import Logger, LogLevel
 from twisted.web.server import Request
 
+from edgegw.chain.access_writer import LineWriter
 from edgegw.chain.exchange import Exchange
 from edgegw.chain.pipeline import Handler
 
@@ -29,24 +30,36 @@ LEVELS = {
 _log = Logger(namespace="edgegw.access")
 
 
+_encode = json.JSONEncoder(separators=(",", ":"), ensure_ascii=True).encode
+
+
 class AccessLog:
     """
-    Emits access-log events at one level (C{Telemetry.accessLog.level}).
+    Writes one JSON line per request.
 
-    The event's text is the JSON line; its C{access} field holds the same data for
-    structured observers. Fields: method, path (no query: queries can carry secrets),
-    status, duration_ms, bytes, request_id, route, and any notes the chain recorded.
+    Fields: method, path (no query: queries can carry secrets), status, duration_ms,
+    bytes, request_id, route, and any notes the chain recorded.
+
+    @param level: C{Telemetry.accessLog.level}: the log level of the events when the
+        lines go through twisted.logger.
+    @param writer: Where lines go (C{Gateway.spec.accessLog.output} C{"-"} or a path),
+        or L{None} for twisted.logger: one event per request whose text is the JSON line
+        and whose C{access} field holds the same data for structured observers.
     """
 
-    def __init__(self, level: str = "info") -> None:
+    def __init__(self, level: str = "info", writer: LineWriter | None = None) -> None:
         self.level = LEVELS[level]
+        self.writer = writer
 
     def emit(self, record: dict[str, Any]) -> None:
         """
         Log one request.
         """
-        line = json.dumps(record, separators=(",", ":"), ensure_ascii=True)
-        _log.emit(self.level, "{access_line}", access_line=line, access=record)
+        line = _encode(record)
+        if self.writer is not None:
+            self.writer.write(line.encode("ascii"))
+        else:
+            _log.emit(self.level, "{access_line}", access_line=line, access=record)
 
     def edge(self, request: Request, started: float) -> None:
         """

@@ -166,6 +166,18 @@ class StateProviderRef:
 
 
 @attrs.frozen
+class AccessLogSpec:
+    """
+    C{Gateway.spec.accessLog}: where access-log lines go.
+
+    @ivar output: C{"log"} (the twistd log, through twisted.logger), C{"-"} (standard
+        output, plain JSON lines) or an absolute file path (JSON lines, appended).
+    """
+
+    output: str = "log"
+
+
+@attrs.frozen
 class GatewaySpec:
     """The one C{Gateway} resource."""
 
@@ -178,6 +190,7 @@ class GatewaySpec:
     auth: AuthSpec = AuthSpec()
     state_provider: StateProviderRef | None = None
     drain_timeout: float = DEFAULT_DRAIN_TIMEOUT
+    access_log: AccessLogSpec = AccessLogSpec()
     location: Location | None = attrs.field(default=None, eq=False, repr=False)
 
 

@@ -22,6 +22,7 @@ from edgegw.config.errors import Location, Problems
 from edgegw.config.fields import Node, suggest, type_name
 from edgegw.config.load import Document, read_documents
 from edgegw.config.model import (
+    AccessLogSpec,
     AccessSpec,
     ApiBackendSpec,
     ApiHandlerSpec,
@@ -210,7 +211,9 @@ class _Parser:
                 names[(kind, name)] = location
             base = document.base_dir
             if kind == "Gateway":
-                gateways.append((location, attrs.evolve(self._gateway(spec), location=location)))
+                gateways.append(
+                    (location, attrs.evolve(self._gateway(spec, base), location=location))
+                )
             elif kind == "IdP":
                 idps.append((location, attrs.evolve(self._idp(spec, name), location=location)))
             elif kind == "Telemetry":
@@ -295,7 +298,7 @@ class _Parser:
 
     # -- Gateway ---------------------------------------------------------------------------
 
-    def _gateway(self, spec: Node) -> GatewaySpec:
+    def _gateway(self, spec: Node, base_dir: str) -> GatewaySpec:
         listen = spec.string("listen", ":8080") or ":8080"
         try:
             endpoint_description(listen)
@@ -330,7 +333,19 @@ class _Parser:
             auth=auth,
             state_provider=state,
             drain_timeout=spec.duration("drainTimeout", 30.0) or 0.0,
+            access_log=self._access_log(spec.mapping("accessLog"), base_dir),
         )
+
+    def _access_log(self, node: Node | None, base_dir: str) -> AccessLogSpec:
+        if node is None:
+            return AccessLogSpec()
+        output = node.string("output", "log", nonempty=True) or "log"
+        if output not in ("log", "-"):
+            output = os.path.normpath(os.path.join(base_dir, output))
+            if not os.path.isdir(os.path.dirname(output)):
+                node.error("output", f"the directory of {output} does not exist")
+        node.finish()
+        return AccessLogSpec(output=output)
 
     def _security(self, node: Node | None) -> SecuritySpec:
         if node is None:

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 from io import BytesIO
 from typing import Final, Protocol, cast
+from urllib.parse import unquote_to_bytes as unquote
 
 from twisted.internet.abstract import FileDescriptor
 from twisted.internet.defer import Deferred, fail, succeed
@@ -46,6 +47,8 @@ from twisted.web.http_headers import Headers
 from twisted.web.iweb import UNKNOWN_LENGTH, IBodyProducer
 from twisted.web.server import Request
 from zope.interface import implementer
+
+from edgegw.edge.response_head import ResponseHeaders, serialize_head
 
 BUFFER_LIMIT: Final = 64 * 1024
 """
@@ -423,6 +426,24 @@ class GatewayRequest(Request):
     _cleanupPending = False
     _expectContinue = False
 
+    def __init__(self, channel: HTTPChannel, queued: object = None) -> None:
+        super().__init__(channel, queued)
+        self.responseHeaders = ResponseHeaders()
+
+    def process(self) -> None:
+        """
+        Find the resource and render it, as L{Request.process} does, except that no
+        C{Server} or C{Date} header is set per request: the channel writes the gateway's
+        fixed headers and a date formatted once a second with the head.
+        """
+        self.site = self.channel.site  # type: ignore[attr-defined]
+        self.prepath = []
+        self.postpath = list(map(unquote, self.path[1:].split(b"/")))
+        try:
+            self.render(self.site.getResourceFor(self))
+        except BaseException:
+            self.processingFailed(Failure())
+
     def gotLength(self, length: int | None) -> None:
         """
         Set up for a body of C{length} bytes (L{None}: chunked).
@@ -631,7 +652,10 @@ class GatewayChannel(HTTPChannel):
             # A response starting before the body is all in, which will close.
             self.persistent = False
             headers.setRawHeaders(b"connection", [b"close"])
-        HTTPChannel.writeHeaders(self, version, code, reason, headers)
+        # One write of the whole head, the gateway's fixed headers included.
+        transport = self.transport
+        assert transport is not None
+        transport.write(serialize_head(version, code, reason, headers))
 
     def connectionLost(self, reason: Failure = connectionDone) -> None:
         if self._lingerCall is not None:

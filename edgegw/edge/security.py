@@ -10,6 +10,7 @@ from twisted.web.server import Request
 
 from edgegw.config.model import SecuritySpec
 from edgegw.edge.csrf import CrossOriginProtection
+from edgegw.edge.response_head import ResponseHeaders, encode_fixed
 
 
 def security_headers(spec: SecuritySpec) -> tuple[tuple[bytes, bytes], ...]:
@@ -48,6 +49,7 @@ class SecurityLayer:
 
     def __init__(self, spec: SecuritySpec) -> None:
         self.headers = security_headers(spec)
+        self.fixed = encode_fixed(self.headers)
         csrf = spec.csrf
         self.csrf: CrossOriginProtection | None = (
             CrossOriginProtection(csrf.trusted_origins, csrf.bypass_patterns)
@@ -57,11 +59,13 @@ class SecurityLayer:
 
     def apply(self, request: Request, method: str, host: str, path: str) -> bytes | None:
         """
-        Set the security headers; return the 403 body when CSRF protection denies.
+        Set the security headers (unless the request's headers carry them as their
+        pre-encoded L{fixed} block); return the 403 body when CSRF protection denies.
         """
-        set_header = request.responseHeaders.setRawHeaders
-        for name, value in self.headers:
-            set_header(name, [value])
+        response_headers = request.responseHeaders
+        if not isinstance(response_headers, ResponseHeaders):
+            for name, value in self.headers:
+                response_headers.setRawHeaders(name, [value])
         csrf = self.csrf
         if csrf is None or method in ("GET", "HEAD", "OPTIONS"):
             return None

@@ -20,6 +20,7 @@ from edgegw.chain.pipeline import RouteRunner
 from edgegw.chain.respond import TEXT_PLAIN
 from edgegw.edge.forwarded import ForwardedFilter
 from edgegw.edge.mux import Matched, MethodNotAllowed, Mux, Redirect
+from edgegw.edge.response_head import ResponseHeaders
 from edgegw.edge.security import SecurityLayer
 
 
@@ -100,6 +101,9 @@ class EdgeResource(Resource):
 
     def _render(self, request: Request) -> bytes | int:
         self.forwarded.clean(request)
+        headers = request.responseHeaders
+        if isinstance(headers, ResponseHeaders):
+            headers.fixed = self.security.fixed
         method = request.method.decode("latin-1")
         host_header = request.requestHeaders.getRawHeaders(b"host")
         host = host_header[0].decode("latin-1") if host_header else ""

@@ -128,7 +128,8 @@ class ProxyHandler:
         if not spec.forward_access_token:
             drop.add(b"authorization")
         self.drop_request = frozenset(drop)
-        self.skip_response = HOP_BY_HOP | gateway_headers | {b"server"}
+        # The gateway writes its own Server and Date with every response head.
+        self.skip_response = HOP_BY_HOP | gateway_headers | {b"server", b"date"}
 
     def describe(self) -> str:
         """
