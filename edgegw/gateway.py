@@ -26,9 +26,9 @@ from edgegw.chain.route import CompiledRoute
 from edgegw.config.effective import EffectiveRoute, effective_routes
 from edgegw.config.errors import Problems
 from edgegw.config.model import (
+    ApiHandlerSpec,
     Config,
     GatewaySpec,
-    HealthHandlerSpec,
     ProxyHandlerSpec,
     StaticHandlerSpec,
 )
@@ -37,6 +37,7 @@ from edgegw.edge.mux import Mux
 from edgegw.edge.request import GatewayChannel, GatewayRequest
 from edgegw.edge.security import SecurityLayer, security_headers
 from edgegw.edge.site import Dispatcher, EdgeResource, MuxDispatcher
+from edgegw.handlers.api import ApiHandler
 from edgegw.handlers.health import HealthHandler
 from edgegw.handlers.proxy import ProxyHandler
 from edgegw.handlers.static import StaticHandler
@@ -222,6 +223,8 @@ def _terminal(
     effective: EffectiveRoute, context: _TerminalContext, problems: Problems
 ) -> Terminal | None:
     spec = effective.spec.handler
+    if isinstance(spec, ApiHandlerSpec):
+        return ApiHandler(spec, context.client, context.reactor)
     if isinstance(spec, ProxyHandlerSpec):
         return ProxyHandler(
             spec,
@@ -236,15 +239,7 @@ def _terminal(
         except ValueError as e:
             problems.add(effective.spec.location, "spec.handler", str(e))
             return None
-    if isinstance(spec, HealthHandlerSpec):
-        return HealthHandler()
-    problems.add(
-        effective.spec.location,
-        "spec.handler.type",
-        f'handler type "{spec.type}" is not available in this version of edgegw '
-        "(available: static, health, reverse-proxy)",
-    )
-    return None
+    return HealthHandler()
 
 
 def _refuse_unavailable(config: Config, problems: Problems) -> None:

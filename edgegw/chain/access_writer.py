@@ -72,8 +72,11 @@ class LineWriter:
                 written = os.write(self._fd, view)
                 view = view[written:]
         except OSError as e:
-            _log.error("cannot write the access log to {output}: {error}", output=self.output,
-                       error=e.strerror)
+            _log.error(
+                "cannot write the access log to {output}: {error}",
+                output=self.output,
+                error=e.strerror,
+            )
 
     def _reopen_if_rotated(self) -> None:
         try:
@@ -88,8 +91,11 @@ class LineWriter:
         try:
             fd = self._open()
         except OSError as e:
-            _log.error("cannot reopen the access log {output}: {error}", output=self.output,
-                       error=e.strerror)
+            _log.error(
+                "cannot reopen the access log {output}: {error}",
+                output=self.output,
+                error=e.strerror,
+            )
             return
         os.close(self._fd)
         self._fd = fd

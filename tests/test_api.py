@@ -1,0 +1,451 @@
+"""
+The api (aggregation) handler: concurrent fan-out, merged JSON, partial results.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import textwrap
+from collections.abc import Sequence
+from typing import Any
+
+from twisted.internet import reactor
+from twisted.internet.defer import Deferred, succeed
+from twisted.internet.task import Clock, deferLater
+from twisted.trial.unittest import SynchronousTestCase, TestCase
+from twisted.web.resource import Resource
+from twisted.web.server import NOT_DONE_YET, Request, Site
+
+from edgegw.chain.exchange import Exchange
+from edgegw.config.parse import load_config
+from edgegw.gateway import build_gateway
+from edgegw.handlers.api import ApiHandler, UnsafeWildcardError, fill_path, parse_template
+from edgegw.identity.principal import Principal
+from edgegw.upstream.pool import Upstream, UpstreamClient
+from tests.support.configs import GATEWAY, load_text, write_tree
+from tests.support.memory import MemoryClient
+from tests.support.processes import listen_local, port_of
+from tests.support.rawclient import connect, response_complete
+from tests.test_proxy import parse
+
+
+class ScriptedResponse:
+    """
+    An upstream response whose body is delivered at once.
+    """
+
+    def __init__(self, code: int, body: bytes) -> None:
+        self.code = code
+        self.body = body
+        self.length: int | None = len(body)
+        self.aborted = False
+
+    def deliver(self, sink: Any) -> Deferred[None]:
+        if self.body:
+            sink.write(self.body)
+        return succeed(None)
+
+    def abort(self) -> None:
+        self.aborted = True
+
+
+class ScriptedClient:
+    """
+    An upstream client (test double) whose calls answer when the test clock says so.
+    """
+
+    def __init__(self, clock: Clock, script: dict[str, tuple[float, int, bytes]]) -> None:
+        self.clock = clock
+        self.script = script
+        self.calls: list[tuple[str, bytes]] = []
+        self.cancelled: list[str] = []
+
+    def request(
+        self,
+        upstream: Upstream,
+        method: bytes,
+        target: bytes,
+        headers: Any,
+        body: Any = None,
+        **kw: Any,
+    ) -> Deferred[Any]:
+        host = upstream.host
+        self.calls.append((host, target))
+        delay, code, payload = self.script[host]
+
+        def cancel(d: Deferred[Any]) -> None:
+            self.cancelled.append(host)
+            call.cancel()
+
+        answer: Deferred[Any] = Deferred(cancel)
+        call = self.clock.callLater(delay, lambda: answer.callback(ScriptedResponse(code, payload)))
+        return answer
+
+
+FANOUT = """\
+kind: Route
+metadata: {name: dash}
+spec:
+  match: "GET /dash/{id}"
+  access: {auth: public}
+  handler:
+    type: api
+    %s
+    backends:
+      - {group: user, upstream: "http://user.test", path: "/users/{id}"}
+      - {group: orders, upstream: "http://orders.test", path: "/orders"}
+      - {group: recs, upstream: "http://recs.test", path: "/recs", required: false}
+"""
+
+
+class ConcurrencyTests(SynchronousTestCase):
+    """
+    Driven by a test clock: the fan-out takes the slowest backend's time, not the sum.
+    """
+
+    def gateway(
+        self, script: dict[str, tuple[float, int, bytes]], timeout: str = ""
+    ) -> tuple[MemoryClient, Clock, ScriptedClient]:
+        config = load_text(self.mktemp(), FANOUT % (f"timeout: {timeout}" if timeout else ""))
+        clock = Clock()
+        client = ScriptedClient(clock, script)
+        gateway = build_gateway(config, clock, client)  # type: ignore[arg-type]
+        return MemoryClient(gateway.site), clock, client
+
+    def test_slowest_not_sum(self) -> None:
+        http, clock, client = self.gateway(
+            {
+                "user.test": (1.0, 200, b'{"name":"ann"}'),
+                "orders.test": (3.0, 200, b"[1,2]"),
+                "recs.test": (2.0, 200, b'{"r":true}'),
+            }
+        )
+        http.send(b"GET /dash/7 HTTP/1.1\r\nHost: gw\r\n\r\n")
+        self.assertEqual(len(client.calls), 3)  # all three started at once
+        clock.advance(2.999)
+        self.assertEqual(http.transport.value(), b"")
+        clock.advance(0.001)
+        response = parse(http.transport.value())
+        self.assertEqual(clock.seconds(), 3.0)
+        self.assertEqual(response[0], 200)
+        self.assertEqual(
+            json.loads(response[2]),
+            {"user": {"name": "ann"}, "orders": [1, 2], "recs": {"r": True}},
+        )
+        self.assertEqual(list(json.loads(response[2])), ["user", "orders", "recs"])
+        self.assertEqual(response[1]["content-type"], ["application/json"])
+        self.assertNotIn("x-gw-partial", response[1])
+        self.assertIn((b"user.test", b"/users/7"), [(h.encode(), t) for h, t in client.calls])
+
+    def test_timeout_cancels_what_is_still_running(self) -> None:
+        http, clock, client = self.gateway(
+            {
+                "user.test": (0.5, 200, b"{}"),
+                "orders.test": (0.5, 200, b"[]"),
+                "recs.test": (10.0, 200, b"{}"),
+            },
+            timeout="2s",
+        )
+        http.send(b"GET /dash/7 HTTP/1.1\r\nHost: gw\r\n\r\n")
+        clock.advance(2.0)
+        status, headers, body = parse(http.transport.value())
+        self.assertEqual((status, headers["x-gw-partial"]), (200, ["recs"]))
+        self.assertEqual(json.loads(body), {"user": {}, "orders": []})
+        self.assertEqual(client.cancelled, ["recs.test"])
+
+    def test_required_timeout_is_504(self) -> None:
+        http, clock, client = self.gateway(
+            {
+                "user.test": (5.0, 200, b"{}"),
+                "orders.test": (0.1, 200, b"[]"),
+                "recs.test": (5.0, 200, b"{}"),
+            },
+            timeout="1s",
+        )
+        http.send(b"GET /dash/7 HTTP/1.1\r\nHost: gw\r\n\r\n")
+        clock.advance(1.0)
+        status, _, body = parse(http.transport.value())
+        self.assertEqual((status, body), (504, b"gateway timeout\n"))
+        self.assertEqual(sorted(client.cancelled), ["recs.test", "user.test"])
+
+    def test_required_failure_answers_at_once_and_cancels_the_rest(self) -> None:
+        http, clock, client = self.gateway(
+            {
+                "user.test": (0.1, 500, b"boom"),
+                "orders.test": (5.0, 200, b"[]"),
+                "recs.test": (5.0, 200, b"{}"),
+            }
+        )
+        http.send(b"GET /dash/7 HTTP/1.1\r\nHost: gw\r\n\r\n")
+        clock.advance(0.1)
+        status, _, body = parse(http.transport.value())
+        self.assertEqual((status, body), (502, b"bad gateway\n"))
+        self.assertEqual(sorted(client.cancelled), ["orders.test", "recs.test"])
+
+    def test_client_gone_cancels_calls(self) -> None:
+        http, _, client = self.gateway(
+            {
+                "user.test": (5.0, 200, b"{}"),
+                "orders.test": (5.0, 200, b"[]"),
+                "recs.test": (5.0, 200, b"{}"),
+            }
+        )
+        http.send(b"GET /dash/7 HTTP/1.1\r\nHost: gw\r\n\r\n")
+        http.channel.connectionLost(Exception("gone"))
+        self.assertEqual(sorted(client.cancelled), ["orders.test", "recs.test", "user.test"])
+
+
+class PathTemplateTests(SynchronousTestCase):
+    def test_hostile_values_stay_one_segment(self) -> None:
+        template = parse_template("/users/{id}/items")
+        cases = {
+            "7": b"/users/7/items",
+            "a/b": b"/users/a%2Fb/items",
+            "x?admin=1": b"/users/x%3Fadmin%3D1/items",
+            "frag#x": b"/users/frag%23x/items",
+            "%2e%2e": b"/users/%252e%252e/items",
+            "caf\u00e9": b"/users/caf%C3%A9/items",
+            "a b": b"/users/a%20b/items",
+            "...": b"/users/.../items",
+        }
+        for value, expected in cases.items():
+            self.assertEqual(fill_path(template, {"id": value}), expected, value)
+
+    def test_dot_segments_refused(self) -> None:
+        template = parse_template("/users/{id}")
+        for value in (".", ".."):
+            self.assertRaises(UnsafeWildcardError, fill_path, template, {"id": value})
+
+
+class HeaderTests(SynchronousTestCase):
+    def test_projection_and_token_only_where_asked(self) -> None:
+        config = load_text(
+            self.mktemp(),
+            """\
+            kind: Route
+            metadata: {name: a}
+            spec:
+              match: GET /a
+              handler:
+                type: api
+                backends:
+                  - {group: one, upstream: "http://one.test", path: /x, forwardAccessToken: true}
+                  - {group: two, upstream: "http://two.test", path: /y}
+            """,
+        )
+        spec = config.routes[0].handler
+        handler = ApiHandler(spec, None, Clock())  # type: ignore[arg-type]
+        from twisted.web.test.requesthelper import DummyRequest
+
+        request = DummyRequest([b"a"])
+        request.requestHeaders.setRawHeaders(b"x-user-id", [b"u1"])
+        request.requestHeaders.setRawHeaders(b"cookie", [b"sid=secret"])
+        request.requestHeaders.setRawHeaders(b"authorization", [b"Basic xxx"])
+        exchange = Exchange(request, None, {}, 0.0)  # type: ignore[arg-type]
+        exchange.principal = Principal("u1", access_token="tok")
+        one = dict(handler._headers(handler.backends[0], exchange))
+        two = dict(handler._headers(handler.backends[1], exchange))
+        self.assertEqual(one[b"Authorization"], b"Bearer tok")
+        self.assertNotIn(b"Authorization", two)
+        self.assertEqual(one[b"X-User-Id"], b"u1")
+        self.assertEqual((one[b"Host"], two[b"Host"]), (b"one.test", b"two.test"))
+        for headers in (one, two):
+            self.assertNotIn(b"cookie", {k.lower() for k in headers})
+
+
+class Backends(Resource):
+    """
+    Real backends on one port, chosen by path.
+    """
+
+    isLeaf = True
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen: list[tuple[bytes, dict[bytes, Sequence[bytes]]]] = []
+        self.held: list[Request] = []
+        self.lost: list[bytes] = []
+
+    def render(self, request: Request) -> bytes | int:
+        path = request.path
+        self.seen.append(
+            (request.uri, {k.lower(): v for k, v in request.requestHeaders.getAllRawHeaders()})
+        )
+        if path.startswith(b"/json"):
+            request.setHeader(b"set-cookie", b"tracking=user-a")
+            return json.dumps(
+                {"uri": request.uri.decode(), "method": request.method.decode()}
+            ).encode()
+        if path == b"/fail":
+            request.setResponseCode(500)
+            return b'{"error":"internal details"}'
+        if path == b"/notjson":
+            return b"<html>hello</html>"
+        if path == b"/empty":
+            return b""
+        if path == b"/redirect":
+            request.setResponseCode(302)
+            request.setHeader(b"location", b"/json")
+            return b"{}"
+        if path == b"/gzip":
+            request.setHeader(b"content-encoding", b"gzip")
+            return gzip.compress(b'{"a":1}')
+        if path == b"/huge":
+            # Chunked, so that only reading it shows the size: 11 MiB of JSON-ish bytes.
+            request.write(b"[" + b"0," * (5 * 1024 * 1024))
+            request.write(b"0," * (512 * 1024) + b"0]")
+            request.finish()
+            return NOT_DONE_YET
+        if path == b"/slow":
+            self.held.append(request)
+            request.notifyFinish().addErrback(lambda _: self.lost.append(path))
+            return NOT_DONE_YET
+        request.setResponseCode(404)
+        return b"{}"
+
+
+class LiveTests(TestCase):
+    def setUp(self) -> None:
+        self.backends = Backends()
+        self.port = listen_local(Site(self.backends))
+        self.addCleanup(self.port.stopListening)
+
+    def gateway(self, backends: str, match: str = "GET /a/{id}", timeout: str = "") -> int:
+        upstream = f"http://127.0.0.1:{port_of(self.port)}"
+        body = textwrap.indent(textwrap.dedent(backends).replace("UP", upstream), "      ")
+        root = write_tree(
+            self.mktemp(),
+            {
+                "a.yaml": GATEWAY + "---\nkind: Route\nmetadata: {name: a}\nspec:\n"
+                f'  match: "{match}"\n  access: {{auth: public}}\n  handler:\n    type: api\n'
+                + (f"    timeout: {timeout}\n" if timeout else "")
+                + "    backends:\n"
+                + body
+            },
+        )
+        client = UpstreamClient(reactor)
+        built = build_gateway(load_config(root, {}), reactor, client)
+        listening = listen_local(built.site)
+        self.addCleanup(listening.stopListening)
+        self.addCleanup(client.close)
+        return port_of(listening)
+
+    async def get(self, port: int, target: str) -> tuple[int, dict[str, list[str]], bytes]:
+        client = await connect(port)
+        client.send(f"GET {target} HTTP/1.1\r\nHost: gw\r\nConnection: close\r\n\r\n".encode())
+        data = await client.until(response_complete)
+        await client.close()
+        return parse(data)
+
+    async def test_merge_placeholders_query_and_method(self) -> None:
+        port = self.gateway(
+            """\
+            - {group: first, upstream: "UP", path: "/json/{id}", forwardQuery: true}
+            - {group: second, upstream: "UP", path: "/json/b", method: POST}
+            """
+        )
+        status, headers, body = await self.get(port, "/a/a%2Fb?x=1")
+        self.assertEqual(status, 200)
+        self.assertEqual(
+            json.loads(body),
+            {
+                "first": {"uri": "/json/a%2Fb?x=1", "method": "GET"},
+                "second": {"uri": "/json/b", "method": "POST"},
+            },
+        )
+        self.assertNotIn("set-cookie", headers)
+
+    async def test_failures_of_required_and_optional(self) -> None:
+        kinds = ["/fail", "/notjson", "/empty", "/redirect", "/gzip", "/huge", "/nothing-here"]
+        for kind in kinds:
+            port = self.gateway(
+                f"""\
+                - {{group: ok, upstream: "UP", path: "/json/ok"}}
+                - {{group: bad, upstream: "UP", path: "{kind}", required: false}}
+                """
+            )
+            status, headers, body = await self.get(port, "/a/1")
+            self.assertEqual((status, headers.get("x-gw-partial")), (200, ["bad"]), kind)
+            self.assertEqual(list(json.loads(body)), ["ok"], kind)
+            port = self.gateway(
+                f"""\
+                - {{group: bad, upstream: "UP", path: "{kind}"}}
+                - {{group: ok, upstream: "UP", path: "/json/ok"}}
+                """
+            )
+            status, _, body = await self.get(port, "/a/1")
+            self.assertEqual((status, body), (502, b"bad gateway\n"), kind)
+
+    async def test_partial_lists_groups_in_declaration_order(self) -> None:
+        port = self.gateway(
+            """\
+            - {group: z, upstream: "UP", path: "/fail", required: false}
+            - {group: ok, upstream: "UP", path: "/json/ok"}
+            - {group: a, upstream: "UP", path: "/notjson", required: false}
+            """
+        )
+        _, headers, _ = await self.get(port, "/a/1")
+        self.assertEqual(headers["x-gw-partial"], ["z,a"])
+
+    async def test_connection_refused_is_a_failure(self) -> None:
+        dead = listen_local(Site(Resource()))
+        dead_port = port_of(dead)
+        await dead.stopListening()
+        port = self.gateway(
+            f"""\
+            - {{group: ok, upstream: "UP", path: "/json/ok"}}
+            - {{group: gone, upstream: "http://127.0.0.1:{dead_port}", path: /x, required: false}}
+            """
+        )
+        status, headers, _ = await self.get(port, "/a/1")
+        self.assertEqual((status, headers["x-gw-partial"]), (200, ["gone"]))
+
+    async def test_timeout_cancels_backend_call(self) -> None:
+        port = self.gateway(
+            """\
+            - {group: slow, upstream: "UP", path: "/slow"}
+            """,
+            timeout="200ms",
+        )
+        status, _, body = await self.get(port, "/a/1")
+        self.assertEqual((status, body), (504, b"gateway timeout\n"))
+        while not self.backends.lost:
+            await deferLater(reactor, 0.01, lambda: None)
+        self.assertEqual(self.backends.lost, [b"/slow"])
+
+    async def test_dot_wildcards_are_bad_requests(self) -> None:
+        port = self.gateway(
+            '- {group: x, upstream: "UP", path: "/json/{id}"}\n', match="GET /a/{id}/z"
+        )
+        status, _, _ = await self.get(port, "/a/%2e%2e/z")
+        self.assertEqual(status, 400)
+        self.assertEqual(self.backends.seen, [])
+
+    async def test_backend_cookies_never_reach_another_user(self) -> None:
+        port = self.gateway('- {group: x, upstream: "UP", path: "/json/{id}"}\n')
+        first = await self.get(port, "/a/1")
+        second = await self.get(port, "/a/2")
+        self.assertNotIn("set-cookie", first[1])
+        self.assertNotIn("set-cookie", second[1])
+        for _, headers in self.backends.seen:
+            self.assertNotIn(b"cookie", headers)
+
+    async def test_inbound_cookie_not_sent_to_backends(self) -> None:
+        port = self.gateway('- {group: x, upstream: "UP", path: "/json/{id}"}\n')
+        client = await connect(port)
+        client.send(b"GET /a/1 HTTP/1.1\r\nHost: gw\r\nCookie: sid=1\r\nConnection: close\r\n\r\n")
+        await client.until(response_complete)
+        await client.close()
+        self.assertNotIn(b"cookie", self.backends.seen[0][1])
+
+    async def test_client_disconnect_cancels(self) -> None:
+        port = self.gateway('- {group: slow, upstream: "UP", path: "/slow"}\n')
+        client = await connect(port)
+        client.send(b"GET /a/1 HTTP/1.1\r\nHost: gw\r\n\r\n")
+        while not self.backends.held:
+            await deferLater(reactor, 0.01, lambda: None)
+        await client.close()
+        while not self.backends.lost:
+            await deferLater(reactor, 0.01, lambda: None)
+        self.assertEqual(self.backends.lost, [b"/slow"])
