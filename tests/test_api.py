@@ -449,3 +449,25 @@ class LiveTests(TestCase):
         while not self.backends.lost:
             await deferLater(reactor, 0.01, lambda: None)
         self.assertEqual(self.backends.lost, [b"/slow"])
+
+
+class CallRecordTests(LiveTests):
+    async def test_each_call_in_the_access_log(self) -> None:
+        from tests.test_pipeline import capture_log
+
+        events = capture_log(self)
+        port = self.gateway(
+            """\
+            - {group: ok, upstream: "UP", path: "/json/ok"}
+            - {group: broken, upstream: "UP", path: "/fail", required: false}
+            - {group: odd, upstream: "UP", path: "/notjson", required: false}
+            """
+        )
+        await self.get(port, "/a/1")
+        records = [e["access"] for e in events if e.get("log_namespace") == "edgegw.access"]
+        calls = {call["name"]: call for call in records[0]["upstream_calls"]}
+        self.assertEqual(set(calls), {"ok", "broken", "odd"})
+        self.assertEqual((calls["ok"]["status"], "error" in calls["ok"]), (200, False))
+        self.assertEqual((calls["broken"]["status"], calls["broken"]["error"]), (500, "status 500"))
+        self.assertEqual(calls["odd"]["error"], "body is not JSON")
+        self.assertIsInstance(calls["ok"]["ms"], float)

@@ -639,3 +639,23 @@ class ProxiedHeadTests(ProxyTestCase):
         _, headers, _ = await self.get(port, "/cookies")
         self.assertEqual(len(headers["date"]), 1)
         self.assertEqual(headers["server"], ["edgegw"])
+
+
+class ProxyCallRecordTests(ProxyTestCase):
+    async def test_call_in_the_access_log(self) -> None:
+        from tests.test_pipeline import capture_log
+
+        events = capture_log(self)
+        port = self.gateway()
+        await self.get(port, "/missing")
+        backend = str(port_of(self.backend_port))
+        dead = listen_local(Site(Resource()))
+        dead_port = port_of(dead)
+        await dead.stopListening()
+        await self.get(self.gateway(upstream_port=dead_port), "/x")
+        records = [e["access"] for e in events if e.get("log_namespace") == "edgegw.access"]
+        first, second = (record["upstream_calls"][0] for record in records)
+        self.assertEqual((first["name"], first["status"]), ("upstream", 404))
+        self.assertEqual(first["upstream"], "127.0.0.1:" + backend)
+        self.assertIsNone(second["status"])
+        self.assertIn("ConnectionRefusedError", second["error"])

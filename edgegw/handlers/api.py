@@ -19,7 +19,6 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Sequence
-from time import monotonic
 from typing import Any
 from urllib.parse import quote, urlsplit
 
@@ -33,6 +32,7 @@ from edgegw.chain.exchange import Exchange
 from edgegw.chain.respond import write_text
 from edgegw.config.model import ApiBackendSpec, ApiHandlerSpec
 from edgegw.handlers.proxy import join_path
+from edgegw.upstream.calls import describe_error, start_call
 from edgegw.upstream.http11 import UpstreamResponse
 from edgegw.upstream.pool import Upstream, UpstreamClient
 
@@ -149,7 +149,6 @@ class _Outcome:
     timed_out: bool = False
     reason: str = ""
     status: int | None = None
-    elapsed_ms: float = 0.0
 
 
 class ApiHandler:
@@ -217,8 +216,10 @@ class ApiHandler:
             headers.append((b"Authorization", b"Bearer " + principal.access_token.encode("ascii")))
         return headers
 
-    async def _call(self, backend: _Backend, exchange: Exchange, target: bytes) -> _Outcome:
-        started = monotonic()
+    async def _call(
+        self, backend: _Backend, exchange: Exchange, target: bytes, fan_out: _FanOut
+    ) -> _Outcome:
+        call = start_call(exchange, backend.spec.group, backend.upstream.authority)
         outcome = _Outcome()
         response: UpstreamResponse | None = None
         try:
@@ -252,10 +253,11 @@ class ApiHandler:
         except CancelledError:
             if response is not None:
                 response.abort()
+            call.end(outcome.status, "timeout" if fan_out.timed_out else "cancelled")
             raise
         except Exception as e:
-            outcome.reason = str(e) if isinstance(e, BackendCallError) else type(e).__name__
-        outcome.elapsed_ms = round((monotonic() - started) * 1000, 3)
+            outcome.reason = str(e) if isinstance(e, BackendCallError) else describe_error(e)
+        call.end(outcome.status, None if outcome.ok else outcome.reason)
         return outcome
 
     # -- the fan-out -----------------------------------------------------------------------
@@ -276,23 +278,6 @@ class ApiHandler:
             write_text(request, 400, b"bad request\n")
             return
         outcomes = await _FanOut(self, exchange, targets).run()
-        exchange.note(
-            "backends",
-            [
-                {
-                    "group": backend.spec.group,
-                    "status": outcome.status,
-                    "ms": outcome.elapsed_ms,
-                    **(
-                        {"error": "timeout" if outcome.timed_out else outcome.reason}
-                        if not outcome.ok
-                        else {}
-                    ),
-                }
-                for backend, outcome in zip(self.backends, outcomes, strict=True)
-                if outcome is not None
-            ],
-        )
         self._answer(request, outcomes)
 
     def _answer(self, request: Request, outcomes: Sequence[_Outcome | None]) -> None:
@@ -343,7 +328,7 @@ class _FanOut:
         handler = self.handler
         for index, backend in enumerate(handler.backends):
             call = Deferred.fromCoroutine(
-                handler._call(backend, self.exchange, self.targets[index])
+                handler._call(backend, self.exchange, self.targets[index], self)
             )
             self.calls.append(call)
             call.addBoth(self._finished, index)

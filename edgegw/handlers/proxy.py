@@ -13,7 +13,6 @@ connection so that it cannot mistake a truncated body for a whole one.
 
 from __future__ import annotations
 
-from time import monotonic
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -28,6 +27,7 @@ from edgegw.chain.respond import abort, write_text
 from edgegw.config.model import ProxyHandlerSpec
 from edgegw.handlers.headers import HOP_BY_HOP, connection_tokens, is_websocket_upgrade
 from edgegw.handlers.tunnel import Tunnel
+from edgegw.upstream.calls import UpstreamCall, describe_error, start_call
 from edgegw.upstream.http11 import UpstreamResponse
 from edgegw.upstream.pool import Upstream, UpstreamClient
 
@@ -258,7 +258,7 @@ class ProxyHandler:
             body = None
         if body is None and method not in BODYLESS_METHODS:
             outgoing.append((b"Content-Length", b"0"))
-        started = monotonic()
+        call = start_call(exchange, "upstream", self.upstream.authority)
         pending = self.client.request(
             self.upstream, method, self.target(request), outgoing, body, upgrade=upgrade
         )
@@ -267,29 +267,30 @@ class ProxyHandler:
         try:
             response = await pending
         except CancelledError:
+            call.end(error="cancelled")
             raise
         except TimeoutError:
-            exchange.note("upstream_error", "timeout")
+            call.end(error="timeout")
             write_text(request, 504, b"gateway timeout\n")
             return
         except Exception as e:
-            exchange.note("upstream_error", _describe(e))
+            call.end(error=describe_error(e))
             write_text(request, 502, b"bad gateway\n")
             return
-        exchange.note("upstream_status", response.code)
-        exchange.note("upstream_ms", round((monotonic() - started) * 1000, 3))
         if upgrade and response.code == 101:
+            call.end(response.code)
             tunnel = Tunnel(request, response)
             await tunnel.start()
             exchange.note("tunnel_bytes_up", tunnel.to_upstream)
             return
         self.relay_head(request, response)
-        await self._relay_body(request, exchange, response)
+        await self._relay_body(request, response, call)
 
     async def _relay_body(
-        self, request: Request, exchange: Exchange, response: UpstreamResponse
+        self, request: Request, response: UpstreamResponse, call: UpstreamCall
     ) -> None:
         if not response.has_body:
+            call.end(response.code)
             request.finish()
             await response.deliver(_Discard())
             return
@@ -303,13 +304,15 @@ class ProxyHandler:
         try:
             await delivered
         except CancelledError:
+            call.end(response.code, "cancelled mid-body")
             response.abort()
             raise
         except Exception as e:
-            exchange.note("upstream_error", "body: " + _describe(e))
+            call.end(response.code, "body: " + describe_error(e))
             request.unregisterProducer()
             abort(request)
             return
+        call.end(response.code)
         request.unregisterProducer()
         if not request._disconnected:
             request.finish()
@@ -318,12 +321,3 @@ class ProxyHandler:
 class _Discard:
     def write(self, data: bytes) -> None:
         pass
-
-
-def _describe(error: BaseException) -> str:
-    """
-    A short reason for logs: the exception type and message, never sent to the client.
-    """
-    text = str(error)
-    name = type(error).__name__
-    return f"{name}: {text}" if text else name
