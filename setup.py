@@ -15,6 +15,7 @@ setup(
         "Twisted[tls]>=24.3,<27",
         "attrs>=23.1,<27",
         "treq>=23.11,<27",
+        "regopy>=1.5,<2",
         "PyYAML>=6.0,<7",
         "zope.interface>=6.0,<9",
     ],

@@ -44,6 +44,14 @@ def static(name: str, match: str, directory: Path) -> RouteConfig:
     return RouteConfig(name, match, {"type": "static", "dir": str(directory), "spaFallback": False})
 
 
+def api(name: str, match: str, backends: Sequence[Mapping[str, str]]) -> RouteConfig:
+    """
+    A public C{api} route fanning each request out to C{backends} (each with its
+    C{group}, C{upstream} and C{path}) and merging their JSON answers.
+    """
+    return RouteConfig(name, match, {"type": "api", "backends": [dict(b) for b in backends]})
+
+
 def write_config(directory: Path, port: int, routes: Sequence[RouteConfig]) -> Path:
     """
     Write a configuration directory: a Gateway on 127.0.0.1:C{port} and C{routes}.

@@ -30,7 +30,7 @@ from typing import Any
 
 import attrs
 
-from bench import gateway, report
+from bench import backends, gateway, report
 from bench.processes import (
     MIB,
     Process,
@@ -310,11 +310,6 @@ def measure_sse(edgegw: Process, port: int, backend_port: int, count: int) -> di
     return asyncio.run(_hold_streams(edgegw, port, backend_port, count))
 
 
-def _python_backend(kind: str, port: int, log: Path) -> Process:
-    argv = [sys.executable, "-m", "bench.backends", kind, "--port", str(port)]
-    return Process(f"{kind} backend", argv, log)
-
-
 def _with_processes(
     label: str,
     tmp: Path,
@@ -333,7 +328,7 @@ def _with_processes(
     try:
         with ExitStack() as stack:
             upstream = stack.enter_context(
-                started(_python_backend(kind, backend_port, tmp / f"{kind}.log"))
+                started(backends.start(kind, backend_port, tmp / f"{kind}.log"))
             )
             upstream.wait_for_port(backend_port)
             edgegw = stack.enter_context(started(gateway.start(config, tmp / f"edgegw-{kind}.log")))

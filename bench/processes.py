@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
@@ -239,6 +241,43 @@ def busy_fraction(seconds: float = 1.0) -> float:
     total_after, idle_after = _cpu_times()
     total = total_after - total_before
     return 1 - (idle_after - idle_before) / total if total else 0.0
+
+
+BUSY_WARNING = 0.15
+"""Warn when the CPUs are busier than this before a run starts."""
+
+
+def warn_if_busy(threshold: float = BUSY_WARNING) -> float:
+    """
+    Sample how busy the CPUs are (L{busy_fraction}) and warn on stderr when they are
+    busier than C{threshold}: other processes would skew a benchmark.
+
+    @return: The busy fraction, for the results.
+    """
+    busy = busy_fraction()
+    if busy > threshold:
+        print(
+            f"bench: warning: the CPUs were {busy:.0%} busy before starting; other "
+            "processes will skew the results",
+            file=sys.stderr,
+        )
+    return busy
+
+
+@contextlib.contextmanager
+def scratch(prefix: str, keep: bool = False) -> Iterator[Path]:
+    """
+    A temporary directory for a run's configurations and logs, removed on the way out
+    unless C{keep} (then its path is printed).
+    """
+    directory = Path(tempfile.mkdtemp(prefix=prefix))
+    try:
+        yield directory
+    finally:
+        if keep:
+            print(f"bench: kept {directory}", file=sys.stderr)
+        else:
+            shutil.rmtree(directory, ignore_errors=True)
 
 
 def raise_fd_limit(wanted: int) -> int:

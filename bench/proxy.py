@@ -9,23 +9,17 @@ slow drifts of the machine hit them all alike. The report gives medians over the
 from __future__ import annotations
 
 import os
-import shutil
 import sys
-import tempfile
 import time
 from contextlib import ExitStack
-from pathlib import Path
 
 import attrs
 
 from bench import report, wrk
-from bench.processes import StartupError, busy_fraction, cpu_seconds, tail
+from bench.processes import BUSY_WARNING, StartupError, scratch, warn_if_busy
 from bench.report import Sample
-from bench.targets import PAYLOADS, TARGETS, Target, start_targets
+from bench.targets import PAYLOADS, TARGETS, Target, announce, start_targets
 from bench.tools import Tools, ensure_tools, version
-
-BUSY_WARNING = 0.15
-"""Warn when the CPUs are busier than this before the run starts."""
 
 
 @attrs.frozen
@@ -72,15 +66,7 @@ def notes(settings: Settings) -> list[str]:
 def _measure(
     tools: Tools, target: Target, url: str, settings: Settings
 ) -> tuple[wrk.WrkResult, float]:
-    before = cpu_seconds(target.pids)
-    result = wrk.run(tools.wrk, url, settings.connections, settings.duration)
-    return result, cpu_seconds(target.pids) - before
-
-
-def _check_alive(target: Target) -> None:
-    if not target.alive() and target.unavailable is None:
-        assert target.process is not None
-        target.unavailable = f"exited during the run:\n{tail(target.process.log)}"
+    return wrk.measure(tools.wrk, url, settings.connections, settings.duration, target.pids)
 
 
 def run_rounds(
@@ -107,7 +93,7 @@ def run_rounds(
                         )
                     except wrk.WrkError as e:
                         target.unavailable = f"wrk failed during warm-up: {e}"
-                    _check_alive(target)
+                    target.check_alive()
     for round_ in range(1, settings.rounds + 1):
         for payload in PAYLOADS:
             for target in targets:
@@ -118,30 +104,12 @@ def run_rounds(
                 except wrk.WrkError as e:
                     target.unavailable = f"wrk failed: {e}"
                     continue
-                _check_alive(target)
-                sample = Sample(
-                    round=round_,
-                    target=target.key,
-                    payload=payload.name,
-                    requests=result.requests,
-                    rps=result.rps,
-                    p50=result.latency[50.0],
-                    p99=result.latency[99.0],
-                    cpu_seconds=cpu,
-                    errors=result.errors,
-                )
+                target.check_alive()
+                sample = Sample.of(round_, target.key, payload.name, result, cpu)
                 samples.append(sample)
-                cpu_text = (
-                    "-"
-                    if sample.cpu_us_per_request is None
-                    else f"{sample.cpu_us_per_request:.1f}µs CPU/req"
-                )
                 say(
                     f"round {round_}/{settings.rounds} {payload.name:<10} {target.key} "
-                    f"{target.name:<14} {result.rps:>10,.0f} req/s  "
-                    f"p50 {report.format_duration(sample.p50)}  "
-                    f"p99 {report.format_duration(sample.p99)}  {cpu_text}"
-                    + (f"  {sample.errors} errors" if sample.errors else "")
+                    f"{target.name:<14} {sample.progress()}"
                 )
     return samples
 
@@ -153,36 +121,17 @@ def run(settings: Settings) -> int:
     @return: The exit status: 0, or 1 if the backend could not be started.
     """
     tools = ensure_tools()
-    busy = busy_fraction()
-    if busy > BUSY_WARNING:
-        print(
-            f"bench: warning: the CPUs were {busy:.0%} busy before starting; other "
-            "processes will skew the results",
-            file=sys.stderr,
-        )
-    tmp = Path(tempfile.mkdtemp(prefix="edgegw-bench-proxy-"))
+    busy = warn_if_busy(BUSY_WARNING)
     started_at = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-    try:
-        with ExitStack() as stack:
-            print(f"bench: starting targets in {tmp}", file=sys.stderr, flush=True)
-            try:
-                targets = start_targets(stack, tools, tmp, settings.targets, settings.connections)
-            except StartupError as e:
-                print(f"bench: {e}", file=sys.stderr)
-                return 1
-            for target in targets:
-                state = "ready" if target.unavailable is None else target.unavailable
-                print(
-                    f"  {target.key} {target.name:<14} {target.description}: {state}",
-                    file=sys.stderr,
-                    flush=True,
-                )
-            samples = run_rounds(tools, targets, settings)
-    finally:
-        if settings.keep_tmp:
-            print(f"bench: kept {tmp}", file=sys.stderr)
-        else:
-            shutil.rmtree(tmp, ignore_errors=True)
+    with scratch("edgegw-bench-proxy-", settings.keep_tmp) as tmp, ExitStack() as stack:
+        print(f"bench: starting targets in {tmp}", file=sys.stderr, flush=True)
+        try:
+            targets = start_targets(stack, tools, tmp, settings.targets, settings.connections)
+        except StartupError as e:
+            print(f"bench: {e}", file=sys.stderr)
+            return 1
+        announce(targets)
+        samples = run_rounds(tools, targets, settings)
     summaries = report.summarize(samples)
     names = {target.key: target.name for target in targets}
     unavailable = {

@@ -10,11 +10,13 @@ import platform
 import statistics
 import subprocess
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 import attrs
+
+from bench.wrk import WrkResult
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 """Where result files go (git-ignored)."""
@@ -46,10 +48,41 @@ class Sample:
     cpu_seconds: float
     errors: int
 
+    @classmethod
+    def of(
+        cls, round: int, target: str, payload: str, result: WrkResult, cpu_seconds: float
+    ) -> Sample:
+        """
+        The sample of one wrk run (C{result}) over which the target used C{cpu_seconds}.
+        """
+        return cls(
+            round=round,
+            target=target,
+            payload=payload,
+            requests=result.requests,
+            rps=result.rps,
+            p50=result.latency[50.0],
+            p99=result.latency[99.0],
+            cpu_seconds=cpu_seconds,
+            errors=result.errors,
+        )
+
     @property
     def cpu_us_per_request(self) -> float | None:
         """CPU microseconds per completed request."""
         return self.cpu_seconds / self.requests * 1e6 if self.requests else None
+
+    def progress(self) -> str:
+        """
+        Its figures on one line, for the progress printed while a benchmark runs.
+        """
+        cpu = self.cpu_us_per_request
+        cpu_text = "-" if cpu is None else f"{cpu:.1f}µs CPU/req"
+        errors = f"  {self.errors} errors" if self.errors else ""
+        return (
+            f"{self.rps:>10,.0f} req/s  p50 {format_duration(self.p50)}  "
+            f"p99 {format_duration(self.p99)}  {cpu_text}{errors}"
+        )
 
 
 @attrs.frozen
@@ -73,18 +106,38 @@ class Summary:
     errors: int
 
 
-def _ratio(samples: Sequence[Sample], all_samples: Sequence[Sample], ref: str) -> float | None:
-    ratios = []
+def per_round(
+    samples: Sequence[Sample],
+    all_samples: Sequence[Sample],
+    ref: str,
+    combine: Callable[[Sample, Sample], float | None],
+) -> float | None:
+    """
+    The median over C{samples} of C{combine(sample, reference)}, the reference being the
+    sample of target C{ref} in C{all_samples} from the same round and payload; pairs
+    without a reference, or for which C{combine} gives L{None}, are left out.
+    """
+    values = []
     for sample in samples:
         for other in all_samples:
             if (
                 other.target == ref
                 and other.payload == sample.payload
                 and other.round == sample.round
-                and other.rps > 0
             ):
-                ratios.append(sample.rps / other.rps)
-    return statistics.median(ratios) if ratios else None
+                value = combine(sample, other)
+                if value is not None:
+                    values.append(value)
+    return statistics.median(values) if values else None
+
+
+def _ratio(samples: Sequence[Sample], all_samples: Sequence[Sample], ref: str) -> float | None:
+    return per_round(
+        samples,
+        all_samples,
+        ref,
+        lambda sample, other: sample.rps / other.rps if other.rps > 0 else None,
+    )
 
 
 def summarize(samples: Sequence[Sample], direct: str = "a", nginx: str = "b") -> list[Summary]:
@@ -151,14 +204,12 @@ def table(
         "CPU µs/req",
         "errors",
     )
-    rows: list[tuple[str, ...]] = [header]
-    wide: dict[int, str] = {}
+    rows: list[tuple[str, ...] | str] = []
     for payload in payloads:
         for key, name in names.items():
             label = f"{key} {name}"
             if key in unavailable:
-                wide[len(rows)] = f"{payload:<10}  {label:<16}  unavailable: {unavailable[key]}"
-                rows.append(())
+                rows.append(f"{payload:<10}  {label:<16}  unavailable: {unavailable[key]}")
                 continue
             found = [s for s in summaries if s.target == key and s.payload == payload]
             if not found:
@@ -178,15 +229,24 @@ def table(
                     str(s.errors),
                 )
             )
-    cells = [row for row in rows if row]
+    return render(header, rows)
+
+
+def render(header: Sequence[str], rows: Sequence[Sequence[str] | str], left: int = 2) -> str:
+    """
+    A text table: C{header}, a rule, then C{rows}, columns two spaces apart, the first
+    C{left} columns aligned left and the others right. A row given as one string is
+    printed as it is (a note across the columns, such as why a target is unavailable).
+    """
+    cells = [header, *(row for row in rows if not isinstance(row, str))]
     widths = [max(len(row[i]) for row in cells) for i in range(len(header))]
     lines = []
-    for index, row in enumerate(rows):
-        if not row:
-            lines.append(wide[index])
+    for row in [header, *rows]:
+        if isinstance(row, str):
+            lines.append(row)
             continue
         parts = [
-            cell.ljust(width) if i < 2 else cell.rjust(width)
+            cell.ljust(width) if i < left else cell.rjust(width)
             for i, (cell, width) in enumerate(zip(row, widths, strict=True))
         ]
         lines.append("  ".join(parts).rstrip())

@@ -13,14 +13,14 @@ from __future__ import annotations
 import http.client
 import json
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from contextlib import ExitStack
 from pathlib import Path
 
 import attrs
 
 from bench import gateway, nginx
-from bench.processes import Process, StartupError, children, free_port, started
+from bench.processes import Process, StartupError, children, free_port, started, tail
 from bench.tools import Tools
 
 
@@ -85,6 +85,28 @@ class Target:
         """Whether its process is still running."""
         return self.process is None or self.process.running()
 
+    def check_alive(self) -> None:
+        """
+        Mark it unavailable, with the tail of its log, if its process has exited.
+        """
+        if not self.alive() and self.unavailable is None:
+            assert self.process is not None
+            self.unavailable = f"exited during the run:\n{tail(self.process.log)}"
+
+
+def announce(targets: Sequence[Target]) -> None:
+    """
+    Print each target's letter, name and description, and whether it is ready or why
+    not, on stderr.
+    """
+    for target in targets:
+        state = "ready" if target.unavailable is None else target.unavailable
+        print(
+            f"  {target.key} {target.name:<14} {target.description}: {state}",
+            file=sys.stderr,
+            flush=True,
+        )
+
 
 TARGETS = {
     "a": ("direct", "nginx backend serving the files directly (1 worker)"),
@@ -112,21 +134,33 @@ def verify(target: Target) -> str | None:
     @return: L{None} if each came back C{200} with the exact body, else what was wrong.
     """
     for payload in PAYLOADS:
-        connection = http.client.HTTPConnection("127.0.0.1", target.port, timeout=10)
         try:
-            connection.request("GET", payload.path)
-            response = connection.getresponse()
-            body = response.read()
+            status, _, body = fetch(target.port, payload.path)
         except (OSError, http.client.HTTPException) as e:
             return f"GET {payload.path} failed: {e}"
-        finally:
-            connection.close()
-        if response.status != 200 or body != payload.body:
+        if status != 200 or body != payload.body:
             return (
-                f"GET {payload.path} answered {response.status} with {len(body)} bytes "
+                f"GET {payload.path} answered {status} with {len(body)} bytes "
                 f"(expected 200 with {len(payload.body)} bytes)"
             )
     return None
+
+
+def fetch(port: int, path: str) -> tuple[int, http.client.HTTPMessage, bytes]:
+    """
+    C{GET path} from 127.0.0.1:C{port} once, on a connection of its own.
+
+    @return: The status, the response headers and the whole body.
+    @raise OSError: On a connection failure or a timeout (10 s).
+    @raise http.client.HTTPException: On a malformed response.
+    """
+    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    try:
+        connection.request("GET", path)
+        response = connection.getresponse()
+        return response.status, response.headers, response.read()
+    finally:
+        connection.close()
 
 
 def _nginx_workers(process: Process) -> list[int]:

@@ -1,5 +1,6 @@
 """
-The external programs the proxy benchmark needs (wrk, nginx), installed when missing.
+The external programs the benchmarks need (wrk; nginx for C{proxy}), installed when
+missing.
 
 As root on Debian/Ubuntu the harness installs them with apt-get itself so that a newcomer's
 single command works; otherwise it says exactly what to install and stops.
@@ -11,6 +12,7 @@ import os
 import shutil
 import subprocess
 import sys
+from collections.abc import Sequence
 
 import attrs
 
@@ -19,8 +21,9 @@ _SEARCH_PATH = os.pathsep.join(
     [os.environ.get("PATH", ""), "/usr/local/sbin", "/usr/sbin", "/sbin"]
 )
 
-APT_PACKAGES = ("wrk", "nginx-light")
-"""The Debian packages providing wrk and a small nginx (``nginx`` is the fallback)."""
+APT_PACKAGES = {"wrk": "wrk", "nginx": "nginx-light"}
+"""The Debian package providing each program: wrk, and a small nginx (``nginx`` is the
+fallback)."""
 
 
 class MissingToolsError(Exception):
@@ -47,10 +50,6 @@ def _which(name: str) -> str | None:
     return shutil.which(name, path=_SEARCH_PATH)
 
 
-def _find() -> tuple[str | None, str | None]:
-    return _which("wrk"), _which("nginx")
-
-
 def _apt_install(packages: list[str]) -> bool:
     """
     Install C{packages} with apt-get without starting their services (``RUNLEVEL=1``
@@ -64,17 +63,18 @@ def _apt_install(packages: list[str]) -> bool:
     return subprocess.run(command, env=env, check=False).returncode == 0
 
 
-def ensure_tools() -> Tools:
+def _ensure(names: Sequence[str]) -> dict[str, str]:
     """
-    Find wrk and nginx, installing them with apt-get when missing and running as root.
+    The paths of the programs C{names} (keys of L{APT_PACKAGES}), installing the missing
+    ones with apt-get when running as root.
 
-    @raise MissingToolsError: If they are missing and cannot be installed here.
+    @raise MissingToolsError: If some are missing and cannot be installed here.
     """
-    wrk, nginx = _find()
-    if wrk and nginx:
-        return Tools(wrk=wrk, nginx=nginx)
-    missing = [name for name, path in (("wrk", wrk), ("nginx", nginx)) if not path]
-    packages = [p for p, path in zip(APT_PACKAGES, (wrk, nginx), strict=True) if not path]
+    found = {name: _which(name) for name in names}
+    missing = [name for name, path in found.items() if not path]
+    if not missing:
+        return {name: path for name, path in found.items() if path}
+    packages = [APT_PACKAGES[name] for name in missing]
     if os.geteuid() != 0 or not _which("apt-get"):
         raise MissingToolsError(
             f"bench: {' and '.join(missing)} not found. Install "
@@ -85,14 +85,34 @@ def ensure_tools() -> Tools:
     if not _apt_install(packages) and "nginx-light" in packages:
         # Newer Debian releases dropped nginx-light; plain nginx is the same server.
         _apt_install(["nginx" if p == "nginx-light" else p for p in packages])
-    wrk, nginx = _find()
-    if not (wrk and nginx):
+    found = {name: _which(name) for name in names}
+    if not all(found.values()):
         raise MissingToolsError(
-            f"bench: apt-get could not install {' '.join(packages)}; install wrk and nginx "
-            "and run again."
+            f"bench: apt-get could not install {' '.join(packages)}; install "
+            f"{' and '.join(names)} and run again."
         )
-    _stop_stock_nginx()
-    return Tools(wrk=wrk, nginx=nginx)
+    if "nginx" in missing:
+        _stop_stock_nginx()
+    return {name: path for name, path in found.items() if path}
+
+
+def ensure_tools() -> Tools:
+    """
+    Find wrk and nginx, installing them with apt-get when missing and running as root.
+
+    @raise MissingToolsError: If they are missing and cannot be installed here.
+    """
+    found = _ensure(("wrk", "nginx"))
+    return Tools(wrk=found["wrk"], nginx=found["nginx"])
+
+
+def ensure_wrk() -> str:
+    """
+    Find wrk (only), installing it with apt-get when missing and running as root.
+
+    @raise MissingToolsError: If it is missing and cannot be installed here.
+    """
+    return _ensure(("wrk",))["wrk"]
 
 
 def _stop_stock_nginx() -> None:

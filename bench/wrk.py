@@ -6,8 +6,11 @@ from __future__ import annotations
 
 import re
 import subprocess
+from collections.abc import Iterable
 
 import attrs
+
+from bench.processes import cpu_seconds
 
 _TIME_UNITS = {"us": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
 _SIZE_UNITS = {"B": 1, "KB": 1024, "MB": 1024**2, "GB": 1024**3, "TB": 1024**4}
@@ -109,3 +112,19 @@ def run(wrk: str, url: str, connections: int, duration: int, threads: int = 1) -
     if done.returncode != 0:
         raise WrkError(f"wrk exited with {done.returncode}: {done.stderr.strip() or done.stdout}")
     return parse(done.stdout)
+
+
+def measure(
+    wrk: str, url: str, connections: int, duration: int, pids: Iterable[int]
+) -> tuple[WrkResult, float]:
+    """
+    L{run} wrk, reading the CPU time (C{utime + stime}) of the processes C{pids} before
+    and after it.
+
+    @return: wrk's result and the CPU seconds C{pids} used meanwhile.
+    @raise WrkError: If wrk fails or its output cannot be parsed.
+    """
+    pids = list(pids)
+    before = cpu_seconds(pids)
+    result = run(wrk, url, connections, duration)
+    return result, cpu_seconds(pids) - before

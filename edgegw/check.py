@@ -19,19 +19,24 @@ from edgegw.gateway import build_gateway
 
 def route_table(routes: Sequence[CompiledRoute]) -> str:
     """
-    The effective route table: pattern, name, type, auth, policies, handler.
+    The effective route table: pattern, name, type, auth, the RouteGroups that select
+    the route, its merged policies and deny redirect, and the handler.
     """
-    header = ("PATTERN", "NAME", "TYPE", "AUTH", "POLICIES", "HANDLER")
+    header = ("PATTERN", "NAME", "TYPE", "AUTH", "GROUPS", "POLICIES", "ON-DENY", "HANDLER")
     rows = [header]
     for route in routes:
         effective = route.effective
+        access = effective.access
+        on_deny = access.on_deny_redirect if route.type == "app" else None
         rows.append(
             (
                 route.pattern,
                 route.name,
                 route.type,
                 route.auth,
-                ",".join(effective.access.authorize) or "-",
+                ",".join(effective.groups) or "-",
+                ",".join(access.authorize) or "-",
+                on_deny or "-",
                 route.handler_description,
             )
         )

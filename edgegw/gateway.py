@@ -9,14 +9,17 @@ C{--check} catches everything startup would.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Protocol
 
 import attrs
 from twisted.internet.interfaces import IReactorTime
 from twisted.web.server import Site
 
+from edgegw.authz.policy import CompiledPolicy, RoutePolicies, compile_policies
 from edgegw.chain.access_log import AccessLog
 from edgegw.chain.access_writer import LineWriter
+from edgegw.chain.authz import authz
 from edgegw.chain.exchange import Exchange
 from edgegw.chain.pipeline import Handler, InFlight, RouteRunner, Stage, compose
 from edgegw.chain.projection import groups_header_name, projection
@@ -102,11 +105,13 @@ def build_gateway(
     output = config.gateway.access_log.output
     access = AccessLog(level, None if output == "log" else LineWriter(reactor, output))
     groups_as = config.gateway.identity.groups.as_
+    routes = effective_routes(config)
+    policies = compile_policies(config.policies, problems)
     client = upstream_client or UpstreamClient(reactor)
     context = _TerminalContext(config, client, reactor)
-    for effective in effective_routes(config):
+    for effective in routes:
         terminal = _terminal(effective, context, problems)
-        if terminal is None:
+        if terminal is None or not set(effective.access.authorize) <= set(policies):
             continue
         route = CompiledRoute(
             name=effective.spec.name,
@@ -116,7 +121,7 @@ def build_gateway(
         )
         mux.register(
             effective.spec.match,
-            route_runner(route, terminal, inflight, access.stage, groups_as),
+            route_runner(route, terminal, inflight, access.stage, groups_as, policies),
         )
         compiled.append(route)
     problems.raise_if_any()
@@ -173,24 +178,30 @@ def route_runner(
     inflight: InFlight,
     log_stage: Stage,
     groups_as: str,
+    policies: Mapping[str, CompiledPolicy] | None = None,
 ) -> RouteRunner:
     """
     Compose one route's per-route chain around its terminal.
 
     Stages that have nothing to do on a route are left out rather than passed through:
-    the session, auth-gate and authz stages join the chain only where identity or
-    policies are configured.
+    the session and auth-gate stages join the chain only where identity is configured,
+    authz only where the route (directly or through its groups) names a policy.
     """
-    projection_spec = route.effective.access.projection
-    stages: list[Stage] = [
-        recover,
-        request_id,
-        log_stage,
+    effective = route.effective
+    access = effective.access
+    projection_spec = access.projection
+    stages: list[Stage] = [recover, request_id, log_stage]
+    if access.authorize:
+        needed = [(policies or {})[name] for name in access.authorize]
+        route_policies = RoutePolicies(needed, route.pattern, route.name, effective.spec.labels)
+        on_deny = access.on_deny_redirect if effective.type == "app" else None
+        stages.append(authz(route_policies, on_deny))
+    stages.append(
         projection(
             groups_header_name(projection_spec.groups_header, groups_as),
             projection_spec.claims,
-        ),
-    ]
+        )
+    )
     return RouteRunner(route, compose(stages, terminal), inflight)
 
 
@@ -262,14 +273,6 @@ def _refuse_unavailable(config: Config, problems: Problems) -> None:
             "",
             "OIDC login and Bearer verification: not available in this version of edgegw",
         )
-    for route in effective_routes(config):
-        if route.access.authorize:
-            problems.add(
-                route.spec.location,
-                "spec.access.authorize",
-                "authorization policies are not available in this version of edgegw; "
-                "refusing to serve the route without them",
-            )
     for plugin in (*config.request_plugins, *config.response_plugins):
         problems.add(plugin.location, "", f"{plugin.kind}: not available in this version of edgegw")
     telemetry = config.telemetry

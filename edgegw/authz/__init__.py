@@ -1,0 +1,1 @@
+"""Authorization: Policy resources (built-in require rules and Rego) and their evaluation."""

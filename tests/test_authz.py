@@ -1,0 +1,394 @@
+"""
+Authorization: RouteGroup selectors and merging, require rules, Rego policies, the authz
+stage and onDeny redirects.
+"""
+
+from __future__ import annotations
+
+import os
+import textwrap
+from typing import Any
+
+from twisted.internet.task import Clock
+from twisted.trial.unittest import SynchronousTestCase
+
+from edgegw.authz.policy import CompiledPolicy, RoutePolicies
+from edgegw.authz.rego import RegoLoadError, RegoPolicy
+from edgegw.authz.require import RequireRule
+from edgegw.chain.exchange import Exchange
+from edgegw.config.effective import effective_routes
+from edgegw.config.errors import ConfigError
+from edgegw.config.model import LabelExpression, RequireSpec, Selector
+from edgegw.gateway import build_gateway
+from edgegw.identity.principal import Principal
+from tests.support.configs import load_text, write_tree
+from tests.support.memory import MemoryClient
+from tests.test_pipeline import capture_log
+
+
+def rego_file(test: SynchronousTestCase, source: str, name: str = "authz.rego") -> str:
+    directory = os.path.abspath(test.mktemp())
+    os.makedirs(directory)
+    path = os.path.join(directory, name)
+    with open(path, "w") as stream:
+        stream.write(textwrap.dedent(source))
+    return path
+
+
+DELETE_NEEDS_ADMIN = """\
+package gw.authz
+
+import rego.v1
+
+deny contains "only admins may delete" if {
+    input.request.method == "DELETE"
+    not "admin" in input.groups
+}
+
+deny contains "no access to /private" if startswith(input.request.path, "/private")
+"""
+
+
+class SelectorTests(SynchronousTestCase):
+    def test_operators(self) -> None:
+        labels = {"tier": "api", "env": "prod"}
+        cases = [
+            (LabelExpression("tier", "In", ("api", "web")), True),
+            (LabelExpression("tier", "In", ("web",)), False),
+            (LabelExpression("tier", "NotIn", ("web",)), True),
+            (LabelExpression("tier", "NotIn", ("api",)), False),
+            (LabelExpression("missing", "NotIn", ("x",)), True),
+            (LabelExpression("env", "Exists"), True),
+            (LabelExpression("missing", "Exists"), False),
+            (LabelExpression("missing", "DoesNotExist"), True),
+            (LabelExpression("env", "DoesNotExist"), False),
+        ]
+        for expression, expected in cases:
+            self.assertEqual(expression.matches(labels), expected, expression)
+
+    def test_match_labels_and_expressions_together(self) -> None:
+        selector = Selector({"tier": "api"}, (LabelExpression("env", "In", ("prod",)),))
+        self.assertTrue(selector.matches({"tier": "api", "env": "prod"}))
+        self.assertFalse(selector.matches({"tier": "api", "env": "dev"}))
+        self.assertFalse(selector.matches({"env": "prod"}))
+
+    def test_empty_selector_matches_everything(self) -> None:
+        self.assertTrue(Selector().matches({}))
+        self.assertTrue(Selector().matches({"any": "thing"}))
+
+
+GROUPS = """\
+kind: Policy
+metadata: {name: p1}
+spec: {require: {groups: [a]}}
+---
+kind: Policy
+metadata: {name: p2}
+spec: {require: {groups: [b]}}
+---
+kind: Policy
+metadata: {name: p3}
+spec: {require: {groups: [c]}}
+---
+kind: RouteGroup
+metadata: {name: everything}
+spec:
+  access:
+    auth: required
+    authorize: [p1, p2]
+    onDeny: {redirect: /first}
+    projection: {session: {groups: {header: X-Early}}}
+---
+kind: RouteGroup
+metadata: {name: apis}
+spec:
+  type: service
+  selector: {matchLabels: {tier: api}}
+  access:
+    onDeny: {redirect: /second}
+    authorize: [p2, p3]
+---
+kind: Route
+metadata: {name: mine, labels: {tier: api}}
+spec:
+  match: /api/
+  handler: {type: health}
+  access:
+    authorize: [p3, p1]
+    projection: {session: {claims: {email: X-Mail}}}
+---
+kind: Route
+metadata: {name: own-type, labels: {tier: api}}
+spec:
+  match: /typed/
+  type: app
+  handler: {type: health}
+  access: {auth: public}
+---
+kind: Route
+metadata: {name: plain}
+spec:
+  match: /plain/
+  handler: {type: health}
+"""
+
+
+class MergeTests(SynchronousTestCase):
+    def routes(self) -> dict[str, Any]:
+        config = load_text(self.mktemp(), GROUPS)
+        return {route.spec.name: route for route in effective_routes(config)}
+
+    def test_route_wins_later_groups_win_authorize_unioned(self) -> None:
+        mine = self.routes()["mine"]
+        self.assertEqual(mine.groups, ("everything", "apis"))
+        self.assertEqual(mine.type, "service")
+        self.assertEqual(mine.auth, "required")
+        self.assertEqual(mine.access.authorize, ("p3", "p1", "p2"))
+        self.assertEqual(mine.access.on_deny_redirect, "/second")
+        self.assertEqual(mine.access.projection.groups_header, "X-Early")
+        self.assertEqual(mine.access.projection.claims, {"email": "X-Mail"})
+
+    def test_route_type_and_auth_beat_groups(self) -> None:
+        typed = self.routes()["own-type"]
+        self.assertEqual((typed.type, typed.auth), ("app", "public"))
+
+    def test_only_matching_groups(self) -> None:
+        plain = self.routes()["plain"]
+        self.assertEqual(plain.groups, ("everything",))
+        self.assertEqual(plain.type, "app")
+        self.assertEqual(plain.access.authorize, ("p1", "p2"))
+        self.assertEqual(plain.access.on_deny_redirect, "/first")
+
+
+def exchange_for(
+    principal: Principal | None, method: bytes = b"GET", path: bytes = b"/"
+) -> Exchange:
+    from twisted.web.test.requesthelper import DummyRequest
+
+    request = DummyRequest(path.split(b"/")[1:])
+    request.method = method
+    request.path = path  # type: ignore[attr-defined]
+    exchange = Exchange(request, None, {}, 0.0)  # type: ignore[arg-type]
+    exchange.principal = principal
+    return exchange
+
+
+class RequireTests(SynchronousTestCase):
+    def test_groups_any_of(self) -> None:
+        rule = RequireRule(RequireSpec(groups=("admin", "ops")))
+        self.assertIsNone(rule.check(Principal("u", groups=("dev", "ops"))))
+        self.assertEqual(rule.check(Principal("u", groups=("dev",))), "not in any required group")
+        self.assertEqual(rule.check(None), "no authenticated principal")
+
+    def test_claims_all_of_any_within(self) -> None:
+        rule = RequireRule(RequireSpec(claims={"dept": ("eng", "ops"), "country": ("NL",)}))
+        self.assertIsNone(rule.check(Principal("u", {"dept": "ops", "country": "NL"})))
+        self.assertIsNotNone(rule.check(Principal("u", {"dept": "ops", "country": "BE"})))
+        self.assertIsNotNone(rule.check(Principal("u", {"dept": "ops"})))
+        self.assertIsNotNone(rule.check(Principal("u", {"dept": "sales", "country": "NL"})))
+
+    def test_list_valued_claim_matches_any_element(self) -> None:
+        rule = RequireRule(RequireSpec(claims={"roles": ("editor",)}))
+        self.assertIsNone(rule.check(Principal("u", {"roles": ["viewer", "editor"]})))
+        self.assertIsNotNone(rule.check(Principal("u", {"roles": ["viewer"]})))
+        self.assertIsNotNone(rule.check(Principal("u", {"roles": []})))
+
+    def test_groups_and_claims_both_needed(self) -> None:
+        rule = RequireRule(RequireSpec(groups=("admin",), claims={"mfa": ("true",)}))
+        self.assertIsNone(rule.check(Principal("u", {"mfa": True}, ("admin",))))
+        self.assertIsNotNone(rule.check(Principal("u", {"mfa": False}, ("admin",))))
+
+
+class RegoTests(SynchronousTestCase):
+    def test_request_attributes_and_groups(self) -> None:
+        policy = RegoPolicy(rego_file(self, DELETE_NEEDS_ADMIN))
+        routes = RoutePolicies([CompiledPolicy("p", None, policy)], "/x", "x", {"tier": "a"})
+
+        def verdict(principal: Principal | None, method: bytes, path: bytes) -> str | None:
+            return routes.first_denial(exchange_for(principal, method, path))
+
+        self.assertIsNone(verdict(None, b"GET", b"/x"))
+        self.assertEqual(verdict(None, b"DELETE", b"/x"), "policy p: only admins may delete")
+        self.assertIsNone(verdict(Principal("u", groups=("admin",)), b"DELETE", b"/x"))
+        self.assertEqual(verdict(None, b"GET", b"/private/a"), "policy p: no access to /private")
+
+    def test_input_document(self) -> None:
+        routes = RoutePolicies([], "GET /items/{id}", "items", {"tier": "api"})
+        anonymous = routes.input_document(exchange_for(None, b"GET", b"/items/1"))
+        self.assertEqual(
+            anonymous,
+            {
+                "subject": "",
+                "groups": [],
+                "claims": {},
+                "request": {
+                    "method": "GET",
+                    "path": "/items/1",
+                    "route": "GET /items/{id}",
+                    "route_name": "items",
+                    "labels": {"tier": "api"},
+                },
+            },
+        )
+        principal = Principal("u1", {"email": "e@x"}, ("g",), access_token="secret")
+        document = routes.input_document(exchange_for(principal))
+        self.assertEqual(
+            (document["subject"], document["groups"], document["claims"]),
+            ("u1", ["g"], {"email": "e@x"}),
+        )
+        self.assertNotIn("secret", repr(document))
+
+    def test_fails_closed_on_runtime_error_and_non_set(self) -> None:
+        policy = RegoPolicy(
+            rego_file(
+                self,
+                """\
+                package gw.authz
+                import rego.v1
+                default deny := set()
+                deny := 5 if input.request.path == "/weird"
+                deny := {"x"} if {
+                    startswith(input.request.path, "/n/")
+                    to_number(trim_prefix(input.request.path, "/n/")) > 1
+                }
+                """,
+            )
+        )
+        base = RoutePolicies([], "/", "r", {}).input_document
+        weird = policy.evaluate(base(exchange_for(None, b"GET", b"/weird")))
+        self.assertEqual(weird, ["deny is not a set of strings"])
+        error = policy.evaluate(base(exchange_for(None, b"GET", b"/n/abc")))
+        self.assertIsNotNone(error)
+        assert error is not None
+        self.assertTrue(error[0].startswith("evaluation error"), error)
+        self.assertIsNone(policy.evaluate(base(exchange_for(None, b"GET", b"/ok"))))
+
+    def test_directory_of_files(self) -> None:
+        directory = os.path.dirname(rego_file(self, DELETE_NEEDS_ADMIN, "a.rego"))
+        with open(os.path.join(directory, "b.rego"), "w") as stream:
+            stream.write(
+                'package gw.authz\nimport rego.v1\ndeny contains "b" if input.subject == "bad"\n'
+            )
+        policy = RegoPolicy(directory)
+        document = RoutePolicies([], "/", "r", {}).input_document(exchange_for(Principal("bad")))
+        self.assertEqual(policy.evaluate(document), ["b"])
+
+    def test_load_errors_name_the_file(self) -> None:
+        missing = os.path.join(os.path.abspath(self.mktemp()), "nope.rego")
+        cases = {
+            "package gw.authz\ndeny contains x if {": "this is unclosed",
+            "package other\nimport rego.v1\ndeny contains 1 if true\n": (
+                "the package must be gw.authz"
+            ),
+            "package gw.authz\nallow := true\n": "no deny rule in package gw.authz",
+            "package gw.authz\ndeny := input.request.method\n": "deny must be a set of strings",
+        }
+        for source, message in cases.items():
+            path = rego_file(self, source)
+            e = self.assertRaises(RegoLoadError, RegoPolicy, path)
+            self.assertIn(message, str(e), source)
+            self.assertTrue(str(e).startswith(path), str(e))
+        e = self.assertRaises(RegoLoadError, RegoPolicy, missing)
+        self.assertEqual(str(e), f"{missing}: no such file or directory")
+
+
+ROUTES = """\
+kind: Policy
+metadata: {name: no-delete}
+spec: {rego: {path: policies/authz.rego}}
+---
+kind: Policy
+metadata: {name: admins}
+spec: {require: {groups: [admin]}}
+---
+kind: Route
+metadata: {name: app}
+spec:
+  match: /app/
+  handler: {type: health}
+  access: {authorize: [no-delete], onDeny: {redirect: /denied}}
+---
+kind: Route
+metadata: {name: service}
+spec:
+  match: /svc/
+  type: service
+  handler: {type: health}
+  access: {auth: public, authorize: [no-delete], onDeny: {redirect: /denied}}
+---
+kind: Route
+metadata: {name: admin-only}
+spec:
+  match: /admin/
+  handler: {type: health}
+  access: {authorize: [admins]}
+---
+kind: Route
+metadata: {name: open}
+spec: {match: /open/, handler: {type: health}}
+"""
+
+
+class GatewayAuthzTests(SynchronousTestCase):
+    def client(self) -> MemoryClient:
+        root = os.path.abspath(self.mktemp())
+        write_tree(root, {"policies/authz.rego": DELETE_NEEDS_ADMIN})
+        config = load_text(root, ROUTES)
+        return MemoryClient(build_gateway(config, Clock()).site)
+
+    def test_policies_on_request_attributes_without_any_idp(self) -> None:
+        client = self.client()
+        self.assertEqual(client.request("GET", "/svc/x").status, 200)
+        denied = client.request("DELETE", "/svc/x")
+        self.assertEqual((denied.status, denied.body), (403, b"forbidden\n"))
+
+    def test_on_deny_redirect_on_app_routes_only(self) -> None:
+        client = self.client()
+        app = client.request("DELETE", "/app/x")
+        self.assertEqual((app.status, app.header("Location")), (302, "/denied"))
+        service = client.request("DELETE", "/svc/x")
+        self.assertEqual((service.status, service.header("Location")), (403, None))
+
+    def test_require_without_identity_denies(self) -> None:
+        self.assertEqual(self.client().request("GET", "/admin/x").status, 403)
+
+    def test_routes_without_policies_unaffected(self) -> None:
+        self.assertEqual(self.client().request("DELETE", "/open/x").status, 200)
+
+    def test_reason_goes_to_the_log_not_the_client(self) -> None:
+        events = capture_log(self)
+        response = self.client().request("DELETE", "/svc/x")
+        self.assertNotIn(b"admin", response.body)
+        self.assertNotIn(b"no-delete", response.body)
+        records = [e["access"] for e in events if e.get("log_namespace") == "edgegw.access"]
+        self.assertEqual(records[-1]["authz_denied"], "policy no-delete: only admins may delete")
+
+    def test_denial_stops_before_the_terminal(self) -> None:
+        from edgegw.chain.authz import authz
+
+        reached: list[str] = []
+
+        async def terminal(exchange: Exchange) -> None:
+            reached.append("terminal")
+
+        routes = RoutePolicies(
+            [CompiledPolicy("admins", RequireRule(RequireSpec(groups=("admin",))), None)],
+            "/",
+            "r",
+            {},
+        )
+        from tests.test_pipeline import Harness
+
+        response = Harness(self, terminal, stages=[authz(routes, None)]).client.request("GET", "/")
+        self.assertEqual(response.status, 403)
+        self.assertEqual(reached, [])
+
+    def test_broken_rego_stops_startup_with_the_file_named(self) -> None:
+        root = os.path.abspath(self.mktemp())
+        write_tree(root, {"policies/authz.rego": "package gw.authz\ndeny contains x if {"})
+        config = load_text(root, ROUTES)
+        e = self.assertRaises(ConfigError, build_gateway, config, Clock())
+        self.assertEqual(len(e.problems), 1)
+        problem = str(e.problems[0])
+        self.assertIn('Policy "no-delete": spec.rego.path: ', problem)
+        self.assertIn(os.path.join(root, "policies", "authz.rego"), problem)
