@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from typing import Protocol
 
 import attrs
+from opentelemetry.sdk.trace import SpanProcessor
 from twisted.internet.interfaces import IReactorTime
 from twisted.web.server import Site
 
@@ -40,10 +41,12 @@ from edgegw.edge.mux import Mux
 from edgegw.edge.request import GatewayChannel, GatewayRequest
 from edgegw.edge.security import SecurityLayer, security_headers
 from edgegw.edge.site import Dispatcher, EdgeResource, MuxDispatcher
+from edgegw.edge.tracing import TracingDispatcher
 from edgegw.handlers.api import ApiHandler
 from edgegw.handlers.health import HealthHandler
 from edgegw.handlers.proxy import ProxyHandler
 from edgegw.handlers.static import StaticHandler
+from edgegw.telemetry import Telemetry
 from edgegw.upstream.pool import UpstreamClient
 
 IDLE_CONNECTION_TIMEOUT = 75.0
@@ -76,6 +79,7 @@ class Gateway:
     @ivar inflight: Requests in flight, for graceful shutdown.
     @ivar upstream_client: The connection pool shared by every proxy route.
     @ivar access_log: The access log (flushed on shutdown).
+    @ivar telemetry: Tracing, when a Telemetry resource exists (flushed on shutdown).
     """
 
     config: Config
@@ -84,16 +88,21 @@ class Gateway:
     inflight: InFlight
     upstream_client: UpstreamClient
     access_log: AccessLog
+    telemetry: Telemetry | None = None
 
 
 def build_gateway(
-    config: Config, reactor: IReactorTime, upstream_client: UpstreamClient | None = None
+    config: Config,
+    reactor: IReactorTime,
+    upstream_client: UpstreamClient | None = None,
+    span_processor: SpanProcessor | None = None,
 ) -> Gateway:
     """
     Build every handler and chain of C{config}.
 
     @param upstream_client: The connection pool for proxy routes; a new one by default
         (tests pass one that trusts their own certificate authority).
+    @param span_processor: Replaces the OTLP batch export of finished spans (tests).
     @raise ConfigError: Something in the configuration cannot run.
     """
     problems = Problems()
@@ -101,9 +110,15 @@ def build_gateway(
     inflight = InFlight()
     mux: Mux[RouteRunner] = Mux()
     compiled: list[CompiledRoute] = []
-    level = config.telemetry.access_log_level if config.telemetry is not None else "info"
+    spec = config.telemetry
     output = config.gateway.access_log.output
-    access = AccessLog(level, None if output == "log" else LineWriter(reactor, output))
+    access = AccessLog(
+        spec.access_log_level if spec is not None else "info",
+        None if output == "log" else LineWriter(reactor, output),
+        spec.access_log_headers if spec is not None else (),
+        spec.access_log_fields if spec is not None else None,
+    )
+    telemetry = Telemetry(spec, reactor, span_processor) if spec is not None else None
     groups_as = config.gateway.identity.groups.as_
     routes = effective_routes(config)
     policies = compile_policies(config.policies, problems)
@@ -125,7 +140,7 @@ def build_gateway(
         )
         compiled.append(route)
     problems.raise_if_any()
-    site = edge_site(config.gateway, MuxDispatcher(mux), reactor, access)
+    site = edge_site(config.gateway, MuxDispatcher(mux), reactor, access, telemetry)
     return Gateway(
         config=config,
         site=site,
@@ -133,6 +148,7 @@ def build_gateway(
         inflight=inflight,
         upstream_client=client,
         access_log=access,
+        telemetry=telemetry,
     )
 
 
@@ -141,12 +157,17 @@ def edge_site(
     dispatcher: Dispatcher,
     reactor: IReactorTime,
     access: AccessLog | None = None,
+    telemetry: Telemetry | None = None,
 ) -> Site:
     """
-    The Site: forwarded and security layers (per C{spec}) in front of C{dispatcher}.
+    The Site: forwarded, security and (with telemetry) tracing layers, per C{spec}, in
+    front of C{dispatcher}.
     """
+    forwarded = ForwardedFilter(spec.trusted_proxies)
+    if telemetry is not None:
+        dispatcher = TracingDispatcher(dispatcher, telemetry, forwarded)
     resource = EdgeResource(
-        ForwardedFilter(spec.trusted_proxies),
+        forwarded,
         SecurityLayer(spec.security),
         dispatcher,
         access or AccessLog(),
@@ -275,10 +296,3 @@ def _refuse_unavailable(config: Config, problems: Problems) -> None:
         )
     for plugin in (*config.request_plugins, *config.response_plugins):
         problems.add(plugin.location, "", f"{plugin.kind}: not available in this version of edgegw")
-    telemetry = config.telemetry
-    if telemetry is not None and telemetry.otlp_endpoint is not None:
-        problems.add(
-            telemetry.location,
-            "spec.otlp.endpoint",
-            "trace export: not available in this version of edgegw",
-        )

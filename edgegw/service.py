@@ -100,7 +100,12 @@ class GatewayService(MultiService):
         writer = self.gateway.access_log.writer
         if writer is not None:
             writer.close()
-        return self.gateway.upstream_client.close()
+        closed = self.gateway.upstream_client.close()
+        telemetry = self.gateway.telemetry
+        if telemetry is not None:
+            # Export what is left; the exporter's own timeout bounds this.
+            closed.addCallback(lambda _: telemetry.shutdown())
+        return closed
 
     def _gave_up(self, result: object, timeout: float) -> None:
         self._log.warn(

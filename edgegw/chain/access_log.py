@@ -9,6 +9,7 @@ same fields, so that every request leaves exactly one line.
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping, Sequence
 from time import monotonic
 from typing import Any
 
@@ -47,9 +48,38 @@ class AccessLog:
         and whose C{access} field holds the same data for structured observers.
     """
 
-    def __init__(self, level: str = "info", writer: LineWriter | None = None) -> None:
+    def __init__(
+        self,
+        level: str = "info",
+        writer: LineWriter | None = None,
+        request_headers: Sequence[str] = (),
+        fields: Mapping[str, str] | None = None,
+    ) -> None:
         self.level = LEVELS[level]
         self.writer = writer
+        self.request_headers = tuple(
+            (name.lower(), name.lower().encode("ascii")) for name in request_headers
+        )
+        self.fields = dict(fields or {})
+
+    def _extend(self, record: dict[str, Any], request: Request) -> None:
+        span = getattr(request, "span", None)
+        if span is not None:
+            context = span.get_span_context()
+            if context.is_valid:
+                record["trace_id"] = f"{context.trace_id:032x}"
+                record["span_id"] = f"{context.span_id:016x}"
+        if self.request_headers:
+            headers = request.requestHeaders
+            found = {}
+            for name, raw in self.request_headers:
+                values = headers.getRawHeaders(raw)
+                if values:
+                    found[name] = values[0].decode("latin-1")
+            if found:
+                record["request_headers"] = found
+        if self.fields:
+            record.update(self.fields)
 
     def emit(self, record: dict[str, Any]) -> None:
         """
@@ -65,7 +95,9 @@ class AccessLog:
         """
         Log a response that the edge answered without a route.
         """
-        self.emit(_record(request, request.code, started, "", None))
+        record = _record(request, request.code, started, "", None)
+        self._extend(record, request)
+        self.emit(record)
 
     async def stage(self, exchange: Exchange, next: Handler) -> None:
         """
@@ -92,6 +124,7 @@ class AccessLog:
                 record["error"] = "internal"
             if exchange.notes:
                 record.update(exchange.notes)
+            self._extend(record, request)
             self.emit(record)
 
 

@@ -28,7 +28,8 @@ class Exchange:
     @ivar started: C{time.monotonic()} when the route began handling the request.
     @ivar notes: Facts for the access log and the request span (denial reasons, upstream
         timings); never sent to the client.
-    @ivar span: The tracing layer's span for this request, when tracing is on.
+    @ivar span: The tracing layer's SERVER span for this request, when tracing is on.
+    @ivar tracer: The tracer, when tracing is on (upstream calls start CLIENT spans).
     """
 
     __slots__ = (
@@ -40,6 +41,7 @@ class Exchange:
         "route",
         "span",
         "started",
+        "tracer",
     )
 
     def __init__(
@@ -56,7 +58,9 @@ class Exchange:
         self.request_id = ""
         self.principal: Principal | None = None
         self.notes: dict[str, Any] | None = None
-        self.span: Any = None
+        # Set by the tracing layer (only when a Telemetry resource exists).
+        self.span: Any = getattr(request, "span", None)
+        self.tracer: Any = getattr(request, "tracer", None)
 
     def note(self, key: str, value: Any) -> None:
         """

@@ -195,6 +195,28 @@ class Node:
             return default
         return value
 
+    def number(self, key: str, default: float, *, minimum: float, maximum: float) -> float:
+        """
+        A number between C{minimum} and C{maximum}; text from an environment variable is
+        accepted.
+        """
+        value = self._get(key, False)
+        if value is None:
+            return default
+        if isinstance(value, Interpolated):
+            try:
+                value = float(value.strip())
+            except ValueError:
+                self.error(key, f'expected a number, got "{value}"')
+                return default
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            self.error(key, f"expected a number, got {type_name(value)}")
+            return default
+        if not minimum <= value <= maximum:
+            self.error(key, f"must be between {minimum:g} and {maximum:g}, got {value:g}")
+            return default
+        return float(value)
+
     def duration(self, key: str, default: float | None, *, positive: bool = False) -> float | None:
         """
         A Go-style duration string (C{"500ms"}, C{"1h30m"}), in seconds.

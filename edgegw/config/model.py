@@ -244,12 +244,36 @@ AccessLogLevel = Literal["debug", "info", "warn", "error"]
 
 @attrs.frozen
 class TelemetrySpec:
-    """The optional C{Telemetry} resource."""
+    """
+    The optional C{Telemetry} resource.
+
+    @ivar service_name: C{service.name} (required).
+    @ivar service_version: C{service.version}, a resource attribute.
+    @ivar resource_attributes: C{resource.attributes}: more resource attributes
+        (C{deployment.environment.name: prod}).
+    @ivar otlp_endpoint: C{otlp.endpoint}: the collector; no export without it.
+    @ivar otlp_protocol: C{otlp.protocol}: C{http/protobuf} or C{grpc}.
+    @ivar otlp_headers: C{otlp.headers}: sent with every export (an API key).
+    @ivar otlp_timeout: C{otlp.timeout}: per export.
+    @ivar sampling_ratio: C{sampling.ratio}: share of new traces recorded (0 to 1);
+        a sampled or unsampled parent from C{traceparent} is followed.
+    @ivar access_log_level: C{accessLog.level}.
+    @ivar access_log_headers: C{accessLog.requestHeaders}: request headers added to
+        each access-log line (under C{request_headers}).
+    @ivar access_log_fields: C{accessLog.fields}: constant fields added to every line.
+    """
 
     service_name: str
+    service_version: str | None = None
+    resource_attributes: Mapping[str, str] = attrs.field(factory=dict)
     otlp_endpoint: str | None = None
     otlp_protocol: Literal["http/protobuf", "grpc"] = "http/protobuf"
+    otlp_headers: Mapping[str, str] = attrs.field(factory=dict, repr=False)
+    otlp_timeout: float = 10.0
+    sampling_ratio: float = 1.0
     access_log_level: AccessLogLevel = "info"
+    access_log_headers: tuple[str, ...] = ()
+    access_log_fields: Mapping[str, str] = attrs.field(factory=dict)
     location: Location | None = attrs.field(default=None, eq=False, repr=False)
 
 

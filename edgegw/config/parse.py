@@ -597,11 +597,21 @@ class _Parser:
 
     def _telemetry(self, spec: Node) -> TelemetrySpec:
         service = spec.mapping("service", required=True)
-        service_name = service.required_string("name") if service is not None else ""
+        service_name = ""
+        service_version = None
         if service is not None:
+            service_name = service.required_string("name")
+            service_version = service.string("version", nonempty=True)
             service.finish()
+        resource_attributes: dict[str, str] = {}
+        resource = spec.mapping("resource")
+        if resource is not None:
+            resource_attributes = resource.string_map("attributes") or {}
+            resource.finish()
         endpoint = None
         protocol = "http/protobuf"
+        headers: dict[str, str] = {}
+        timeout = 10.0
         otlp = spec.mapping("otlp")
         if otlp is not None:
             endpoint = otlp.string("endpoint")
@@ -610,20 +620,44 @@ class _Parser:
                 otlp.string("protocol", "http/protobuf", choices=("http/protobuf", "grpc"))
                 or protocol
             )
+            headers = otlp.string_map("headers") or {}
+            for name, value in headers.items():
+                _check_header_name(otlp, f"headers.{name}", name)
+                if any(c in value for c in "\r\n\x00"):
+                    otlp.error(f"headers.{name}", "header values must not contain CR, LF or NUL")
+            timeout = otlp.duration("timeout", 10.0, positive=True) or 10.0
             otlp.finish()
+        ratio = 1.0
+        sampling = spec.mapping("sampling")
+        if sampling is not None:
+            ratio = sampling.number("ratio", 1.0, minimum=0.0, maximum=1.0)
+            sampling.finish()
         level = "info"
+        log_headers: tuple[str, ...] = ()
+        log_fields: dict[str, str] = {}
         access_log = spec.mapping("accessLog")
         if access_log is not None:
             level = (
                 access_log.string("level", "info", choices=("debug", "info", "warn", "error"))
                 or level
             )
+            log_headers = access_log.strings("requestHeaders")
+            for index, name in enumerate(log_headers):
+                _check_header_name(access_log, f"requestHeaders[{index}]", name)
+            log_fields = access_log.string_map("fields") or {}
             access_log.finish()
         return TelemetrySpec(
             service_name=service_name,
+            service_version=service_version,
+            resource_attributes=resource_attributes,
             otlp_endpoint=endpoint,
             otlp_protocol=cast(Any, protocol),
+            otlp_headers=headers,
+            otlp_timeout=timeout,
+            sampling_ratio=ratio,
             access_log_level=cast(Any, level),
+            access_log_headers=log_headers,
+            access_log_fields=log_fields,
         )
 
     # -- Routes and groups -----------------------------------------------------------------

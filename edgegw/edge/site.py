@@ -60,7 +60,10 @@ class MuxDispatcher:
     ) -> bytes | int:
         result = self.mux.route(method, host, path, query)
         if isinstance(result, Matched):
-            result.target.serve(request, result.params)
+            runner = result.target
+            # For the tracing layer (http.route) and anyone else asking later.
+            request.route_pattern = runner.route.pattern  # type: ignore[attr-defined]
+            runner.serve(request, result.params)
             return NOT_DONE_YET
         if isinstance(result, Redirect):
             request.responseHeaders.setRawHeaders(b"location", [result.location.encode("latin-1")])

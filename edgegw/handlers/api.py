@@ -219,13 +219,14 @@ class ApiHandler:
     async def _call(
         self, backend: _Backend, exchange: Exchange, target: bytes, fan_out: _FanOut
     ) -> _Outcome:
-        call = start_call(exchange, backend.spec.group, backend.upstream.authority)
+        headers = self._headers(backend, exchange)
+        call = start_call(
+            exchange, backend.spec.group, backend.upstream, backend.method, target, headers
+        )
         outcome = _Outcome()
         response: UpstreamResponse | None = None
         try:
-            response = await self.client.request(
-                backend.upstream, backend.method, target, self._headers(backend, exchange)
-            )
+            response = await self.client.request(backend.upstream, backend.method, target, headers)
             outcome.status = response.code
             if not 200 <= response.code < 300:
                 response.abort()

@@ -258,9 +258,10 @@ class ProxyHandler:
             body = None
         if body is None and method not in BODYLESS_METHODS:
             outgoing.append((b"Content-Length", b"0"))
-        call = start_call(exchange, "upstream", self.upstream.authority)
+        target = self.target(request)
+        call = start_call(exchange, "upstream", self.upstream, method, target, outgoing)
         pending = self.client.request(
-            self.upstream, method, self.target(request), outgoing, body, upgrade=upgrade
+            self.upstream, method, target, outgoing, body, upgrade=upgrade
         )
         if self.timeout is not None:
             pending.addTimeout(self.timeout, self.reactor)

@@ -1,9 +1,10 @@
 """
-One record per upstream call, for the access log (and, with telemetry, a client span).
+One record per upstream call: an entry in the access-log line and, when tracing is on, a
+CLIENT span whose context goes to the upstream in C{traceparent}.
 
 Every handler that calls an upstream (the reverse proxy, each api backend) goes through
 L{start_call} and L{UpstreamCall.end}, so that what is recorded about upstream calls is
-the same everywhere and there is one place to hook tracing into.
+the same everywhere; the IdP and Redis clients will use the same two calls.
 """
 
 from __future__ import annotations
@@ -12,8 +13,11 @@ from time import monotonic
 from typing import Any
 
 import attrs
+from opentelemetry.trace import SpanKind, Status, StatusCode, set_span_in_context
 
 from edgegw.chain.exchange import Exchange
+from edgegw.telemetry import inject_context
+from edgegw.upstream.pool import Upstream
 
 
 @attrs.define
@@ -29,6 +33,7 @@ class UpstreamCall:
     name: str
     upstream: str
     started: float
+    span: Any = None
     ended: bool = False
 
     def end(self, status: int | None = None, error: str | None = None) -> None:
@@ -47,6 +52,14 @@ class UpstreamCall:
         }
         if error is not None:
             record["error"] = error
+        span = self.span
+        if span is not None:
+            if status is not None:
+                span.set_attribute("http.response.status_code", status)
+            if error is not None or (status is not None and status >= 500):
+                span.set_attribute("error.type", error or str(status))
+                span.set_status(Status(StatusCode.ERROR, error))
+            span.end()
         exchange = self.exchange
         notes = exchange.notes
         calls = notes.get("upstream_calls") if notes is not None else None
@@ -56,11 +69,39 @@ class UpstreamCall:
             calls.append(record)
 
 
-def start_call(exchange: Exchange, name: str, upstream: bytes) -> UpstreamCall:
+def start_call(
+    exchange: Exchange,
+    name: str,
+    upstream: Upstream,
+    method: bytes,
+    target: bytes,
+    headers: list[tuple[bytes, bytes]],
+) -> UpstreamCall:
     """
-    Begin recording an upstream call.
+    Begin recording an upstream call; with tracing on, start its CLIENT span and put its
+    context in C{headers} (replacing any the client sent).
     """
-    return UpstreamCall(exchange, name, upstream.decode("ascii", "replace"), monotonic())
+    authority = upstream.authority.decode("ascii", "replace")
+    span = None
+    tracer = exchange.tracer
+    if tracer is not None:
+        parent = set_span_in_context(exchange.span) if exchange.span is not None else None
+        verb = method.decode("ascii", "replace")
+        span = tracer.start_span(
+            verb,
+            context=parent,
+            kind=SpanKind.CLIENT,
+            attributes={
+                "http.request.method": verb,
+                "server.address": upstream.host,
+                "server.port": upstream.port,
+                "url.full": f"{upstream.scheme}://{authority}"
+                + target.split(b"?", 1)[0].decode("ascii", "replace"),
+                "edgegw.upstream.name": name,
+            },
+        )
+        inject_context(headers, set_span_in_context(span))
+    return UpstreamCall(exchange, name, authority, monotonic(), span)
 
 
 def describe_error(error: BaseException) -> str:

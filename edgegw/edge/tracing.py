@@ -1,0 +1,89 @@
+"""
+The tracing layer: one SERVER span per request, around the mux.
+
+It runs after the forwarded layer, so the client address it records comes from a
+forwarding chain only when the peer is a trusted proxy. The inbound W3C trace context
+(C{traceparent}, C{tracestate}) is continued. The span is current while the route's
+chain starts, so the chain (a coroutine: context variables follow its awaits) and every
+upstream call it makes see it as their parent.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from opentelemetry.context import attach, detach
+from opentelemetry.trace import SpanKind, Status, StatusCode, set_span_in_context
+from twisted.internet.address import IPv4Address, IPv6Address
+from twisted.web.server import Request
+
+from edgegw.edge.forwarded import ForwardedFilter
+from edgegw.edge.site import Dispatcher
+from edgegw.telemetry import Telemetry, attributes_of, extract_context, first_forwarded_for
+
+
+class TracingDispatcher:
+    """
+    Starts and ends the SERVER span of each request around another dispatcher.
+    """
+
+    def __init__(self, inner: Dispatcher, telemetry: Telemetry, forwarded: ForwardedFilter) -> None:
+        self.inner = inner
+        self.tracer = telemetry.tracer
+        self.forwarded = forwarded
+
+    def dispatch(
+        self, request: Request, method: str, host: str, path: str, query: str
+    ) -> bytes | int:
+        headers = request.requestHeaders
+        peer = request.getClientAddress()
+        peer_host = peer.host if isinstance(peer, IPv4Address | IPv6Address) else None
+        client = peer_host
+        if peer_host is not None and self.forwarded.is_trusted(peer_host):
+            chain = headers.getRawHeaders(b"x-forwarded-for")
+            client = (first_forwarded_for(chain) if chain else None) or client
+        agent = headers.getRawHeaders(b"user-agent")
+        server_name, _, _ = host.rpartition(":") if host.count(":") == 1 else (host, "", "")
+        parent = extract_context(headers)
+        span = self.tracer.start_span(
+            method,
+            context=parent,
+            kind=SpanKind.SERVER,
+            attributes=attributes_of(
+                {
+                    "http.request.method": method,
+                    "url.path": path,
+                    "url.scheme": "https" if request.isSecure() else "http",
+                    "server.address": server_name or None,
+                    "client.address": client,
+                    "network.peer.address": peer_host,
+                    "user_agent.original": agent[0].decode("latin-1") if agent else None,
+                    "network.protocol.version": request.clientproto.decode("ascii")[5:] or None,
+                }
+            ),
+        )
+        request.span = span  # type: ignore[attr-defined]
+        request.tracer = self.tracer  # type: ignore[attr-defined]
+        # Registered first: a chain that completes synchronously finishes the request
+        # before dispatch returns.
+        request.notifyFinish().addBoth(_end_span, request, span, method)
+        token = attach(set_span_in_context(span, parent))
+        try:
+            return self.inner.dispatch(request, method, host, path, query)
+        finally:
+            detach(token)
+
+
+def _end_span(result: object, request: Request, span: Any, method: str) -> None:
+    route = getattr(request, "route_pattern", None)
+    if route:
+        span.update_name(f"{method} {route}")
+        span.set_attribute("http.route", route)
+    status = request.code
+    span.set_attribute("http.response.status_code", status)
+    if status >= 500:
+        span.set_attribute("error.type", str(status))
+        span.set_status(Status(StatusCode.ERROR))
+    elif request._disconnected and not request.finished:
+        span.set_attribute("error.type", "client_disconnected")
+    span.end()

@@ -1,0 +1,180 @@
+"""
+OpenTelemetry for the gateway: the tracer, W3C propagation over Twisted headers, export.
+
+Built only when a C{Telemetry} resource exists; without one no tracing layer is put in
+front of the mux and upstream calls start no span, so tracing costs nothing. With one,
+spans are recorded (for log correlation) even without an C{otlp.endpoint}; with an
+endpoint they are exported by the SDK's batch processor, on its own thread, so that a
+slow or unreachable collector never holds up a request (when its queue is full, spans are
+dropped).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any
+from urllib.parse import urlsplit
+
+from opentelemetry.context import Context
+from opentelemetry.propagators.textmap import Getter, Setter
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import SpanProcessor, TracerProvider
+from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter
+from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
+from opentelemetry.trace import Tracer
+from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+from twisted.internet.defer import Deferred
+from twisted.internet.threads import deferToThreadPool
+from twisted.web.http_headers import Headers
+
+from edgegw import __version__
+from edgegw.config.model import TelemetrySpec
+
+_PROPAGATOR = TraceContextTextMapPropagator()
+
+
+class _HeadersGetter(Getter[Headers]):
+    """
+    Reads W3C trace context from Twisted request headers.
+    """
+
+    def get(self, carrier: Headers, key: str) -> list[str] | None:
+        values = carrier.getRawHeaders(key.encode("ascii"))
+        if not values:
+            return None
+        return [value.decode("latin-1") for value in values]
+
+    def keys(self, carrier: Headers) -> list[str]:
+        return [name.decode("latin-1").lower() for name, _ in carrier.getAllRawHeaders()]
+
+
+class _ListSetter(Setter[list[tuple[bytes, bytes]]]):
+    """
+    Writes W3C trace context into an outgoing header list, replacing what was there.
+    """
+
+    def set(self, carrier: list[tuple[bytes, bytes]], key: str, value: str) -> None:
+        name = key.encode("ascii")
+        carrier[:] = [(n, v) for n, v in carrier if n.lower() != name]
+        carrier.append((name, value.encode("latin-1")))
+
+
+HEADERS_GETTER = _HeadersGetter()
+LIST_SETTER = _ListSetter()
+
+
+def extract_context(headers: Headers) -> Context:
+    """
+    The trace context a request carries (C{traceparent}, C{tracestate}).
+    """
+    return _PROPAGATOR.extract(headers, getter=HEADERS_GETTER)
+
+
+def inject_context(headers: list[tuple[bytes, bytes]], context: Context | None = None) -> None:
+    """
+    Add C{traceparent} (and C{tracestate}) for the current span to outgoing headers.
+    """
+    _PROPAGATOR.inject(headers, context=context, setter=LIST_SETTER)
+
+
+def traces_url(endpoint: str) -> str:
+    """
+    The OTLP/HTTP traces URL for a collector endpoint: C{/v1/traces} is appended to a
+    bare base URL, a URL with a path is used as it is.
+    """
+    path = urlsplit(endpoint).path
+    if path in ("", "/"):
+        return endpoint.rstrip("/") + "/v1/traces"
+    return endpoint
+
+
+def make_exporter(spec: TelemetrySpec) -> SpanExporter | None:
+    """
+    The OTLP exporter for C{spec}, or L{None} without an endpoint.
+    """
+    endpoint = spec.otlp_endpoint
+    if endpoint is None:
+        return None
+    headers = dict(spec.otlp_headers)
+    if spec.otlp_protocol == "grpc":
+        from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import (
+            OTLPSpanExporter as GrpcExporter,
+        )
+
+        parts = urlsplit(endpoint)
+        return GrpcExporter(
+            endpoint=parts.netloc,
+            insecure=parts.scheme == "http",
+            headers=headers,
+            timeout=spec.otlp_timeout,
+        )
+    from opentelemetry.exporter.otlp.proto.http.trace_exporter import (
+        OTLPSpanExporter as HttpExporter,
+    )
+
+    return HttpExporter(endpoint=traces_url(endpoint), headers=headers, timeout=spec.otlp_timeout)
+
+
+class Telemetry:
+    """
+    The gateway's tracer provider, built from the C{Telemetry} resource.
+
+    @param processor: Overrides the batch processor (tests use a synchronous one).
+    """
+
+    def __init__(
+        self, spec: TelemetrySpec, reactor: Any, processor: SpanProcessor | None = None
+    ) -> None:
+        self.spec = spec
+        self.reactor = reactor
+        attributes: dict[str, Any] = {
+            "service.name": spec.service_name,
+            "telemetry.sdk.name": "opentelemetry",
+            **spec.resource_attributes,
+        }
+        if spec.service_version:
+            attributes["service.version"] = spec.service_version
+        self.provider = TracerProvider(
+            resource=Resource.create(attributes),
+            sampler=ParentBased(TraceIdRatioBased(spec.sampling_ratio)),
+        )
+        if processor is None:
+            exporter = make_exporter(spec)
+            if exporter is not None:
+                processor = BatchSpanProcessor(exporter)
+        if processor is not None:
+            self.provider.add_span_processor(processor)
+        self.tracer: Tracer = self.provider.get_tracer("edgegw", __version__)
+
+    def force_flush(self) -> Deferred[bool]:
+        """
+        Export every finished span now (in a thread: exporting blocks).
+        """
+        return self._in_thread(self.provider.force_flush)
+
+    def shutdown(self) -> Deferred[None]:
+        """
+        Flush and stop exporting (in a thread: exporting blocks).
+        """
+        return self._in_thread(self.provider.shutdown)
+
+    def _in_thread(self, function: Any) -> Deferred[Any]:
+        return deferToThreadPool(self.reactor, self.reactor.getThreadPool(), function)
+
+
+def attributes_of(values: Mapping[str, Any]) -> dict[str, Any]:
+    """
+    Span attributes without the L{None} values.
+    """
+    return {key: value for key, value in values.items() if value is not None}
+
+
+def first_forwarded_for(values: Iterable[bytes]) -> str | None:
+    """
+    The original client in an C{X-Forwarded-For} chain (its leftmost address).
+    """
+    for value in values:
+        first = value.split(b",", 1)[0].strip()
+        if first:
+            return first.decode("latin-1")
+    return None
