@@ -105,7 +105,8 @@ def make_exporter(spec: TelemetrySpec) -> SpanExporter | None:
         return GrpcExporter(
             endpoint=parts.netloc,
             insecure=parts.scheme == "http",
-            headers=headers,
+            # gRPC metadata keys must be lowercase (grpcio refuses the call otherwise).
+            headers={name.lower(): value for name, value in headers.items()},
             timeout=spec.otlp_timeout,
         )
     from opentelemetry.exporter.otlp.proto.http.trace_exporter import (

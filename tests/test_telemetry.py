@@ -318,3 +318,105 @@ class WithoutTelemetryTests(SynchronousTestCase):
         MemoryClient(gateway.site).request("GET", "/h", {"traceparent": PARENT})
         record = next(e["access"] for e in events if e.get("log_namespace") == "edgegw.access")
         self.assertNotIn("trace_id", record)
+
+
+class ExportTests(TestCase):
+    """
+    Spans exported over OTLP to real receivers, through the batch processor.
+    """
+
+    async def export_roundtrip(self, protocol: str, endpoint: str, collector: Any) -> None:
+        backend = Recorder()
+        port = listen_local(Site(backend))
+        self.addCleanup(port.stopListening)
+        root = write_tree(
+            self.mktemp(),
+            {
+                "a.yaml": GATEWAY
+                + f"""---
+kind: Telemetry
+metadata: {{name: t}}
+spec:
+  service: {{name: edge-export}}
+  otlp: {{endpoint: "{endpoint}", protocol: {protocol}, headers: {{X-Api-Key: k1}}, timeout: 5s}}
+---
+kind: Route
+metadata: {{name: p}}
+spec: {{match: /, access: {{auth: public}},
+       handler: {{type: reverse-proxy, upstream: "http://127.0.0.1:{port_of(port)}"}}}}
+"""
+            },
+        )
+        client = UpstreamClient(reactor)
+        gateway = build_gateway(load_config(root, {}), reactor, client)  # type: ignore[arg-type]
+        assert gateway.telemetry is not None
+        self.addCleanup(gateway.telemetry.shutdown)
+        listening = listen_local(gateway.site)
+        self.addCleanup(listening.stopListening)
+        self.addCleanup(client.close)
+        raw = await connect(port_of(listening))
+        raw.send(b"GET /x HTTP/1.1\r\nHost: gw\r\nConnection: close\r\n\r\n")
+        await raw.until(response_complete)
+        await raw.close()
+        await gateway.telemetry.force_flush()
+        spans = await collector.wait_for(2)
+        by_kind = {span.kind: span for span in spans}
+        server, client_span = by_kind["SERVER"], by_kind["CLIENT"]
+        self.assertEqual(server.name, "GET /")
+        self.assertEqual(client_span.trace_id, server.trace_id)
+        self.assertEqual(client_span.parent_span_id, server.span_id)
+        self.assertEqual(server.resource["service.name"], "edge-export")
+        self.assertEqual(server.attributes["http.response.status_code"], 200)
+        self.assertEqual(collector.requests[0]["x-api-key"], "k1")
+        received = backend.traceparents[0]
+        assert received is not None
+        self.assertEqual(received.split("-")[1:3], [client_span.trace_id, client_span.span_id])
+
+    async def test_http_protobuf(self) -> None:
+        from tests.support.otlp import start_http_receiver
+
+        endpoint, collector = await start_http_receiver(self)
+        # The collector's base URL: the gateway adds /v1/traces.
+        await self.export_roundtrip("http/protobuf", endpoint.removesuffix("/v1/traces"), collector)
+
+    async def test_grpc(self) -> None:
+        from tests.support.otlp import start_grpc_receiver
+
+        endpoint, collector = await start_grpc_receiver(self)
+        await self.export_roundtrip("grpc", endpoint, collector)
+
+    async def test_unreachable_collector_never_fails_requests(self) -> None:
+        dead = listen_local(Site(Resource()))
+        dead_port = port_of(dead)
+        await dead.stopListening()
+        root = write_tree(
+            self.mktemp(),
+            {
+                "a.yaml": GATEWAY
+                + f"""---
+kind: Telemetry
+metadata: {{name: t}}
+spec:
+  service: {{name: edge}}
+  otlp: {{endpoint: "http://127.0.0.1:{dead_port}", timeout: 1s}}
+---
+kind: Route
+metadata: {{name: h}}
+spec: {{match: /h, handler: {{type: health}}}}
+"""
+            },
+        )
+        gateway = build_gateway(load_config(root, {}), reactor)  # type: ignore[arg-type]
+        assert gateway.telemetry is not None
+        self.addCleanup(gateway.telemetry.shutdown)
+        listening = listen_local(gateway.site)
+        self.addCleanup(listening.stopListening)
+        self.addCleanup(gateway.upstream_client.close)
+        for _ in range(20):
+            raw = await connect(port_of(listening))
+            raw.send(b"GET /h HTTP/1.1\r\nHost: gw\r\nConnection: close\r\n\r\n")
+            data = await raw.until(response_complete)
+            await raw.close()
+            self.assertTrue(data.startswith(b"HTTP/1.1 200 OK"), data)
+        # Exporting fails in the processor's thread; requests were never held up by it.
+        await gateway.telemetry.force_flush()
