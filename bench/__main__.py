@@ -1,5 +1,5 @@
 """
-C{python -m bench proxy|memory}: the benchmark harness's command line.
+C{python -m bench proxy|memory|api}: the benchmark harness's command line.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import sys
 from collections.abc import Sequence
 from types import FrameType
 
-from bench import memory, proxy
+from bench import api, memory, proxy
 from bench.tools import MissingToolsError
 
 MEMORY_DESCRIPTION = """\
@@ -39,6 +39,19 @@ def _non_negative(text: str) -> int:
     return value
 
 
+def _delays(text: str) -> tuple[float, float, float]:
+    parts = text.split(",")
+    try:
+        values = [float(part) for part in parts]
+    except ValueError:
+        values = []
+    if len(values) != 3 or any(not 0 <= value < 10_000 for value in values):
+        raise argparse.ArgumentTypeError(
+            f"three delays in milliseconds (groups a, b, c) such as 0,2,5, got {text!r}"
+        )
+    return values[0], values[1], values[2]
+
+
 def _targets(text: str) -> str:
     try:
         return proxy.target_letters(text)
@@ -46,8 +59,28 @@ def _targets(text: str) -> str:
         raise argparse.ArgumentTypeError(str(e)) from None
 
 
+def _wrk_options(
+    p: argparse.ArgumentParser,
+    duration: int,
+    connections: int,
+    rounds: int,
+    warmup: int,
+    connections_help: str,
+) -> None:
+    """Add the options of an interleaved wrk benchmark, with their defaults."""
+    p.add_argument("--duration", type=_positive, default=duration, help="seconds per wrk run")
+    p.add_argument("--connections", type=_positive, default=connections, help=connections_help)
+    p.add_argument("--rounds", type=_positive, default=rounds, help="interleaved rounds")
+    p.add_argument(
+        "--warmup",
+        type=_non_negative,
+        default=warmup,
+        help="unrecorded seconds per target, for each payload or load, before round 1 (0: none)",
+    )
+
+
 def parser() -> argparse.ArgumentParser:
-    """The argument parser with its two subcommands."""
+    """The argument parser with its three subcommands."""
     top = argparse.ArgumentParser(
         prog="python -m bench",
         description="edgegw benchmarks on loopback (never part of the test suite).",
@@ -63,21 +96,13 @@ def parser() -> argparse.ArgumentParser:
             "route, (e) edgegw's static route; for a ~100-byte JSON and a 64 KiB file."
         ),
     )
-    p.add_argument(
-        "--duration", type=_positive, default=defaults.duration, help="seconds per wrk run"
-    )
-    p.add_argument(
-        "--connections",
-        type=_positive,
-        default=defaults.connections,
-        help="wrk connections (also the proxies' upstream pool size)",
-    )
-    p.add_argument("--rounds", type=_positive, default=defaults.rounds, help="interleaved rounds")
-    p.add_argument(
-        "--warmup",
-        type=_non_negative,
-        default=defaults.warmup,
-        help="unrecorded seconds per target and payload before round 1 (0: none)",
+    _wrk_options(
+        p,
+        defaults.duration,
+        defaults.connections,
+        defaults.rounds,
+        defaults.warmup,
+        "wrk connections (also the proxies' upstream pool size)",
     )
     p.add_argument(
         "--targets",
@@ -106,6 +131,41 @@ def parser() -> argparse.ArgumentParser:
         help="concurrent idle event streams (default 5000)",
     )
     m.add_argument("--keep-tmp", action="store_true", help="keep configuration and logs")
+    api_defaults = api.Settings()
+    a = commands.add_parser(
+        "api",
+        help="api fan-out to 3 delayed backends: latency added over the slowest, CPU/request",
+        description=(
+            "Measure, interleaved over rounds and at a low and the default concurrency: "
+            "(1) the slowest of three delayed JSON backends directly, (2) edgegw's api "
+            "route fanning out to all three, (3) the backend's capacity; report the p50/p99 "
+            "latency edgegw adds over (1) and its CPU per request."
+        ),
+    )
+    _wrk_options(
+        a,
+        api_defaults.duration,
+        api_defaults.connections,
+        api_defaults.rounds,
+        api_defaults.warmup,
+        "wrk connections at the default load",
+    )
+    a.add_argument(
+        "--low-connections",
+        type=_positive,
+        default=api_defaults.low_connections,
+        help="wrk connections at the low load, where the added latency is edgegw's own",
+    )
+    a.add_argument(
+        "--delays",
+        type=_delays,
+        default=api_defaults.delays,
+        metavar="A,B,C",
+        help="the backend's delays in ms for groups a (/a/{id}), b (/b), c (/c) (default "
+        + ",".join(f"{delay:g}" for delay in api_defaults.delays)
+        + ")",
+    )
+    a.add_argument("--keep-tmp", action="store_true", help="keep configuration and logs")
     return top
 
 
@@ -127,6 +187,18 @@ def main(argv: Sequence[str] | None = None) -> int:
                     rounds=args.rounds,
                     warmup=args.warmup,
                     targets=args.targets,
+                    keep_tmp=args.keep_tmp,
+                )
+            )
+        if args.command == "api":
+            return api.run(
+                api.Settings(
+                    duration=args.duration,
+                    connections=args.connections,
+                    low_connections=args.low_connections,
+                    rounds=args.rounds,
+                    warmup=args.warmup,
+                    delays=args.delays,
                     keep_tmp=args.keep_tmp,
                 )
             )

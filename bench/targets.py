@@ -99,10 +99,11 @@ def announce(targets: Sequence[Target]) -> None:
     Print each target's letter, name and description, and whether it is ready or why
     not, on stderr.
     """
+    width = max([14, *(len(target.name) for target in targets)])
     for target in targets:
         state = "ready" if target.unavailable is None else target.unavailable
         print(
-            f"  {target.key} {target.name:<14} {target.description}: {state}",
+            f"  {target.key} {target.name:<{width}} {target.description}: {state}",
             file=sys.stderr,
             flush=True,
         )

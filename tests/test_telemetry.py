@@ -348,7 +348,7 @@ spec: {{match: /, access: {{auth: public}},
             },
         )
         client = UpstreamClient(reactor)
-        gateway = build_gateway(load_config(root, {}), reactor, client)  # type: ignore[arg-type]
+        gateway = build_gateway(load_config(root, {}), reactor, client)
         assert gateway.telemetry is not None
         self.addCleanup(gateway.telemetry.shutdown)
         listening = listen_local(gateway.site)
@@ -406,7 +406,7 @@ spec: {{match: /h, handler: {{type: health}}}}
 """
             },
         )
-        gateway = build_gateway(load_config(root, {}), reactor)  # type: ignore[arg-type]
+        gateway = build_gateway(load_config(root, {}), reactor)
         assert gateway.telemetry is not None
         self.addCleanup(gateway.telemetry.shutdown)
         listening = listen_local(gateway.site)
