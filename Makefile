@@ -43,6 +43,7 @@ test: lint typecheck unit
 bench: $(STAMP)
 	$(BIN)/python -m bench proxy
 	$(BIN)/python -m bench memory
+	$(BIN)/python -m bench api
 
 clean:
 	rm -rf $(VENV) _trial_temp* build *.egg-info .mypy_cache .ruff_cache
