@@ -44,6 +44,8 @@ bench: $(STAMP)
 	$(BIN)/python -m bench proxy
 	$(BIN)/python -m bench memory
 	$(BIN)/python -m bench api
+	$(BIN)/python -m bench authz
+	$(BIN)/python -m bench telemetry
 
 clean:
 	rm -rf $(VENV) _trial_temp* build *.egg-info .mypy_cache .ruff_cache

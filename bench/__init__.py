@@ -1,5 +1,5 @@
 """
-edgegw's benchmark harness: C{python -m bench proxy} and C{python -m bench memory}.
+edgegw's benchmark harness: C{python -m bench proxy|memory|api|authz|telemetry}.
 
 Benchmarks run real processes on loopback and are never part of the test suite; see
 C{bench/README.md} for what each command measures and how to read its numbers.

@@ -1,5 +1,5 @@
 """
-C{python -m bench proxy|memory|api}: the benchmark harness's command line.
+C{python -m bench proxy|memory|api|authz|telemetry}: the benchmark harness's command line.
 """
 
 from __future__ import annotations
@@ -9,8 +9,9 @@ import signal
 import sys
 from collections.abc import Sequence
 from types import FrameType
+from typing import Any, Protocol
 
-from bench import api, memory, proxy
+from bench import api, authz, memory, proxy, telemetry, variants
 from bench.tools import MissingToolsError
 
 MEMORY_DESCRIPTION = """\
@@ -59,28 +60,51 @@ def _targets(text: str) -> str:
         raise argparse.ArgumentTypeError(str(e)) from None
 
 
+class _WrkDefaults(Protocol):
+    """The defaults of an interleaved wrk benchmark's settings."""
+
+    @property
+    def duration(self) -> int: ...
+    @property
+    def connections(self) -> int: ...
+    @property
+    def rounds(self) -> int: ...
+    @property
+    def warmup(self) -> int: ...
+
+
 def _wrk_options(
-    p: argparse.ArgumentParser,
-    duration: int,
-    connections: int,
-    rounds: int,
-    warmup: int,
-    connections_help: str,
-) -> None:
-    """Add the options of an interleaved wrk benchmark, with their defaults."""
-    p.add_argument("--duration", type=_positive, default=duration, help="seconds per wrk run")
-    p.add_argument("--connections", type=_positive, default=connections, help=connections_help)
-    p.add_argument("--rounds", type=_positive, default=rounds, help="interleaved rounds")
+    p: argparse.ArgumentParser, defaults: _WrkDefaults, connections_help: str
+) -> argparse.ArgumentParser:
+    """
+    Add the options of an interleaved wrk benchmark, with their C{defaults}, and
+    C{--keep-tmp}; return C{p}.
+    """
+    p.add_argument(
+        "--duration", type=_positive, default=defaults.duration, help="seconds per wrk run"
+    )
+    p.add_argument(
+        "--connections", type=_positive, default=defaults.connections, help=connections_help
+    )
+    p.add_argument("--rounds", type=_positive, default=defaults.rounds, help="interleaved rounds")
     p.add_argument(
         "--warmup",
         type=_non_negative,
-        default=warmup,
+        default=defaults.warmup,
         help="unrecorded seconds per target, for each payload or load, before round 1 (0: none)",
     )
+    p.add_argument("--keep-tmp", action="store_true", help="keep configurations and logs")
+    return p
+
+
+def _wrk_settings(args: argparse.Namespace) -> dict[str, Any]:
+    """The values of the options L{_wrk_options} adds, as settings' keyword arguments."""
+    names = ("duration", "connections", "rounds", "warmup", "keep_tmp")
+    return {name: getattr(args, name) for name in names}
 
 
 def parser() -> argparse.ArgumentParser:
-    """The argument parser with its three subcommands."""
+    """The argument parser with its subcommands."""
     top = argparse.ArgumentParser(
         prog="python -m bench",
         description="edgegw benchmarks on loopback (never part of the test suite).",
@@ -96,21 +120,13 @@ def parser() -> argparse.ArgumentParser:
             "route, (e) edgegw's static route; for a ~100-byte JSON and a 64 KiB file."
         ),
     )
-    _wrk_options(
-        p,
-        defaults.duration,
-        defaults.connections,
-        defaults.rounds,
-        defaults.warmup,
-        "wrk connections (also the proxies' upstream pool size)",
-    )
+    _wrk_options(p, defaults, "wrk connections (also the proxies' upstream pool size)")
     p.add_argument(
         "--targets",
         type=_targets,
         default=defaults.targets,
         help="which targets to run, as letters (default abcde)",
     )
-    p.add_argument("--keep-tmp", action="store_true", help="keep configurations and logs")
     m = commands.add_parser(
         "memory",
         help="edgegw RSS: streaming 1 GiB, and holding 5,000 idle SSE streams",
@@ -142,14 +158,7 @@ def parser() -> argparse.ArgumentParser:
             "latency edgegw adds over (1) and its CPU per request."
         ),
     )
-    _wrk_options(
-        a,
-        api_defaults.duration,
-        api_defaults.connections,
-        api_defaults.rounds,
-        api_defaults.warmup,
-        "wrk connections at the default load",
-    )
+    _wrk_options(a, api_defaults, "wrk connections at the default load")
     a.add_argument(
         "--low-connections",
         type=_positive,
@@ -165,7 +174,40 @@ def parser() -> argparse.ArgumentParser:
         + ",".join(f"{delay:g}" for delay in api_defaults.delays)
         + ")",
     )
-    a.add_argument("--keep-tmp", action="store_true", help="keep configuration and logs")
+    authz_defaults = authz.Settings()
+    z = _wrk_options(
+        commands.add_parser(
+            "authz",
+            help="authorization policies (none, Rego, require, a 20-rule Rego): CPU/request",
+            description=(
+                "Measure, interleaved over rounds, one edgegw per variant serving the same "
+                "health route: (a) no policies, (b) a Rego policy that allows, (c) a "
+                "require policy that denies (no IdP: 403), (d) a ~20-rule Rego policy that "
+                "allows; and the time per Rego evaluation, in-process."
+            ),
+        ),
+        authz_defaults,
+        "wrk connections",
+    )
+    z.add_argument(
+        "--evaluations",
+        type=_positive,
+        default=authz_defaults.evaluations,
+        help="in-process Rego evaluations timed per policy (default %(default)s)",
+    )
+    _wrk_options(
+        commands.add_parser(
+            "telemetry",
+            help="tracing with OTLP export (none, http/protobuf, grpc): CPU/request, spans",
+            description=(
+                "Measure, interleaved over rounds, one edgegw per variant proxying to an "
+                "nginx backend: (a) no Telemetry, (b) OTLP/HTTP export to a local receiver, "
+                "(c) OTLP/gRPC export to a local receiver; and the spans each receiver got."
+            ),
+        ),
+        variants.Settings(),
+        "wrk connections",
+    )
     return top
 
 
@@ -180,28 +222,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, _terminate)
     try:
         if args.command == "proxy":
-            return proxy.run(
-                proxy.Settings(
-                    duration=args.duration,
-                    connections=args.connections,
-                    rounds=args.rounds,
-                    warmup=args.warmup,
-                    targets=args.targets,
-                    keep_tmp=args.keep_tmp,
-                )
-            )
+            return proxy.run(proxy.Settings(**_wrk_settings(args), targets=args.targets))
         if args.command == "api":
             return api.run(
                 api.Settings(
-                    duration=args.duration,
-                    connections=args.connections,
+                    **_wrk_settings(args),
                     low_connections=args.low_connections,
-                    rounds=args.rounds,
-                    warmup=args.warmup,
                     delays=args.delays,
-                    keep_tmp=args.keep_tmp,
                 )
             )
+        if args.command == "authz":
+            return authz.run(authz.Settings(**_wrk_settings(args), evaluations=args.evaluations))
+        if args.command == "telemetry":
+            return telemetry.run(variants.Settings(**_wrk_settings(args)))
         return memory.run(
             memory.Settings(
                 download_size=args.download_size,

@@ -24,7 +24,6 @@ import json
 import math
 import os
 import statistics
-import sys
 import time
 from collections.abc import Callable, Sequence
 from contextlib import ExitStack
@@ -33,7 +32,7 @@ from typing import Any
 
 import attrs
 
-from bench import backends, gateway, report, wrk
+from bench import backends, gateway, report
 from bench.processes import (
     StartupError,
     cpu_seconds,
@@ -43,7 +42,8 @@ from bench.processes import (
     warn_if_busy,
 )
 from bench.report import Sample
-from bench.targets import Target, announce, fetch
+from bench.rounds import InterleavedRunner, say
+from bench.targets import Target, announce, fetch, start_edgegw
 from bench.tools import ensure_wrk, version
 
 ROUTE_MATCH = "GET /dash/{id}"
@@ -232,19 +232,10 @@ def start(stack: ExitStack, tmp: Path, fan: Sequence[Backend]) -> list[Target]:
         ROUTE_MATCH,
         [{"group": b.group, "upstream": upstream, "path": b.template} for b in fan],
     )
-    directory = gateway.write_config(tmp / "edgegw", edgegw.port, [route])
-    edgegw.unavailable = gateway.check(directory)
+    start_edgegw(stack, tmp, "edgegw", edgegw, [route])
     if edgegw.unavailable is None:
-        try:
-            edgegw.process = stack.enter_context(
-                started(gateway.start(directory, tmp / "edgegw.log", "edgegw"))
-            )
-            edgegw.process.wait_for_port(edgegw.port)
-            edgegw.pids = [edgegw.process.pid]
-            merged = {b.group: b.document() for b in fan}
-            edgegw.unavailable = _json_status(edgegw.port, ROUTE_PATH, merged)
-        except StartupError as e:
-            edgegw.unavailable = f"did not start: {e}"
+        merged = {b.group: b.document() for b in fan}
+        edgegw.unavailable = _json_status(edgegw.port, ROUTE_PATH, merged)
     return [targets[DIRECT], edgegw, targets[CAPACITY]]
 
 
@@ -272,7 +263,7 @@ class BackendLoad:
         return round(self.cpu_seconds / self.seconds, 4) if self.seconds > 0 else 0.0
 
 
-class Runner:
+class Runner(InterleavedRunner):
     """
     Runs every (round, load, target) with wrk in interleaved order; a target that fails
     is marked unavailable and skipped from then on.
@@ -288,8 +279,7 @@ class Runner:
         fan: Sequence[Backend],
         settings: Settings,
     ) -> None:
-        self.wrk = wrk_path
-        self.targets = targets
+        super().__init__(wrk_path, targets, settings.rounds, settings.warmup, settings.loads)
         self.settings = settings
         self.paths = {
             DIRECT: slowest(fan).path,
@@ -308,59 +298,23 @@ class Runner:
         """The URL wrk loads on C{target}."""
         return f"http://127.0.0.1:{target.port}{self.paths[target.key]}"
 
-    def _ready(self) -> list[Target]:
-        return [target for target in self.targets if target.unavailable is None]
-
-    def warm_up(self) -> None:
-        """Load every target at every load for the unrecorded warm-up seconds."""
-        seconds = self.settings.warmup
-        _say(f"warm-up: {seconds}s per target and load")
-        for load in self.settings.loads:
-            for target in self._ready():
-                try:
-                    wrk.run(self.wrk, self.url(target), self.connections(target, load), seconds)
-                except wrk.WrkError as e:
-                    target.unavailable = f"wrk failed during warm-up: {e}"
-                target.check_alive()
-
     def measure(self, round_: int, load: int, target: Target) -> None:
-        """One recorded wrk run of C{target} at C{load}."""
+        """One recorded wrk run of C{target} at C{load}, with the backend's CPU use."""
         label = load_label(load)
         backend_before = cpu_seconds(self.backend_pids)
-        try:
-            result, cpu = wrk.measure(
-                self.wrk,
-                self.url(target),
-                self.connections(target, load),
-                self.settings.duration,
-                target.pids,
-            )
-        except wrk.WrkError as e:
-            target.unavailable = f"wrk failed: {e}"
+        measured = self.load(target, load, self.settings.duration)
+        if measured is None:
             return
+        result, cpu = measured
         backend_cpu = cpu_seconds(self.backend_pids) - backend_before
-        target.check_alive()
         sample = Sample.of(round_, target.key, label, result, cpu)
         self.samples.append(sample)
         backend = BackendLoad(round_, target.key, label, backend_cpu, result.seconds)
         self.backend_loads.append(backend)
-        _say(
+        say(
             f"round {round_}/{self.settings.rounds} {label:<5} {target.key} "
             f"{target.name:<16} {sample.progress()}  backend CPU {backend.busy:.0%}"
         )
-
-    def run(self) -> None:
-        """The warm-up, then every round."""
-        if self.settings.warmup > 0:
-            self.warm_up()
-        for round_ in range(1, self.settings.rounds + 1):
-            for load in self.settings.loads:
-                for target in self._ready():
-                    self.measure(round_, load, target)
-
-
-def _say(text: str) -> None:
-    print(text, file=sys.stderr, flush=True)
 
 
 @attrs.frozen
@@ -444,8 +398,7 @@ def table(runner: Runner, summaries: Sequence[report.Summary], loads: Sequence[L
         for target in runner.targets:
             name = f"{target.key} {target.name}"
             if target.unavailable is not None:
-                reason = target.unavailable.splitlines()[0]
-                rows.append(f"{label:<{widths[0]}}  {name:<{widths[1]}}  unavailable: {reason}")
+                rows.append(report.unavailable_row((label, name), widths, target.unavailable))
                 continue
             found = [s for s in summaries if s.target == target.key and s.payload == label]
             if not found:
@@ -483,11 +436,6 @@ def headroom_line(loads: Sequence[LoadSummary]) -> str:
     )
 
 
-def _as_load(record: dict[str, Any]) -> dict[str, Any]:
-    """A L{Sample} or L{report.Summary} as a dict, its C{payload} called C{load}."""
-    return {"load" if key == "payload" else key: value for key, value in record.items()}
-
-
 def run(settings: Settings) -> int:
     """
     Run the whole benchmark, print the table and write the JSON results.
@@ -500,11 +448,11 @@ def run(settings: Settings) -> int:
     started_at = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     fan = fan_out(settings)
     with scratch("edgegw-bench-api-", settings.keep_tmp) as tmp, ExitStack() as stack:
-        _say(f"bench: starting the backend and edgegw in {tmp}")
+        say(f"bench: starting the backend and edgegw in {tmp}")
         try:
             targets = start(stack, tmp, fan)
         except StartupError as e:
-            _say(f"bench: {e}")
+            say(f"bench: {e}")
             return 1
         announce(targets)
         runner = Runner(wrk_path, targets, fan, settings)
@@ -546,14 +494,14 @@ def run(settings: Settings) -> int:
                 for target in targets
             ],
             "samples": [
-                _as_load({**attrs.asdict(s), "cpu_us_per_request": s.cpu_us_per_request})
+                report.as_load({**attrs.asdict(s), "cpu_us_per_request": s.cpu_us_per_request})
                 for s in samples
             ],
             "backend_cpu": [{**attrs.asdict(b), "busy": b.busy} for b in runner.backend_loads],
             "summary": [
                 {
                     key: value
-                    for key, value in _as_load(attrs.asdict(s)).items()
+                    for key, value in report.as_load(attrs.asdict(s)).items()
                     if key not in ("vs_direct", "vs_nginx")
                 }
                 | {"backend_busy": median_busy(runner.backend_loads, s.target, s.payload)}

@@ -23,11 +23,15 @@ class RouteConfig:
     @ivar name: C{metadata.name}.
     @ivar match: The mux pattern (C{spec.match}).
     @ivar handler: C{spec.handler}, as it would be written in YAML.
+    @ivar authorize: C{spec.access.authorize}: the names of the Policies it needs.
+    @ivar labels: C{metadata.labels} (what RouteGroups and Rego policies see).
     """
 
     name: str
     match: str
     handler: Mapping[str, Any]
+    authorize: Sequence[str] = ()
+    labels: Mapping[str, str] = attrs.field(factory=dict)
 
 
 def reverse_proxy(name: str, match: str, upstream: str) -> RouteConfig:
@@ -44,6 +48,16 @@ def static(name: str, match: str, directory: Path) -> RouteConfig:
     return RouteConfig(name, match, {"type": "static", "dir": str(directory), "spaFallback": False})
 
 
+def health(
+    name: str, match: str, authorize: Sequence[str] = (), labels: Mapping[str, str] | None = None
+) -> RouteConfig:
+    """
+    A public C{health} route (always C{200 {"status":"ok"}}), needing the Policies
+    C{authorize}, with C{labels}.
+    """
+    return RouteConfig(name, match, {"type": "health"}, tuple(authorize), dict(labels or {}))
+
+
 def api(name: str, match: str, backends: Sequence[Mapping[str, str]]) -> RouteConfig:
     """
     A public C{api} route fanning each request out to C{backends} (each with its
@@ -52,41 +66,66 @@ def api(name: str, match: str, backends: Sequence[Mapping[str, str]]) -> RouteCo
     return RouteConfig(name, match, {"type": "api", "backends": [dict(b) for b in backends]})
 
 
-def write_config(directory: Path, port: int, routes: Sequence[RouteConfig]) -> Path:
+def resource(
+    kind: str, name: str, spec: Mapping[str, Any], labels: Mapping[str, str] | None = None
+) -> dict[str, Any]:
     """
-    Write a configuration directory: a Gateway on 127.0.0.1:C{port} and C{routes}.
+    One configuration document: C{spec} in the envelope of a C{kind} resource.
+    """
+    metadata: dict[str, Any] = {"name": name}
+    if labels:
+        metadata["labels"] = dict(labels)
+    return {"apiVersion": "edgegw.io/v1", "kind": kind, "metadata": metadata, "spec": dict(spec)}
+
+
+def rego_policy(name: str, path: Path) -> dict[str, Any]:
+    """A C{Policy} resource evaluating the Rego file C{path}."""
+    return resource("Policy", name, {"rego": {"path": str(path)}})
+
+
+def require_policy(name: str, groups: Sequence[str]) -> dict[str, Any]:
+    """A C{Policy} resource requiring a principal in any of C{groups}."""
+    return resource("Policy", name, {"require": {"groups": list(groups)}})
+
+
+def telemetry(service: str, endpoint: str, protocol: str) -> dict[str, Any]:
+    """
+    A C{Telemetry} resource exporting spans over OTLP with C{protocol} (C{http/protobuf}:
+    C{endpoint} is the receiver's base URL; C{grpc}: C{http://host:port}).
+    """
+    otlp = {"endpoint": endpoint, "protocol": protocol}
+    return resource("Telemetry", "telemetry", {"service": {"name": service}, "otlp": otlp})
+
+
+def write_config(
+    directory: Path,
+    port: int,
+    routes: Sequence[RouteConfig],
+    resources: Sequence[Mapping[str, Any]] = (),
+) -> Path:
+    """
+    Write a configuration directory: a Gateway on 127.0.0.1:C{port}, C{routes}, and
+    other C{resources} (documents made with L{resource}: Policies, a Telemetry).
 
     The access log goes to C{access.log} in C{directory}. Routes are made C{auth: public}
     explicitly: a reverse-proxy route is a C{service}
     route, which requires authentication by default, and the benchmark has no IdP.
     """
     directory.mkdir(parents=True, exist_ok=True)
-    documents = [
-        {
-            "apiVersion": "edgegw.io/v1",
-            "kind": "Gateway",
-            "metadata": {"name": "bench"},
-            # The access log as a production gateway would write it: JSON lines to a
-            # file (buffered), not through the daemon's log.
-            "spec": {
-                "listen": f"127.0.0.1:{port}",
-                "accessLog": {"output": str(directory / "access.log")},
-            },
-        }
-    ]
+    # The access log as a production gateway would write it: JSON lines to a file
+    # (buffered), not through the daemon's log.
+    listen = {
+        "listen": f"127.0.0.1:{port}",
+        "accessLog": {"output": str(directory / "access.log")},
+    }
+    documents = [resource("Gateway", "bench", listen)]
     for route in routes:
-        documents.append(
-            {
-                "apiVersion": "edgegw.io/v1",
-                "kind": "Route",
-                "metadata": {"name": route.name},
-                "spec": {
-                    "match": route.match,
-                    "access": {"auth": "public"},
-                    "handler": dict(route.handler),
-                },
-            }
-        )
+        access: dict[str, Any] = {"auth": "public"}
+        if route.authorize:
+            access["authorize"] = list(route.authorize)
+        spec = {"match": route.match, "access": access, "handler": dict(route.handler)}
+        documents.append(resource("Route", route.name, spec, route.labels))
+    documents.extend(dict(document) for document in resources)
     path = directory / "gateway.yaml"
     path.write_text(yaml.safe_dump_all(documents, sort_keys=False))
     return directory
@@ -129,7 +168,7 @@ def _without_location(problem: str) -> str:
     if not sep or "/" not in prefix:
         return problem
     _, _, rest = rest.partition(", ")
-    if rest.startswith(("Route ", "Gateway ")):
+    if rest.startswith(("Route ", "Gateway ", "Policy ", "Telemetry ")):
         _, _, rest = rest.partition(": ")
     return rest or problem
 

@@ -168,6 +168,14 @@ def summarize(samples: Sequence[Sample], direct: str = "a", nginx: str = "b") ->
     return summaries
 
 
+def as_load(record: dict[str, Any]) -> dict[str, Any]:
+    """
+    A L{Sample} or L{Summary} as a dict (C{attrs.asdict}), its C{payload} called C{load}:
+    for benchmarks whose rows differ in load, not in payload.
+    """
+    return {"load" if key == "payload" else key: value for key, value in record.items()}
+
+
 def format_duration(seconds: float) -> str:
     """A latency in µs below a millisecond, in ms below a second, else in s."""
     if seconds < 1e-3:
@@ -209,7 +217,7 @@ def table(
         for key, name in names.items():
             label = f"{key} {name}"
             if key in unavailable:
-                rows.append(f"{payload:<10}  {label:<16}  unavailable: {unavailable[key]}")
+                rows.append(unavailable_row((payload, label), (10, 16), unavailable[key]))
                 continue
             found = [s for s in summaries if s.target == key and s.payload == payload]
             if not found:
@@ -230,6 +238,15 @@ def table(
                 )
             )
     return render(header, rows)
+
+
+def unavailable_row(cells: Sequence[str], widths: Sequence[int], reason: str) -> str:
+    """
+    A table row for a target that was not measured: its first C{cells}, each padded to
+    its width, then C{unavailable:} and the first line of C{reason}.
+    """
+    padded = [cell.ljust(width) for cell, width in zip(cells, widths, strict=True)]
+    return "  ".join([*padded, f"unavailable: {reason.splitlines()[0]}"])
 
 
 def render(header: Sequence[str], rows: Sequence[Sequence[str] | str], left: int = 2) -> str:

@@ -13,9 +13,10 @@ from __future__ import annotations
 import http.client
 import json
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from contextlib import ExitStack
 from pathlib import Path
+from typing import Any
 
 import attrs
 
@@ -135,15 +136,28 @@ def verify(target: Target) -> str | None:
     @return: L{None} if each came back C{200} with the exact body, else what was wrong.
     """
     for payload in PAYLOADS:
-        try:
-            status, _, body = fetch(target.port, payload.path)
-        except (OSError, http.client.HTTPException) as e:
-            return f"GET {payload.path} failed: {e}"
-        if status != 200 or body != payload.body:
-            return (
-                f"GET {payload.path} answered {status} with {len(body)} bytes "
-                f"(expected 200 with {len(payload.body)} bytes)"
-            )
+        wrong = expect(target.port, payload.path, 200, payload.body)
+        if wrong is not None:
+            return wrong
+    return None
+
+
+def expect(port: int, path: str, status: int, body: bytes) -> str | None:
+    """
+    C{GET path} from 127.0.0.1:C{port} once.
+
+    @return: L{None} if it answered C{status} with exactly C{body}, else what was wrong.
+    """
+    try:
+        got_status, _, got = fetch(port, path)
+    except (OSError, http.client.HTTPException) as e:
+        return f"GET {path} failed: {e}"
+    if got_status != status or got != body:
+        shown = f" {got[:100]!r}" if got_status != status else ""
+        return (
+            f"GET {path} answered {got_status} with {len(got)} bytes{shown} "
+            f"(expected {status} with {len(body)} bytes)"
+        )
     return None
 
 
@@ -174,15 +188,12 @@ def _nginx_workers(process: Process) -> list[int]:
     return workers
 
 
-def start_targets(
-    stack: ExitStack, tools: Tools, tmp: Path, keys: str, connections: int
-) -> list[Target]:
+def start_backend(stack: ExitStack, tools: Tools, tmp: Path) -> Target:
     """
-    Start the backend and the selected targets (letters in C{keys}); every process is
-    stopped when C{stack} closes. A target that cannot run is returned with
-    C{unavailable} set instead of raising.
+    Start target a, the nginx backend serving the payloads from C{tmp/www} (stopped when
+    C{stack} closes), and check that it serves them.
 
-    @raise StartupError: If the backend itself does not start: nothing can be measured.
+    @raise StartupError: If it does not start or serves them wrongly.
     """
     www = tmp / "www"
     write_payloads(www)
@@ -198,6 +209,50 @@ def start_targets(
     wrong = verify(backend)
     if wrong is not None:
         raise StartupError(f"the nginx backend does not serve the payloads: {wrong}")
+    return backend
+
+
+def start_edgegw(
+    stack: ExitStack,
+    tmp: Path,
+    label: str,
+    target: Target,
+    routes: Sequence[gateway.RouteConfig],
+    resources: Sequence[Mapping[str, Any]] = (),
+) -> None:
+    """
+    Write an edgegw configuration for C{target} (C{routes} and C{resources} in
+    C{tmp/label}), check it with C{edgegw check}, and start edgegw on C{target.port}
+    (its log in C{tmp/label.log}; stopped when C{stack} closes). When the check refuses
+    the configuration or edgegw does not start, C{target.unavailable} says why instead.
+    """
+    directory = gateway.write_config(tmp / label, target.port, routes, resources)
+    target.unavailable = gateway.check(directory)
+    if target.unavailable is not None:
+        return
+    try:
+        process = stack.enter_context(
+            started(gateway.start(directory, tmp / f"{label}.log", label))
+        )
+        target.process = process
+        process.wait_for_port(target.port)
+    except StartupError as e:
+        target.unavailable = f"did not start: {e}"
+        return
+    target.pids = [process.pid]
+
+
+def start_targets(
+    stack: ExitStack, tools: Tools, tmp: Path, keys: str, connections: int
+) -> list[Target]:
+    """
+    Start the backend and the selected targets (letters in C{keys}); every process is
+    stopped when C{stack} closes. A target that cannot run is returned with
+    C{unavailable} set instead of raising.
+
+    @raise StartupError: If the backend itself does not start: nothing can be measured.
+    """
+    backend = start_backend(stack, tools, tmp)
     upstream = f"http://127.0.0.1:{backend.port}"
 
     def nginx_proxy(target: Target) -> None:
@@ -233,17 +288,7 @@ def start_targets(
 
     def edgegw(route: gateway.RouteConfig, label: str) -> Callable[[Target], None]:
         def start(target: Target) -> None:
-            directory = gateway.write_config(tmp / label, target.port, [route])
-            reason = gateway.check(directory)
-            if reason is not None:
-                target.unavailable = reason
-                return
-            process = stack.enter_context(
-                started(gateway.start(directory, tmp / f"{label}.log", label))
-            )
-            target.process = process
-            process.wait_for_port(target.port)
-            target.pids = [process.pid]
+            start_edgegw(stack, tmp, label, target, [route])
 
         return start
 
@@ -251,7 +296,7 @@ def start_targets(
         "b": nginx_proxy,
         "c": agent_proxy,
         "d": edgegw(gateway.reverse_proxy("backend", "/", upstream), "edgegw-proxy"),
-        "e": edgegw(gateway.static("files", "/", www), "edgegw-static"),
+        "e": edgegw(gateway.static("files", "/", tmp / "www"), "edgegw-static"),
     }
     targets = []
     for key in sorted(keys):

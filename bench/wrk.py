@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import re
 import subprocess
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 import attrs
 
@@ -115,16 +115,25 @@ def run(wrk: str, url: str, connections: int, duration: int, threads: int = 1) -
 
 
 def measure(
-    wrk: str, url: str, connections: int, duration: int, pids: Iterable[int]
+    wrk: str,
+    url: str,
+    connections: int,
+    duration: int,
+    pids: Iterable[int],
+    settle: Callable[[WrkResult], object] | None = None,
 ) -> tuple[WrkResult, float]:
     """
     L{run} wrk, reading the CPU time (C{utime + stime}) of the processes C{pids} before
     and after it.
 
+    @param settle: Called with wrk's result before the CPU time is read again: a wait
+        for work the run left behind (spans still queued for export), charged to it.
     @return: wrk's result and the CPU seconds C{pids} used meanwhile.
     @raise WrkError: If wrk fails or its output cannot be parsed.
     """
     pids = list(pids)
     before = cpu_seconds(pids)
     result = run(wrk, url, connections, duration)
+    if settle is not None:
+        settle(result)
     return result, cpu_seconds(pids) - before

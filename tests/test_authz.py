@@ -392,3 +392,19 @@ class GatewayAuthzTests(SynchronousTestCase):
         problem = str(e.problems[0])
         self.assertIn('Policy "no-delete": spec.rego.path: ', problem)
         self.assertIn(os.path.join(root, "policies", "authz.rego"), problem)
+
+
+class RegoNativeFailureTests(SynchronousTestCase):
+    def test_any_exception_from_the_library_denies(self) -> None:
+        policy = RegoPolicy(rego_file(self, DELETE_NEEDS_ADMIN))
+
+        class Broken:
+            def __getattr__(self, name: str) -> Any:
+                def fail(*args: Any) -> Any:
+                    raise ValueError("Expecting value: line 1 column 2 (char 1)")
+
+                return fail
+
+        policy.interpreter = Broken()
+        document = RoutePolicies([], "/", "r", {}).input_document(exchange_for(None))
+        self.assertEqual(policy.evaluate(document), ["evaluation error"])

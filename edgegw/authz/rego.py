@@ -22,7 +22,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from regopy import Input, Interpreter, RegoError
+from regopy import Input, Interpreter
 
 ENTRYPOINT = "gw/authz/deny"
 _PACKAGE = re.compile(r"\A(?:\s|#[^\n]*\n)*package\s+gw\.authz\s*(?:#[^\n]*)?$", re.MULTILINE)
@@ -82,11 +82,11 @@ class RegoPolicy:
                 raise RegoLoadError(f"{file}: the package must be gw.authz")
             try:
                 self.interpreter.add_module(os.path.basename(file), source)
-            except RegoError as e:
+            except Exception as e:  # RegoError, or anything else the library raises
                 raise RegoLoadError(f"{file}: {_first_line(e)}") from None
         try:
             self.bundle = self.interpreter.build(None, [ENTRYPOINT])
-        except RegoError as e:
+        except Exception as e:
             raise RegoLoadError(f"{path}: {_first_line(e)}") from None
         probe = self._query(_PROBE)
         if probe is None:
@@ -98,11 +98,16 @@ class RegoPolicy:
 
     def _query(self, document: Mapping[str, Any]) -> Any:
         interpreter = self.interpreter
-        interpreter.set_input(Input(document))
-        output = interpreter.query_bundle_entrypoint(self.bundle, ENTRYPOINT)
-        if not output.ok():
+        try:
+            interpreter.set_input(Input(document))
+            output = interpreter.query_bundle_entrypoint(self.bundle, ENTRYPOINT)
+            if not output.ok():
+                return _ERROR
+            text = str(output)
+        except Exception:
+            # RegoError, and anything else the native library raises (it has been seen
+            # raising JSONDecodeError on its own output): fail closed.
             return _ERROR
-        text = str(output)
         if text == "undefined":
             return None
         try:
@@ -117,10 +122,7 @@ class RegoPolicy:
 
         Fails closed: an evaluation error or a result of the wrong type is a denial.
         """
-        try:
-            result = self._query(document)
-        except RegoError as e:
-            return [f"evaluation error: {_first_line(e)}"]
+        result = self._query(document)
         if result is None or result == []:
             return None
         if result is _ERROR:
