@@ -272,3 +272,35 @@ class ResponseHeadTests(SynchronousTestCase):
         first = date_line()
         self.assertTrue(first.startswith(b"Date: ") and first.endswith(b" GMT\r\n"), first)
         self.assertIn(date_line()[:6], (b"Date: ",))
+
+
+class RequestTargetTests(SynchronousTestCase):
+    def test_host_missing_or_repeated_is_bad_request(self) -> None:
+        client = gateway_client(self, ROUTES)
+        missing = client.request("GET", "/healthz", host=None)
+        self.assertEqual(missing.status, 400)
+        repeated = gateway_client(self, ROUTES).request("GET", "/healthz", [("Host", "b.test")])
+        self.assertEqual(repeated.status, 400)
+
+    def test_http10_without_host_is_fine(self) -> None:
+        client = gateway_client(self, ROUTES)
+        client.transport.clear()
+        client.send(b"GET /healthz HTTP/1.0\r\n\r\n")
+        self.assertTrue(client.transport.value().startswith(b"HTTP/1.0 200 "))
+
+    def test_encoded_dot_segments_and_backslashes(self) -> None:
+        client = gateway_client(self, ROUTES)
+        for target in ("/docs/%2e%2e/healthz", "/docs/.%2E/x", "/docs/%2e", "/docs%5cx"):
+            self.assertEqual(
+                gateway_client(self, ROUTES).request("GET", target).status, 400, target
+            )
+        self.assertEqual(client.request("GET", "/docs/a%2Fb").status, 200)
+        self.assertEqual(client.request("GET", "/docs/a.%2e.b").status, 200)
+
+    def test_absolute_form_host_replaces_host_header(self) -> None:
+        response = gateway_client(self, ROUTES).request(
+            "GET", "http://gateway.test/healthz", host="ignored.test"
+        )
+        self.assertEqual(response.status, 200)
+        bad = gateway_client(self, ROUTES).request("GET", "ftp://gateway.test/healthz")
+        self.assertEqual(bad.status, 400)

@@ -11,6 +11,7 @@ import textwrap
 from typing import Any
 
 from twisted.internet import reactor
+from twisted.internet.defer import ensureDeferred
 from twisted.internet.interfaces import IPushProducer
 from twisted.internet.protocol import Factory, Protocol
 from twisted.internet.ssl import Certificate, PrivateCertificate
@@ -232,10 +233,11 @@ class ForwardingTests(ProxyTestCase):
         self.assertEqual(len(self.backend.header(0, "x-request-id")), 1)
 
     async def test_cookies_and_authorization_when_forwarded(self) -> None:
-        port = self.gateway("forwardCookies: true\nforwardAccessToken: true\n")
+        port = self.gateway("forwardCookies: true\n")
         await self.get(port, "/x", "Cookie: sid=1\r\nAuthorization: Bearer t\r\n")
         self.assertEqual(self.backend.header(0, "cookie"), ["sid=1"])
-        self.assertEqual(self.backend.header(0, "authorization"), ["Bearer t"])
+        # forwardAccessToken sends the principal's token; a client's own never passes.
+        self.assertEqual(self.backend.header(0, "authorization"), [])
 
     async def test_trusted_proxy_chain_appended(self) -> None:
         port = self.gateway(gateway_spec='trustedProxies: ["127.0.0.1"]\n')
@@ -659,3 +661,121 @@ class ProxyCallRecordTests(ProxyTestCase):
         self.assertEqual(first["upstream"], "127.0.0.1:" + backend)
         self.assertIsNone(second["status"])
         self.assertIn("ConnectionRefusedError", second["error"])
+
+
+class ReviewRegressionTests(ProxyTestCase):
+    """
+    Holes found in review: each would let a request past the route, its policies or the
+    header hygiene the gateway promises.
+    """
+
+    def raw_backend(self, response: bytes) -> Any:
+        from tests.support.backends import RawBackend, scripted
+
+        backend = RawBackend(scripted(response, close=True)).start()
+        self.addCleanup(lambda: ensureDeferred(backend.stop()))
+        return backend
+
+    async def test_absolute_form_is_routed_and_forwarded_in_origin_form(self) -> None:
+        port = self.gateway("preserveHost: true\n")
+        client = await connect(port)
+        client.send(
+            b"GET http://other.test?/admin/secret HTTP/1.1\r\nHost: gw\r\nConnection: close\r\n\r\n"
+        )
+        await client.until(response_complete)
+        await client.close()
+        client = await connect(port)
+        client.send(
+            b"GET http://other.test/api/x?y=1 HTTP/1.1\r\nHost: gw\r\nConnection: close\r\n\r\n"
+        )
+        await client.until(response_complete)
+        await client.close()
+        self.assertEqual(
+            [seen["uri"] for seen in self.backend.seen], ["/?/admin/secret", "/api/x?y=1"]
+        )
+        self.assertEqual(self.backend.header(1, "host"), ["other.test"])
+
+    async def test_absolute_form_cannot_skip_a_policy(self) -> None:
+        root = os.path.abspath(self.mktemp())
+        upstream = f"http://127.0.0.1:{port_of(self.backend_port)}"
+        write_tree(
+            root,
+            {
+                "a.yaml": GATEWAY
+                + "---\nkind: Policy\nmetadata: {name: admins}\n"
+                + "spec: {require: {groups: [admin]}}\n"
+                + "---\nkind: Route\nmetadata: {name: admin}\nspec:\n  match: /admin/\n"
+                + f'  handler: {{type: reverse-proxy, upstream: "{upstream}"}}\n'
+                + "  access: {auth: public, authorize: [admins]}\n"
+                + "---\nkind: Route\nmetadata: {name: rest}\nspec:\n  match: /\n"
+                + f'  handler: {{type: reverse-proxy, upstream: "{upstream}"}}\n'
+                + "  access: {auth: public}\n"
+            },
+        )
+        client = UpstreamClient(reactor)
+        built = build_gateway(load_config(root, {}), reactor, client)
+        listening = listen_local(built.site)
+        self.addCleanup(listening.stopListening)
+        self.addCleanup(client.close)
+        port = port_of(listening)
+        for target in ("/admin/secret", "http://x/admin/secret"):
+            status, _, _ = await self.get(port, target)
+            self.assertEqual(status, 403, target)
+        for target in ("/x/%2e%2e/admin/secret", "/x/%2E/admin", "/admin%5csecret", "/a\\b"):
+            status, _, _ = await self.get(port, target)
+            self.assertEqual(status, 400, target)
+        self.assertEqual(self.backend.seen, [])
+
+    async def test_underscored_headers_never_reach_the_backend(self) -> None:
+        port = self.gateway()
+        await self.get(
+            port,
+            "/x",
+            "X_User_Id: admin\r\nX_User_Groups: admins\r\nX_Forwarded_For: 6.6.6.6\r\n"
+            "X_Gw_Identity: forged\r\nX-Kept: yes\r\n",
+        )
+        names = {name.lower() for name, _ in self.backend.seen[0]["headers"]}
+        self.assertFalse({n for n in names if "_" in n}, names)
+        self.assertIn("x-kept", names)
+
+    async def test_no_content_type_is_invented(self) -> None:
+        backend = self.raw_backend(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+        port = self.gateway(upstream_port=backend.port)
+        status, headers, body = await self.get(port, "/x")
+        self.assertEqual((status, body), (200, b"ok"))
+        self.assertNotIn("content-type", headers)
+
+    async def test_only_websocket_is_upgraded(self) -> None:
+        backend = self.raw_backend(
+            b"HTTP/1.1 101 Switching Protocols\r\nConnection: Upgrade\r\nUpgrade: h2c\r\n\r\n"
+        )
+        port = self.gateway(upstream_port=backend.port)
+        client = await connect(port)
+        client.send(
+            b"GET /x HTTP/1.1\r\nHost: x\r\nConnection: Upgrade, HTTP2-Settings\r\n"
+            b"Upgrade: websocket, h2c\r\nHTTP2-Settings: AAMAAABkAAQAoAAA\r\n"
+            b"Sec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n"
+        )
+        status, _, body = parse(await client.until(response_complete))
+        await client.close()
+        self.assertEqual((status, body), (502, b"bad gateway\n"))
+        head = backend.connections[0].requests[0].head.lower()
+        self.assertIn(b"\r\nupgrade: websocket\r\n", head)
+        self.assertNotIn(b"h2c", head)
+        self.assertNotIn(b"http2-settings", head)
+
+    async def test_malformed_chunked_body_gets_one_answer(self) -> None:
+        port = self.gateway()
+        client = await connect(port)
+        client.send(
+            b"POST /p HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
+            b"0x5\r\nhello\r\n0\r\n\r\n"
+        )
+        await client.closed
+        self.assertEqual(client.received.count(b"HTTP/1.1 "), 1, client.received)
+        self.assertTrue(client.received.startswith(b"HTTP/1.1 400 "), client.received)
+
+    async def test_client_authorization_not_forwarded_without_a_principal(self) -> None:
+        port = self.gateway("forwardAccessToken: true\n")
+        await self.get(port, "/x", "Authorization: Bearer client-made-this-up\r\n")
+        self.assertEqual(self.backend.header(0, "authorization"), [])

@@ -1227,3 +1227,13 @@ class PoolTimerTests(SynchronousTestCase):
         client = UpstreamClient(self.reactor, connect_timeout=3.5)
         client.request(self.upstream, b"GET", b"/", [])
         self.assertEqual(self.reactor.tcpClients[-1][3], 3.5)
+
+
+class BareLineFeedTests(UpstreamTestCase):
+    async def test_bare_lf_head_fails_at_once(self) -> None:
+        # The backend keeps the connection open: waiting for CRLF CRLF would hang.
+        backend = self.raw(scripted(b"HTTP/1.1 200 OK\nContent-Length: 2\n\nok"))
+        client = self.client()
+        with self.assertRaises(UpstreamProtocolError) as raised:
+            await client.request(backend.upstream(), b"GET", b"/", [(b"Host", b"x")])
+        self.assertIn("CRLF", str(raised.exception))

@@ -556,6 +556,9 @@ class GatewayRequest(Request):
         does C{notifyFinish} unless the response had been finished (and only the rest of
         the body was still being read).
         """
+        # Disconnected before the body hears of it: whatever the body's failure makes the
+        # handler do next (answer 502, say) must see a request it can no longer answer.
+        self._disconnected = True
         if not self.body.complete:
             self.body._connectionLost(reason)
         if self._cleanupPending:
@@ -678,6 +681,7 @@ class GatewayChannel(HTTPChannel):
             # if the response has not started, and the request learns of it at once.
             if not request.startedWriting:
                 self._write(b"HTTP/1.1 400 Bad Request\r\n\r\n")
+                request.startedWriting = True
             self.requests.remove(request)
             request.connectionLost(Failure(ConnectionLost("malformed request body")))
             self.loseConnection()

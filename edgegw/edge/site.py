@@ -12,6 +12,7 @@ import re
 from time import monotonic
 from typing import Protocol
 
+from twisted.web.http_headers import Headers
 from twisted.web.resource import Resource
 from twisted.web.server import NOT_DONE_YET, Request
 
@@ -39,6 +40,10 @@ class Dispatcher(Protocol):
 
 
 _BAD_ESCAPE = re.compile(r"%(?![0-9A-Fa-f]{2})")
+# A segment that is "." or ".." with at least one dot percent-encoded (plain ones are
+# cleaned by the mux), or an encoded backslash. An encoded "/" stays allowed: it is
+# legitimate inside a segment, and the mux keeps it there as Go does.
+_ENCODED_DOTS = re.compile(r"(?:^|/)(?:%2[eE]|\.%2[eE]|%2[eE]\.|%2[eE]%2[eE])(?:/|$)|%5[cC]")
 
 
 def _plain(request: Request, status: int, body: bytes) -> bytes:
@@ -103,21 +108,43 @@ class EdgeResource(Resource):
         return answer
 
     def _render(self, request: Request) -> bytes | int:
+        request_headers = request.requestHeaders
+        drop_underscored_headers(request_headers)
         self.forwarded.clean(request)
         headers = request.responseHeaders
         if isinstance(headers, ResponseHeaders):
             headers.fixed = self.security.fixed
-        method = request.method.decode("latin-1")
-        host_header = request.requestHeaders.getRawHeaders(b"host")
-        host = host_header[0].decode("latin-1") if host_header else ""
         target = request.uri
         if target[:1] != b"/":
-            target = _origin_form(target)
+            split = split_absolute_form(target)
+            if split is None:
+                # "OPTIONS *" reaches here only if Twisted did not answer it, and any
+                # other target that names no path.
+                return _plain(request, 400, b"bad request\n")
+            # RFC 9112 section 3.2.2: the target's authority replaces Host, and from here
+            # on every layer sees the origin form.
+            authority, target = split
+            request_headers.setRawHeaders(b"host", [authority])
+            request.uri = target
+            request.path = target.split(b"?", 1)[0]
+        host_header = request_headers.getRawHeaders(b"host")
+        if host_header is None:
+            if request.clientproto == b"HTTP/1.1":
+                return _plain(request, 400, b"bad request\n")
+            host = ""
+        elif len(host_header) != 1:
+            return _plain(request, 400, b"bad request\n")
+        else:
+            host = host_header[0].decode("latin-1")
+        method = request.method.decode("latin-1")
         # surrogateescape: invalid UTF-8 is matched byte for byte, as Go does, never raises.
         path, _, query = target.decode("utf-8", "surrogateescape").partition("?")
-        if path[:1] != "/" or ("%" in path and _BAD_ESCAPE.search(path)):
-            # A target that names no path, or a malformed percent-escape (Go's server
-            # refuses these before routing too).
+        if ("%" in path and (_BAD_ESCAPE.search(path) or _ENCODED_DOTS.search(path))) or (
+            "\\" in path
+        ):
+            # Malformed escapes (Go refuses these too); dot segments in disguise and
+            # backslashes, which backends that decode or normalise paths would resolve
+            # past the route (and its policies) that the gateway matched.
             return _plain(request, 400, b"bad request\n")
         denied = self.security.apply(request, method, host, path)
         if denied is not None:
@@ -125,15 +152,37 @@ class EdgeResource(Resource):
         return self.dispatcher.dispatch(request, method, host, path, query)
 
 
-def _origin_form(target: bytes) -> bytes:
+def split_absolute_form(target: bytes) -> tuple[bytes, bytes] | None:
     """
-    The path and query of an absolute-form target (C{http://host/p?q} -> C{/p?q}).
+    Split an absolute-form request-target (C{http://host:port/p?q}) into its authority
+    and the origin form (C{/p?q}; C{/?q} when the path is empty); L{None} if it is not an
+    http or https URL with an authority.
     """
     scheme, sep, rest = target.partition(b"://")
-    if not sep or b"/" in scheme:
-        return target
-    slash = rest.find(b"/")
-    question = rest.find(b"?")
-    if slash == -1 or (question != -1 and question < slash):
-        return b"/" + (rest[question:] if question != -1 else b"")
-    return rest[slash:]
+    if not sep or scheme.lower() not in (b"http", b"https"):
+        return None
+    end = len(rest)
+    for delimiter in (b"/", b"?", b"#"):
+        found = rest.find(delimiter)
+        if found != -1 and found < end:
+            end = found
+    authority = rest[:end]
+    if not authority or b"@" in authority:
+        return None
+    remainder = rest[end:].split(b"#", 1)[0]
+    if not remainder.startswith(b"/"):
+        remainder = b"/" + remainder
+    return authority, remainder
+
+
+def drop_underscored_headers(headers: Headers) -> None:
+    """
+    Remove every request header whose name contains C{_}.
+
+    CGI, WSGI, PHP and Rack backends map C{X_User_Id} and C{X-User-Id} to the same
+    variable, so an underscored name would get a forged identity or forwarding header
+    past the layers that strip the hyphenated one (nginx drops them by default too).
+    """
+    doomed = [name for name, _ in headers.getAllRawHeaders() if b"_" in name]
+    for name in doomed:
+        headers.removeHeader(name)

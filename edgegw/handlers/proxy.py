@@ -60,19 +60,6 @@ def join_path(prefix: bytes, path: bytes) -> bytes:
     return prefix + path
 
 
-def origin_form(uri: bytes) -> bytes:
-    """
-    The path and query of a request-target (absolute-form C{http://h/p?q} -> C{/p?q}).
-    """
-    if uri[:1] == b"/":
-        return uri
-    _, sep, rest = uri.partition(b"://")
-    if not sep:
-        return b"/"
-    slash = rest.find(b"/")
-    return rest[slash:] if slash != -1 else b"/"
-
-
 @implementer(IPushProducer)
 class _Relay:
     """
@@ -122,11 +109,13 @@ class ProxyHandler:
         self.base_path = urlsplit(spec.upstream).path.encode("ascii").rstrip(b"/")
         self.strip_prefix = spec.strip_prefix.encode("utf-8") if spec.strip_prefix else b""
         self.timeout = spec.timeout
+        # The client's Authorization never goes upstream as it is: forwardAccessToken
+        # sends the principal's own token instead. HTTP2-Settings belongs to an h2c
+        # upgrade, which the gateway never forwards.
         drop = set(HOP_BY_HOP) | _REPLACED | assertion_headers
+        drop.update((b"authorization", b"http2-settings"))
         if not spec.forward_cookies:
             drop.add(b"cookie")
-        if not spec.forward_access_token:
-            drop.add(b"authorization")
         self.drop_request = frozenset(drop)
         # The gateway writes its own Server and Date with every response head.
         self.skip_response = HOP_BY_HOP | gateway_headers | {b"server", b"date"}
@@ -159,7 +148,8 @@ class ProxyHandler:
         The upstream request-target: base path + request path (less C{stripPrefix}) +
         query, the path kept exactly as the client encoded it.
         """
-        path, sep, query = origin_form(request.uri).partition(b"?")
+        # The edge has already put every target in origin form (/path?query).
+        path, sep, query = request.uri.partition(b"?")
         strip = self.strip_prefix
         if strip and path.startswith(strip):
             path = path[len(strip) :] or b"/"
@@ -208,11 +198,12 @@ class ProxyHandler:
             append((b"X-Forwarded-Host", forwarded_host[0] if forwarded_host else inbound_host))
         principal = exchange.principal
         if self.spec.forward_access_token and principal is not None and principal.access_token:
-            out = [(n, v) for n, v in out if n.lower() != b"authorization"]
             out.append((b"Authorization", b"Bearer " + principal.access_token.encode("ascii")))
         if upgrade:
+            # Only WebSocket is tunnelled, whatever else the client offered (h2c above all:
+            # a backend switching to it would take the connection past the gateway).
             out.append((b"Connection", b"Upgrade"))
-            out.append((b"Upgrade", incoming.getRawHeaders(b"upgrade", [b"websocket"])[0]))
+            out.append((b"Upgrade", b"websocket"))
         return out
 
     # -- response --------------------------------------------------------------------------
@@ -223,6 +214,9 @@ class ProxyHandler:
         repeated headers (C{Set-Cookie}) in order.
         """
         request.setResponseCode(response.code, response.phrase or None)
+        # Relay the upstream's headers as they are: no Content-Type of Twisted's own
+        # (text/html) on a response that had none.
+        request.defaultContentType = None
         skip = self.skip_response
         named: frozenset[bytes] = frozenset()
         grouped: dict[bytes, list[bytes]] = {}
@@ -278,7 +272,12 @@ class ProxyHandler:
             call.end(error=describe_error(e))
             write_text(request, 502, b"bad gateway\n")
             return
-        if upgrade and response.code == 101:
+        if response.code == 101:
+            if not upgrade or not is_websocket_upgrade([b"upgrade"], _values(response, b"upgrade")):
+                call.end(response.code, "101 to something other than websocket")
+                response.abort()
+                write_text(request, 502, b"bad gateway\n")
+                return
             call.end(response.code)
             tunnel = Tunnel(request, response)
             await tunnel.start()
@@ -317,6 +316,10 @@ class ProxyHandler:
         request.unregisterProducer()
         if not request._disconnected:
             request.finish()
+
+
+def _values(response: UpstreamResponse, name: bytes) -> list[bytes]:
+    return [value for header, value in response.headers if header.lower() == name]
 
 
 class _Discard:

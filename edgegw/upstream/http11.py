@@ -597,6 +597,9 @@ class UpstreamConnection(TwistedProtocol):
         if head_end < 0:
             if end - pos > MAX_HEAD_SIZE:
                 raise UpstreamProtocolError("response head too large")
+            if data.count(b"\n", pos, end) != data.count(b"\r\n", pos, end):
+                # Bare LF line endings: this head would never end with CRLF CRLF.
+                raise UpstreamProtocolError("response head lines must end with CRLF")
             self._buffer = bytearray(data[pos:] if pos else data)
             self._search_from = max(0, end - pos - 3)
             return -1
