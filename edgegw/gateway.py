@@ -112,9 +112,19 @@ def build_gateway(
     compiled: list[CompiledRoute] = []
     spec = config.telemetry
     output = config.gateway.access_log.output
+    writer = None
+    if output != "log":
+        try:
+            writer = LineWriter(reactor, output)
+        except OSError as e:
+            problems.add(
+                config.gateway.location,
+                "spec.accessLog.output",
+                f"cannot open {output}: {e.strerror or e}",
+            )
     access = AccessLog(
         spec.access_log_level if spec is not None else "info",
-        None if output == "log" else LineWriter(reactor, output),
+        writer,
         spec.access_log_headers if spec is not None else (),
         spec.access_log_fields if spec is not None else None,
     )
@@ -255,16 +265,21 @@ def _terminal(
     effective: EffectiveRoute, context: _TerminalContext, problems: Problems
 ) -> Terminal | None:
     spec = effective.spec.handler
-    if isinstance(spec, ApiHandlerSpec):
-        return ApiHandler(spec, context.client, context.reactor)
-    if isinstance(spec, ProxyHandlerSpec):
-        return ProxyHandler(
-            spec,
-            context.client,
-            context.reactor,
-            gateway_headers=context.gateway_headers,
-            assertion_headers=context.assertion_headers,
-        )
+    try:
+        if isinstance(spec, ApiHandlerSpec):
+            return ApiHandler(spec, context.client, context.reactor)
+        if isinstance(spec, ProxyHandlerSpec):
+            return ProxyHandler(
+                spec,
+                context.client,
+                context.reactor,
+                gateway_headers=context.gateway_headers,
+                assertion_headers=context.assertion_headers,
+            )
+    except ValueError as e:
+        # What load-time validation let through (an upstream URL the client refuses).
+        problems.add(effective.spec.location, "spec.handler", str(e))
+        return None
     if isinstance(spec, StaticHandlerSpec):
         try:
             return StaticHandler(spec)
