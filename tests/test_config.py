@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import os
 
-from twisted.trial.unittest import SynchronousTestCase
+from twisted.trial.unittest import SkipTest, SynchronousTestCase
 
-from edgegw.config.errors import ConfigError
-from edgegw.config.load import interpolate
+from edgegw.config.errors import ConfigError, Problems
+from edgegw.config.load import interpolate, read_sources
 from edgegw.config.model import (
     ApiHandlerSpec,
     HealthHandlerSpec,
@@ -622,21 +622,54 @@ spec:
         )
 
     def test_yaml_errors(self) -> None:
+        """
+        A file that does not parse is reported with its line; the missing Gateway is not,
+        since it may be in that file.
+        """
         root = write_tree(self.mktemp(), {"a.yaml": "kind: [unclosed\n", "b.yaml": "a: 1\na: 2\n"})
         e = self.assertRaises(ConfigError, load_config, root, {})
         messages = [str(p) for p in e.problems]
-        self.assertEqual(len(messages), 3)
+        self.assertEqual(len(messages), 2)
         self.assertTrue(messages[0].startswith(os.path.join(root, "a.yaml") + ": invalid YAML"))
-        self.assertIn("duplicate key 'a'", messages[1])
-        self.assertEqual(messages[2], "no Gateway resource: exactly one is required")
+        self.assertEqual(
+            messages[1],
+            f"{os.path.join(root, 'b.yaml')}: invalid YAML: duplicate key 'a' (line 2, column 1)",
+        )
+
+    def test_unreadable_file_skips_reference_checks(self) -> None:
+        """
+        With a file that does not parse, references to resources (a Policy) are not
+        checked either: the resource may be in that file.
+        """
+        root = write_tree(
+            self.mktemp(),
+            {
+                "a.yaml": GATEWAY + "---\n" + (HEALTH % ("h", "/h")).rstrip() + "\n"
+                "  access: {authorize: [admins]}\n",
+                "b.yaml": "kind: Policy\nmetadata: {name: admins\n",
+            },
+        )
+        e = self.assertRaises(ConfigError, load_config, root, {})
+        self.assertEqual(len(e.problems), 1)
+        self.assertTrue(str(e.problems[0]).startswith(os.path.join(root, "b.yaml") + ": invalid"))
 
     def test_missing_source(self) -> None:
+        """
+        A missing source is a read failure like a file that does not parse: it is the
+        only problem reported (no "no Gateway resource" on top of it).
+        """
         e = self.assertRaises(ConfigError, load_config, "/nonexistent/edgegw", {})
         self.assertEqual(
             e.render(),
-            "configuration has 2 errors:\n"
-            "  /nonexistent/edgegw: no such file or directory\n"
-            "  no Gateway resource: exactly one is required",
+            "configuration has 1 error:\n  /nonexistent/edgegw: no such file or directory",
+        )
+
+    def test_empty_directory(self) -> None:
+        root = self.mktemp()
+        os.makedirs(root)
+        e = self.assertRaises(ConfigError, load_config, root, {})
+        self.assertEqual(
+            [str(p) for p in e.problems], [f"{root}: no .yaml or .yml files in this directory"]
         )
 
     def test_gateway_field_validation(self) -> None:
@@ -778,4 +811,514 @@ spec:
                 'document 2, Route "r": spec.handler.upstream: "ftp://x" is not a valid URL: '
                 "expected http:// or https:// followed by a host"
             ],
+        )
+
+
+ROUTE = """\
+kind: Route
+metadata: {name: r}
+spec:
+  match: /
+  handler: {type: health}
+"""
+
+
+class YamlTests(SynchronousTestCase):
+    """
+    Every YAML mistake is a problem with its file and line, never a crash.
+    """
+
+    def yaml_problems(self, files: dict[str, str]) -> list[str]:
+        """
+        The problems of a directory of C{files}, file paths made relative to it.
+        """
+        root = write_tree(self.mktemp(), files)
+        e = self.assertRaises(ConfigError, load_config, root, {})
+        return [str(p).removeprefix(root + os.sep) for p in e.problems]
+
+    def test_non_scalar_keys(self) -> None:
+        self.assertEqual(
+            self.yaml_problems(
+                {
+                    "a.yaml": "spec: {? [a] : 1}\n",
+                    "b.yaml": "spec:\n  {[1]: 2}\n",
+                    "c.yaml": "? !!set {a} : 1\n",
+                    "d.yaml": "spec: !!set {? {a: 1}}\n",
+                }
+            ),
+            [
+                "a.yaml: invalid YAML: mapping keys must be scalars (line 1, column 10)",
+                "b.yaml: invalid YAML: mapping keys must be scalars (line 2, column 4)",
+                "c.yaml: invalid YAML: mapping keys must be scalars (line 1, column 3)",
+                "d.yaml: invalid YAML: mapping keys must be scalars (line 1, column 16)",
+            ],
+        )
+
+    def test_values_their_tag_cannot_hold(self) -> None:
+        self.assertEqual(
+            self.yaml_problems(
+                {
+                    "a.yaml": "since: 2024-02-30\n",
+                    "b.yaml": "flag: !!bool maybe\n",
+                    "c.yaml": "n: !!int ten\n",
+                }
+            ),
+            [
+                'a.yaml: invalid YAML: "2024-02-30" is not a valid !!timestamp value (day is '
+                "out of range for month); quote it to make it a string (line 1, column 8)",
+                'b.yaml: invalid YAML: "maybe" is not a valid !!bool value; quote it to make it '
+                "a string (line 1, column 7)",
+                'c.yaml: invalid YAML: "ten" is not a valid !!int value (invalid literal for '
+                "int() with base 10: 'ten'); quote it to make it a string (line 1, column 4)",
+            ],
+        )
+
+    def test_recursive_alias(self) -> None:
+        self.assertEqual(
+            self.yaml_problems(
+                {"a.yaml": "&a [*a]\n", "b.yaml": "x: &m {y: *m}\n", "c.yaml": "x: &m {<<: *m}\n"}
+            ),
+            [
+                "a.yaml: invalid YAML: recursive alias: a node cannot contain itself "
+                "(line 1, column 1)",
+                "b.yaml: invalid YAML: recursive alias: a node cannot contain itself "
+                "(line 1, column 4)",
+                "c.yaml: invalid YAML: recursive alias: a node cannot contain itself "
+                "(line 1, column 4)",
+            ],
+        )
+
+    def test_nested_too_deeply(self) -> None:
+        depth = 5000
+        self.assertEqual(
+            self.yaml_problems(
+                {
+                    "a.yaml": "x: " + "[" * depth + "]" * depth + "\n",
+                    "b.yaml": "{a: " * depth + "}" * depth,
+                }
+            ),
+            ["a.yaml: invalid YAML: nested too deeply", "b.yaml: invalid YAML: nested too deeply"],
+        )
+
+    def test_alias_bomb(self) -> None:
+        """
+        Ten levels of ten aliases would expand to 10**10 nodes: the document is refused
+        after walking a bounded number of them (shared nodes are walked once).
+        """
+        lines = ["kind: Route", "metadata: {name: bomb}", "spec:", "  x0: &x0 [a, b, c, d, e]"]
+        for level in range(1, 11):
+            lines.append(f"  x{level}: &x{level} [{', '.join([f'*x{level - 1}'] * 10)}]")
+        problems = problems_of(self.mktemp(), "\n".join(lines) + "\n")
+        self.assertEqual(
+            problems,
+            [
+                'document 2, Route "bomb": invalid YAML: too many nodes (more than 200000 once '
+                "aliases are expanded: an alias bomb?)"
+            ],
+        )
+
+    def test_aliases_stay_shared(self) -> None:
+        """
+        Below the limit, aliases load, interpolated once and still shared.
+        """
+        problems = Problems()
+        root = write_tree(
+            self.mktemp(),
+            {
+                "a.yaml": """\
+                kind: RequestPlugin
+                metadata: {name: p}
+                spec:
+                  config:
+                    common: &c {url: "${URL}", tags: [a, b]}
+                    again: *c
+                    levels: [&l1 [*c, *c], &l2 [*l1, *l1], [*l2, *l2]]
+                """
+            },
+        )
+        sources = read_sources(root, {"URL": "http://x"}, problems)
+        self.assertFalse(problems)
+        self.assertTrue(sources.complete)
+        config = sources.documents[0].body["spec"]["config"]
+        self.assertEqual(config["common"], {"url": "http://x", "tags": ["a", "b"]})
+        self.assertIs(config["again"], config["common"])
+        self.assertIs(config["levels"][2][1], config["levels"][1])
+        self.assertIs(config["levels"][1][0][0], config["common"])
+
+    def test_merge_keys(self) -> None:
+        """
+        C{<<} merges keep their YAML meaning (own keys win, then earlier merges) and are
+        not duplicate keys; repeated merges do not blow up.
+        """
+        lines = [
+            "kind: RequestPlugin",
+            "metadata: {name: p}",
+            "spec:",
+            "  config:",
+            "    a: &a {x: 1, y: 1}",
+            "    b: &b {x: 2, y: 2, z: 2}",
+            "    c: {<<: [*a, *b], y: 3}",
+            "    m0: &m0 {k: v}",
+        ]
+        for level in range(1, 12):
+            merges = ", ".join([f"*m{level - 1}"] * 10)
+            lines.append(f"    m{level}: &m{level} {{<<: [{merges}], k{level}: v}}")
+        config = load_text(self.mktemp(), "\n".join(lines) + "\n")
+        plugin_config = config.request_plugins[0].config
+        self.assertEqual(plugin_config["c"], {"x": 1, "y": 3, "z": 2})
+        self.assertEqual(len(plugin_config["m11"]), 12)
+
+
+class HeaderValueTests(SynchronousTestCase):
+    """
+    Configured header values must be sendable: visible ASCII, spaces and tabs.
+    """
+
+    def test_invalid_values(self) -> None:
+        problems = problems_of(
+            self.mktemp(),
+            """\
+            kind: Gateway
+            metadata: {name: g}
+            spec:
+              security:
+                headers:
+                  frameOptions: "DENY\\r\\nX-Evil: 1"
+                  contentTypeOptions: "nosniff\\0"
+                  referrerPolicy: "no-référrer"
+                  contentSecurityPolicy: "default-src 'self' €"
+            ---
+            kind: Route
+            metadata: {name: r}
+            spec:
+              match: /
+              handler: {type: static, dir: ., cacheControl: "max-age=60\\x7f"}
+            ---
+            kind: Telemetry
+            metadata: {name: t}
+            spec:
+              service: {name: s}
+              otlp:
+                endpoint: "http://127.0.0.1:4318"
+                headers: {Authorization: "Bearer ä", X-Ok: "a\\tb c"}
+            """,
+            gateway=False,
+        )
+        self.assertEqual(
+            problems,
+            [
+                'document 1, Gateway "g": spec.security.headers.frameOptions: "DENY\\r\\nX-Evil: '
+                '1" is not a valid HTTP header value: U+000D is not allowed; use printable ASCII',
+                'document 1, Gateway "g": spec.security.headers.contentTypeOptions: '
+                '"nosniff\\x00" is not a valid HTTP header value: U+0000 is not allowed; use '
+                "printable ASCII",
+                'document 1, Gateway "g": spec.security.headers.referrerPolicy: "no-référrer" '
+                'is not a valid HTTP header value: "é" (U+00E9) is not allowed; use printable '
+                "ASCII",
+                'document 1, Gateway "g": spec.security.headers.contentSecurityPolicy: '
+                '"default-src \'self\' €" is not a valid HTTP header value: "€" (U+20AC) is '
+                "not allowed; use printable ASCII",
+                'document 2, Route "r": spec.handler.cacheControl: "max-age=60\\x7f" is not a '
+                "valid HTTP header value: U+007F is not allowed; use printable ASCII",
+                'document 3, Telemetry "t": spec.otlp.headers.Authorization: "Bearer ä" is not '
+                'a valid HTTP header value: "ä" (U+00E4) is not allowed; use printable ASCII',
+            ],
+        )
+
+
+class UrlTests(SynchronousTestCase):
+    """
+    Upstream, IdP and OTLP URLs are checked strictly at load, so that nothing fails when
+    the gateway is built.
+    """
+
+    def url_problems(self, *urls: str) -> list[str]:
+        """
+        The problems of one reverse-proxy route per URL, less the route prefix.
+        """
+        docs = "---\n".join(
+            f"kind: Route\nmetadata: {{name: r{i}}}\n"
+            f"spec: {{match: /r{i}/, handler: {{type: reverse-proxy, upstream: '{url}'}}}}\n"
+            for i, url in enumerate(urls)
+        )
+        problems = problems_of(self.mktemp(), docs)
+        prefixes = [f'document {i + 2}, Route "r{i}": spec.handler.upstream: ' for i in range(9)]
+        return [next((p.removeprefix(x) for x in prefixes if p.startswith(x)), p) for p in problems]
+
+    def test_valid(self) -> None:
+        config = load_text(
+            self.mktemp(),
+            "---\n".join(
+                f"kind: Route\nmetadata: {{name: r{i}}}\n"
+                f"spec: {{match: /r{i}/, handler: {{type: reverse-proxy, upstream: '{url}'}}}}\n"
+                for i, url in enumerate(
+                    [
+                        "http://127.0.0.1:8080",
+                        "https://[::1]:8443/v1/",
+                        "http://api.internal./a%20b/~x;p=1,2:@!$&()*+",
+                        "HTTPS://xn--bcher-kva.example",
+                        "http://a-b.c1",
+                        "http://my_api:8080/",
+                    ]
+                )
+            ),
+        )
+        self.assertEqual(len(config.routes), 6)
+
+    def test_non_ascii_path(self) -> None:
+        self.assertEqual(
+            self.url_problems("http://127.0.0.1:9/ä"),
+            [
+                '"http://127.0.0.1:9/ä" is not a valid URL: "ä" (U+00E4) is not allowed in the '
+                'path; percent-encode it ("%C3%A4")'
+            ],
+        )
+
+    def test_space_and_other_characters(self) -> None:
+        self.assertEqual(
+            self.url_problems("http://127.0.0.1/a b", "http://h/a|b", "http://h/\t"),
+            [
+                '"http://127.0.0.1/a b" is not a valid URL: a space is not allowed in the path; '
+                'percent-encode it ("%20")',
+                '"http://h/a|b" is not a valid URL: "|" is not allowed in the path; '
+                'percent-encode it ("%7C")',
+                '"http://h/\\t" is not a valid URL: U+0009 is not allowed in the path; '
+                'percent-encode it ("%09")',
+            ],
+        )
+
+    def test_bad_percent_escape(self) -> None:
+        self.assertEqual(
+            self.url_problems("http://h/%zz", "http://h/a%2"),
+            [
+                '"http://h/%zz" is not a valid URL: "%zz" is not a valid percent-escape (use '
+                '"%" and two hex digits; "%25" for "%" itself)',
+                '"http://h/a%2" is not a valid URL: "%2" is not a valid percent-escape (use '
+                '"%" and two hex digits; "%25" for "%" itself)',
+            ],
+        )
+
+    def test_internationalized_host(self) -> None:
+        self.assertEqual(
+            self.url_problems("http://bücher.example/"),
+            [
+                '"http://bücher.example/" is not a valid URL: the host "bücher.example" is not '
+                'ASCII: write internationalized names in punycode ("xn--bcher-kva.example")'
+            ],
+        )
+
+    def test_invalid_host_names(self) -> None:
+        rule = (
+            "is not a valid host name: use letters, digits, hyphens, underscores and dots "
+            '(labels of 1 to 63 characters, not starting or ending with "-"), or an IP address'
+        )
+        self.assertEqual(
+            self.url_problems(
+                "http://-a.example/",
+                "http://a..b/",
+                f"http://{'a' * 64}.example/",
+                "http://h%41/",
+            ),
+            [
+                f'"http://-a.example/" is not a valid URL: "-a.example" {rule}',
+                f'"http://a..b/" is not a valid URL: "a..b" {rule}',
+                f'"http://{"a" * 64}.example/" is not a valid URL: "{"a" * 64}.example" {rule}',
+                f'"http://h%41/" is not a valid URL: "h%41" {rule}',
+            ],
+        )
+
+    def test_ip_literals(self) -> None:
+        self.assertEqual(
+            self.url_problems(
+                "http://256.0.0.1/", "http://::1/", "http://[::1", "http://[::g]/", "http://[::1]x/"
+            ),
+            [
+                '"http://256.0.0.1/" is not a valid URL: "256.0.0.1" is not a valid IPv4 address',
+                '"http://::1/" is not a valid URL: an IPv6 address must be written in brackets, '
+                'such as "[::1]"',
+                '"http://[::1" is not a valid URL: "[::1" has no closing "]"',
+                '"http://[::g]/" is not a valid URL: "::g" is not a valid IPv6 address',
+                '"http://[::1]x/" is not a valid URL: unexpected "x" after the IPv6 address',
+            ],
+        )
+
+    def test_credentials(self) -> None:
+        self.assertEqual(
+            self.url_problems("http://u:secret@host/", "http://u@host/"),
+            [
+                '"http://***@host/" is not a valid URL: credentials in the URL are not allowed',
+                '"http://***@host/" is not a valid URL: credentials in the URL are not allowed',
+            ],
+        )
+
+    def test_ports(self) -> None:
+        self.assertEqual(
+            self.url_problems("http://h:0/", "http://h:65536/", "http://h:http/", "http://:80/"),
+            [
+                '"http://h:0/" is not a valid URL: the port must be between 1 and 65535, got 0',
+                '"http://h:65536/" is not a valid URL: the port must be between 1 and 65535, '
+                "got 65536",
+                '"http://h:http/" is not a valid URL: the port "http" is not a number',
+                '"http://:80/" is not a valid URL: expected http:// or https:// followed by a host',
+            ],
+        )
+
+    def test_query_and_fragment(self) -> None:
+        self.assertEqual(
+            self.url_problems("http://h/?", "http://h/#top"),
+            [
+                '"http://h/?": a query or fragment is not allowed here',
+                '"http://h/#top": a query or fragment is not allowed here',
+            ],
+        )
+
+    def test_every_url_field(self) -> None:
+        problems = problems_of(
+            self.mktemp(),
+            """\
+            kind: IdP
+            metadata: {name: i}
+            spec:
+              type: oidc
+              issuer: "https://idp.exämple"
+              clientID: c
+              redirectURL: "https://app/cb x"
+              bearer: {jwksURL: "https://u:p@idp/jwks"}
+            ---
+            kind: Telemetry
+            metadata: {name: t}
+            spec:
+              service: {name: s}
+              otlp: {endpoint: "http://collector:0"}
+            ---
+            kind: Route
+            metadata: {name: a}
+            spec:
+              match: /a/
+              handler:
+                type: api
+                backends: [{group: g, upstream: "http://127.0.0.1/ä", path: /x}]
+            """,
+        )
+        self.assertEqual(
+            problems,
+            [
+                'document 2, IdP "i": spec.issuer: "https://idp.exämple" is not a valid URL: the '
+                'host "idp.exämple" is not ASCII: write internationalized names in punycode '
+                '("idp.xn--exmple-cua")',
+                'document 2, IdP "i": spec.redirectURL: "https://app/cb x" is not a valid URL: '
+                'a space is not allowed in the path; percent-encode it ("%20")',
+                'document 2, IdP "i": spec.bearer.jwksURL: "https://***@idp/jwks" is not a '
+                "valid URL: credentials in the URL are not allowed",
+                'document 3, Telemetry "t": spec.otlp.endpoint: "http://collector:0" is not a '
+                "valid URL: the port must be between 1 and 65535, got 0",
+                'document 4, Route "a": spec.handler.backends[0].upstream: "http://127.0.0.1/ä" '
+                'is not a valid URL: "ä" (U+00E4) is not allowed in the path; percent-encode it '
+                '("%C3%A4")',
+            ],
+        )
+
+
+class AccessLogOutputTests(SynchronousTestCase):
+    """
+    C{Gateway.spec.accessLog.output} must be a file the gateway can append to.
+    """
+
+    def output_problems(self, root: str, output: str) -> list[str]:
+        return problems_of(
+            root,
+            f"kind: Gateway\nmetadata: {{name: g}}\nspec: {{accessLog: {{output: '{output}'}}}}\n",
+            gateway=False,
+        )
+
+    def test_directory(self) -> None:
+        root = os.path.abspath(self.mktemp())
+        os.makedirs(os.path.join(root, "logs"))
+        self.assertEqual(
+            self.output_problems(root, "logs"),
+            [
+                f'document 1, Gateway "g": spec.accessLog.output: {os.path.join(root, "logs")} '
+                "is a directory"
+            ],
+        )
+
+    def test_directory_is_a_file(self) -> None:
+        root = os.path.abspath(self.mktemp())
+        write_tree(root, {"file": ""})
+        output = os.path.join(root, "file", "access.log")
+        self.assertEqual(
+            self.output_problems(root, "file/access.log"),
+            [
+                f'document 1, Gateway "g": spec.accessLog.output: the directory of {output} '
+                "is not a directory"
+            ],
+        )
+
+    def test_directory_not_writable(self) -> None:
+        if not os.path.isdir("/proc/self"):
+            raise SkipTest("needs /proc")
+        self.assertEqual(
+            self.output_problems(self.mktemp(), "/proc/self/nope"),
+            [
+                'document 1, Gateway "g": spec.accessLog.output: /proc/self/nope cannot be '
+                "written: cannot create files in /proc/self"
+            ],
+        )
+
+    def test_file_not_writable(self) -> None:
+        root = os.path.abspath(self.mktemp())
+        write_tree(root, {"access.log": ""})
+        output = os.path.join(root, "access.log")
+        os.chmod(output, 0o444)
+        if os.access(output, os.W_OK):
+            # Running as root: make os.access answer as it would for anyone else.
+            access = os.access
+            self.patch(os, "access", lambda path, mode: path != output and access(path, mode))
+        self.assertEqual(
+            self.output_problems(root, "access.log"),
+            [
+                f'document 1, Gateway "g": spec.accessLog.output: {output} cannot be written: '
+                "permission denied"
+            ],
+        )
+
+
+class StripPrefixTests(SynchronousTestCase):
+    """
+    C{stripPrefix} is stored percent-encoded, as the request paths it is matched against.
+    """
+
+    def test_encoded(self) -> None:
+        root = self.mktemp()
+        os.makedirs(os.path.join(root, "www"))
+        config = load_text(
+            root,
+            """\
+            kind: Route
+            metadata: {name: s}
+            spec: {match: /ä/, handler: {type: static, dir: www, stripPrefix: /ä}}
+            ---
+            kind: Route
+            metadata: {name: p}
+            spec:
+              match: /p/
+              handler:
+                type: reverse-proxy
+                upstream: "http://127.0.0.1:1"
+                stripPrefix: "/a b/%41/%zz/x;y=1,z:@!$&'()*+~"
+            """,
+        )
+        static, proxy = (route.handler for route in config.routes)
+        assert isinstance(static, StaticHandlerSpec) and isinstance(proxy, ProxyHandlerSpec)
+        self.assertEqual(static.strip_prefix, "/%C3%A4")
+        self.assertEqual(proxy.strip_prefix, "/a%20b/%41/%25zz/x;y=1,z:@!$&'()*+~")
+
+    def test_must_start_with_slash(self) -> None:
+        self.assertEqual(
+            problems_of(
+                self.mktemp(),
+                "kind: Route\nmetadata: {name: p}\nspec: {match: /p/, handler: {type: "
+                "reverse-proxy, upstream: 'http://127.0.0.1:1', stripPrefix: ä}}\n",
+            ),
+            ['document 2, Route "p": spec.handler.stripPrefix: "ä" must start with "/"'],
         )

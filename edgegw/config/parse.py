@@ -14,13 +14,12 @@ import os
 import re
 from collections.abc import Callable, Mapping
 from typing import Any, cast
-from urllib.parse import urlsplit
 
 import attrs
 
 from edgegw.config.errors import Location, Problems
 from edgegw.config.fields import Node, suggest, type_name
-from edgegw.config.load import Document, read_documents
+from edgegw.config.load import Document, read_sources
 from edgegw.config.model import (
     AccessLogSpec,
     AccessSpec,
@@ -80,6 +79,15 @@ _TOKEN = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+\Z")
 _LABEL_VALUE = re.compile(r"[^\x00-\x1f\x7f]*\Z")
 _PLACEHOLDER = re.compile(r"\{([^{}]*)\}")
 _METHOD = _TOKEN
+_BAD_HEADER_VALUE = re.compile(r"[^\t\x20-\x7e]")
+_SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9+.\-]*\Z")
+# A character that cannot appear as it is in an RFC 3986 path: not unreserved, not a
+# sub-delim, ":", "@" or "/", and not the "%" of a valid %XX escape.
+_BAD_PATH = re.compile(r"%(?![0-9A-Fa-f]{2})|[^A-Za-z0-9\-._~!$&'()*+,;=:@/%]")
+_DOTTED_NUMBERS = re.compile(r"[0-9.]+\Z")
+# Underscores are not DNS host-name syntax, but service names (Docker Compose, SRV-style
+# labels) use them and resolve fine over plain http.
+_HOST_LABEL = re.compile(r"[A-Za-z0-9_](?:[A-Za-z0-9_\-]{0,61}[A-Za-z0-9_])?\Z")
 
 
 def load_config(source: str, environ: Mapping[str, str] | None = None) -> Config:
@@ -90,8 +98,8 @@ def load_config(source: str, environ: Mapping[str, str] | None = None) -> Config
     @raise ConfigError: With every problem found.
     """
     problems = Problems()
-    documents = list(read_documents(source, os.environ if environ is None else environ, problems))
-    config = _Parser(source, problems).parse(documents)
+    sources = read_sources(source, os.environ if environ is None else environ, problems)
+    config = _Parser(source, problems, complete=sources.complete).parse(list(sources.documents))
     problems.raise_if_any()
     assert config is not None
     return config
@@ -127,21 +135,198 @@ def _check_header_name(node: Node, key: str, value: str | None) -> None:
         node.error(key, f'"{value}" is not a valid HTTP header name')
 
 
+def _show(value: str) -> str:
+    """
+    C{value} for a message: characters that cannot be printed are escaped as in Python,
+    so that every problem stays on one line.
+    """
+    return "".join(
+        char if char.isprintable() else char.encode("unicode_escape").decode("ascii")
+        for char in value
+    )
+
+
+def _describe(char: str) -> str:
+    """
+    One character for a message: C{a space}, C{"["}, C{"ä" (U+00E4)} or C{U+000D}.
+    """
+    if char == " ":
+        return "a space"
+    if char.isascii() and char.isprintable():
+        return f'"{char}"'
+    if char.isprintable():
+        return f'"{char}" (U+{ord(char):04X})'
+    return f"U+{ord(char):04X}"
+
+
+def _percent_encode(text: str) -> str:
+    return "".join(f"%{byte:02X}" for byte in text.encode("utf-8", "surrogatepass"))
+
+
+def _check_header_value(node: Node, key: str, value: str | None) -> None:
+    """
+    A header value must be sendable as it is: visible ASCII, spaces and tabs (RFC 9110
+    field-vchar without obs-text); anything else is refused or mangled by clients.
+    """
+    if value is None:
+        return
+    bad = _BAD_HEADER_VALUE.search(value)
+    if bad is not None:
+        node.error(
+            key,
+            f'"{_show(value)}" is not a valid HTTP header value: {_describe(bad.group())} '
+            "is not allowed; use printable ASCII",
+        )
+
+
 def _check_url(node: Node, key: str, value: str | None, schemes: tuple[str, ...]) -> None:
-    if not value:
-        return
-    try:
-        parts = urlsplit(value)
-        port = parts.port
-    except ValueError as e:
-        node.error(key, f'"{value}" is not a valid URL: {e}')
-        return
-    del port
-    if parts.scheme not in schemes or not parts.hostname:
-        wanted = " or ".join(f"{scheme}://" for scheme in schemes)
-        node.error(key, f'"{value}" is not a valid URL: expected {wanted} followed by a host')
-    elif parts.query or parts.fragment:
-        node.error(key, f'"{value}": a query or fragment is not allowed here')
+    if value:
+        problem = _url_problem(value, schemes)
+        if problem is not None:
+            node.error(key, problem)
+
+
+def _url_problem(value: str, schemes: tuple[str, ...]) -> str | None:
+    """
+    Why C{value} is not a usable absolute URL with one of C{schemes}, or L{None}.
+
+    Checked strictly, so that nothing fails later: ASCII only; the host an IP address
+    (IPv6 in brackets) or a DNS name (internationalized names in punycode); no
+    credentials; a port from 1 to 65535; a path of RFC 3986 path characters and
+    C{%XX} escapes; no query or fragment.
+    """
+    shown = _show(value)
+    invalid = f'"{shown}" is not a valid URL'
+    wanted = " or ".join(f"{name}://" for name in schemes)
+    scheme, separator, rest = value.partition("://")
+    if not separator or scheme.lower() not in schemes or not _SCHEME.match(scheme):
+        return f"{invalid}: expected {wanted} followed by a host"
+    end = len(rest)
+    for delimiter in "/?#":
+        position = rest.find(delimiter)
+        if position != -1:
+            end = min(end, position)
+    authority, tail = rest[:end], rest[end:]
+    if "@" in authority:
+        redacted = f"{scheme}://***@{authority.rpartition('@')[2]}{tail}"
+        return f'"{_show(redacted)}" is not a valid URL: credentials in the URL are not allowed'
+    if not authority or (authority.startswith(":") and authority.count(":") == 1):
+        return f"{invalid}: expected {wanted} followed by a host"
+    problem = _authority_problem(authority)
+    if problem is not None:
+        return f"{invalid}: {problem}"
+    path = tail.partition("?")[0].partition("#")[0]
+    if path != tail:
+        return f'"{shown}": a query or fragment is not allowed here'
+    bad = _BAD_PATH.search(path)
+    if bad is None:
+        return None
+    if bad.group() == "%":
+        escape = _show(path[bad.start() : bad.start() + 3])
+        return (
+            f'{invalid}: "{escape}" is not a valid percent-escape (use "%" and two hex '
+            'digits; "%25" for "%" itself)'
+        )
+    char = bad.group()
+    return (
+        f"{invalid}: {_describe(char)} is not allowed in the path; percent-encode it "
+        f'("{_percent_encode(char)}")'
+    )
+
+
+def _authority_problem(authority: str) -> str | None:
+    """
+    What is wrong with C{host[:port]} (no credentials), or L{None}.
+    """
+    if authority.startswith("["):
+        literal, bracket, port = authority[1:].partition("]")
+        if not bracket:
+            return f'"[{_show(literal)}" has no closing "]"'
+        try:
+            ipaddress.IPv6Address(literal)
+        except ValueError:
+            return f'"{_show(literal)}" is not a valid IPv6 address'
+        if "%" in literal:
+            return f'"{_show(literal)}": IPv6 zone identifiers are not supported'
+        if port and not port.startswith(":"):
+            return f'unexpected "{_show(port)}" after the IPv6 address'
+        port = port[1:]
+    else:
+        host, _, port = authority.partition(":")
+        if ":" in port:
+            return 'an IPv6 address must be written in brackets, such as "[::1]"'
+        problem = _host_problem(host)
+        if problem is not None:
+            return problem
+    if port and not (port.isascii() and port.isdigit()):
+        return f'the port "{_show(port)}" is not a number'
+    if port and not 0 < int(port) < 65536:
+        return f"the port must be between 1 and 65535, got {int(port)}"
+    return None
+
+
+def _host_problem(host: str) -> str | None:
+    """
+    What is wrong with a host that is not an IPv6 literal, or L{None}.
+    """
+    if not host.isascii():
+        try:
+            punycode = host.encode("idna").decode("ascii")
+        except UnicodeError:
+            example = ""
+        else:
+            example = f' ("{punycode}")'
+        return (
+            f'the host "{_show(host)}" is not ASCII: write internationalized names in '
+            f"punycode{example}"
+        )
+    if _DOTTED_NUMBERS.match(host):
+        try:
+            ipaddress.IPv4Address(host)
+        except ValueError:
+            return f'"{host}" is not a valid IPv4 address'
+        return None
+    name = host.removesuffix(".")
+    if len(name) > 253 or not all(_HOST_LABEL.match(label) for label in name.split(".")):
+        return (
+            f'"{_show(host)}" is not a valid host name: use letters, digits, hyphens, '
+            "underscores and dots (labels of 1 to 63 characters, not starting or ending with "
+            '"-"), or an IP address'
+        )
+    return None
+
+
+def _strip_prefix(node: Node) -> str | None:
+    """
+    C{stripPrefix}, percent-encoded as request paths are (UTF-8), so that C{/ä} matches
+    the C{/%C3%A4} a client sends; RFC 3986 path characters and C{%XX} escapes are kept.
+    """
+    strip = node.string("stripPrefix")
+    if strip is None:
+        return None
+    if not strip.startswith("/"):
+        node.error("stripPrefix", f'"{_show(strip)}" must start with "/"')
+        return strip
+    return _BAD_PATH.sub(lambda found: _percent_encode(found.group()), strip)
+
+
+def _output_problem(path: str) -> str | None:
+    """
+    Why the access log cannot be appended to the file at C{path}, or L{None}.
+    """
+    directory = os.path.dirname(path)
+    if os.path.isdir(path):
+        return f"{path} is a directory"
+    if not os.path.isdir(directory):
+        if os.path.exists(directory):
+            return f"the directory of {path} is not a directory"
+        return f"the directory of {path} does not exist"
+    if os.path.exists(path):
+        if not os.access(path, os.W_OK):
+            return f"{path} cannot be written: permission denied"
+    elif not os.access(directory, os.W_OK | os.X_OK):
+        return f"{path} cannot be written: cannot create files in {directory}"
+    return None
 
 
 def _decode_key(text: str) -> bytes | None:
@@ -178,9 +363,16 @@ def _ed25519_key(node: Node, key: str, what: str) -> bytes:
 
 
 class _Parser:
-    def __init__(self, source: str, problems: Problems) -> None:
+    """
+    @ivar complete: Whether every source file was read and parsed; when not, rules that
+        look for a resource (the Gateway, a Policy, a StateProvider) are skipped, since
+        it may be in a file that could not be read.
+    """
+
+    def __init__(self, source: str, problems: Problems, *, complete: bool = True) -> None:
         self.source = source
         self.problems = problems
+        self.complete = complete
 
     def parse(self, documents: list[Document]) -> Config | None:
         gateways: list[tuple[Location, GatewaySpec]] = []
@@ -342,8 +534,9 @@ class _Parser:
         output = node.string("output", "log", nonempty=True) or "log"
         if output not in ("log", "-"):
             output = os.path.normpath(os.path.join(base_dir, output))
-            if not os.path.isdir(os.path.dirname(output)):
-                node.error("output", f"the directory of {output} does not exist")
+            problem = _output_problem(output)
+            if problem is not None:
+                node.error("output", problem)
         node.finish()
         return AccessLogSpec(output=output)
 
@@ -393,8 +586,7 @@ class _Parser:
                 ("contentSecurityPolicy", None),
             ):
                 value = headers_node.string(key, default)
-                if value is not None and any(c in value for c in "\r\n\x00"):
-                    headers_node.error(key, "header values must not contain CR, LF or NUL")
+                _check_header_value(headers_node, key, value)
                 values[key] = value
             headers = SecurityHeadersSpec(
                 frame_options=values["frameOptions"] or "",
@@ -623,8 +815,7 @@ class _Parser:
             headers = otlp.string_map("headers") or {}
             for name, value in headers.items():
                 _check_header_name(otlp, f"headers.{name}", name)
-                if any(c in value for c in "\r\n\x00"):
-                    otlp.error(f"headers.{name}", "header values must not contain CR, LF or NUL")
+                _check_header_value(otlp, f"headers.{name}", value)
             timeout = otlp.duration("timeout", 10.0, positive=True) or 10.0
             otlp.finish()
         ratio = 1.0
@@ -850,12 +1041,9 @@ class _Parser:
         index = node.string("index", "index.html", nonempty=True) or "index.html"
         if "/" in index or index.startswith("."):
             node.error("index", f'"{index}" must be a plain file name')
-        strip = node.string("stripPrefix")
-        if strip is not None and not strip.startswith("/"):
-            node.error("stripPrefix", f'"{strip}" must start with "/"')
+        strip = _strip_prefix(node)
         cache_control = node.string("cacheControl")
-        if cache_control is not None and any(c in cache_control for c in "\r\n\x00"):
-            node.error("cacheControl", "header values must not contain CR, LF or NUL")
+        _check_header_value(node, "cacheControl", cache_control)
         return StaticHandlerSpec(
             dir=resolved,
             index=index,
@@ -867,9 +1055,7 @@ class _Parser:
     def _proxy(self, node: Node, base_dir: str, match: str) -> HandlerSpec:
         upstream = node.required_string("upstream")
         _check_url(node, "upstream", upstream, ("http", "https"))
-        strip = node.string("stripPrefix")
-        if strip is not None and not strip.startswith("/"):
-            node.error("stripPrefix", f'"{strip}" must start with "/"')
+        strip = _strip_prefix(node)
         return ProxyHandlerSpec(
             upstream=upstream,
             strip_prefix=strip,
@@ -929,7 +1115,8 @@ class _Parser:
         self, gateways: list[tuple[Location, GatewaySpec]]
     ) -> tuple[Location, GatewaySpec] | None:
         if not gateways:
-            self.problems.add(None, "", "no Gateway resource: exactly one is required")
+            if self.complete:
+                self.problems.add(None, "", "no Gateway resource: exactly one is required")
             return None
         for location, _ in gateways[1:]:
             self.problems.add(
@@ -972,7 +1159,7 @@ class _Parser:
         holders: list[RouteSpec | RouteGroupSpec] = [*routes, *groups]
         for holder in holders:
             for index, policy in enumerate(holder.access.authorize):
-                if policy not in policies:
+                if policy not in policies and self.complete:
                     self.problems.add(
                         holder.location,
                         f"spec.access.authorize[{index}]",
@@ -1007,7 +1194,7 @@ class _Parser:
             )
         state = spec.state_provider
         known_types = {"kvstore"} | {provider.type for provider in providers.values()}
-        if state is not None and state.type and state.type not in known_types:
+        if state is not None and state.type and state.type not in known_types and self.complete:
             self.problems.add(
                 location,
                 "spec.stateProvider.type",
