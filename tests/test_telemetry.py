@@ -420,3 +420,37 @@ spec: {{match: /h, handler: {{type: health}}}}
             self.assertTrue(data.startswith(b"HTTP/1.1 200 OK"), data)
         # Exporting fails in the processor's thread; requests were never held up by it.
         await gateway.telemetry.force_flush()
+
+
+class RecoverCorrelationTests(SynchronousTestCase):
+    def test_panic_logged_with_trace_and_span_ids(self) -> None:
+        from edgegw.chain.exchange import Exchange
+        from edgegw.chain.pipeline import RouteRunner
+
+        events = capture_log(self)
+        spans = InMemorySpanExporter()
+        config = load_text(
+            self.mktemp(),
+            TELEMETRY
+            + "kind: Route\nmetadata: {name: h}\nspec: {match: /boom, handler: {type: health}}\n",
+        )
+        gateway = build_gateway(config, Clock(), None, SimpleSpanProcessor(spans))
+        runner: RouteRunner = gateway.site.resource.dispatcher.inner.mux.route(
+            "GET", "", "/boom"
+        ).target
+
+        async def broken(exchange: Exchange) -> None:
+            raise RuntimeError("kaboom")
+
+        from edgegw.chain.pipeline import compose
+        from edgegw.chain.recover import recover
+
+        runner._handler = compose([recover], broken)
+        response = MemoryClient(gateway.site).request("GET", "/boom")
+        self.assertEqual(response.status, 500)
+        failure = next(e for e in events if e.get("log_namespace") == "edgegw.recover")
+        server = next(s for s in spans.get_finished_spans())
+        self.assertEqual(failure["trace_id"], f"{server.context.trace_id:032x}")
+        self.assertEqual(failure["span_id"], f"{server.context.span_id:016x}")
+        self.assertEqual(server.status.status_code.name, "ERROR")
+        self.flushLoggedErrors(RuntimeError)
