@@ -126,7 +126,49 @@ class _TrackedChannel(HTTPChannel):
         self.backend._channel_lost(self)
 
 
-class SiteBackend:
+class _ConnectionTracking:
+    """
+    What both backends share: their port, and waiting for accepted connections to close.
+    """
+
+    _port: Any
+    _lost_waiters: list[Deferred[None]]
+
+    def _open_connections(self) -> list[Any]:
+        raise NotImplementedError
+
+    @property
+    def port(self) -> int:
+        """
+        The TCP port listened on.
+        """
+        return int(self._port.getHost().port)
+
+    def next_lost(self) -> Deferred[None]:
+        """
+        Fires when the next accepted connection closes.
+        """
+        d: Deferred[None] = Deferred()
+        self._lost_waiters.append(d)
+        return d
+
+    async def all_lost(self) -> None:
+        """
+        Wait until every connection accepted so far has closed.
+        """
+        while self._open_connections():
+            await self.next_lost()
+
+    def _forget(self, connection: Any) -> None:
+        connections = self._open_connections()
+        if connection in connections:
+            connections.remove(connection)
+        waiters, self._lost_waiters = self._lost_waiters, []
+        for waiter in waiters:
+            waiter.callback(None)
+
+
+class SiteBackend(_ConnectionTracking):
     """
     A Twisted web server answering with C{responder(request)} (bytes, or
     C{NOT_DONE_YET} to answer later), by default C{200 "hello"}.
@@ -172,12 +214,8 @@ class SiteBackend:
             self._port = reactor.listenSSL(0, site, self._tls.options(), interface="127.0.0.1")
         return self
 
-    @property
-    def port(self) -> int:
-        """
-        The TCP port listened on.
-        """
-        return int(self._port.getHost().port)
+    def _open_connections(self) -> list[Any]:
+        return self.channels
 
     def upstream(self, host: str = "127.0.0.1", verify_tls: bool = True) -> Upstream:
         """
@@ -185,28 +223,9 @@ class SiteBackend:
         """
         return Upstream("https" if self._tls else "http", host, self.port, verify_tls)
 
-    def next_lost(self) -> Deferred[None]:
-        """
-        Fires when the next accepted connection closes.
-        """
-        d: Deferred[None] = Deferred()
-        self._lost_waiters.append(d)
-        return d
-
-    async def all_lost(self) -> None:
-        """
-        Wait until every connection accepted so far has closed.
-        """
-        while self.channels:
-            await self.next_lost()
-
     def _channel_lost(self, channel: _TrackedChannel) -> None:
-        if channel in self.channels:
-            self.channels.remove(channel)
         self.closed += 1
-        waiters, self._lost_waiters = self._lost_waiters, []
-        for waiter in waiters:
-            waiter.callback(None)
+        self._forget(channel)
 
     async def stop(self) -> None:
         """
@@ -426,7 +445,7 @@ def scripted(
     return respond
 
 
-class RawBackend:
+class RawBackend(_ConnectionTracking):
     """
     A TCP server that hands each request it reads to C{respond(request, connection)}.
 
@@ -466,12 +485,8 @@ class RawBackend:
         self._port = reactor.listenTCP(0, _Factory(), interface="127.0.0.1")
         return self
 
-    @property
-    def port(self) -> int:
-        """
-        The TCP port listened on.
-        """
-        return int(self._port.getHost().port)
+    def _open_connections(self) -> list[Any]:
+        return self._open
 
     def upstream(self) -> Upstream:
         """
@@ -479,27 +494,8 @@ class RawBackend:
         """
         return Upstream("http", "127.0.0.1", self.port)
 
-    def next_lost(self) -> Deferred[None]:
-        """
-        Fires when the next accepted connection closes.
-        """
-        d: Deferred[None] = Deferred()
-        self._lost_waiters.append(d)
-        return d
-
-    async def all_lost(self) -> None:
-        """
-        Wait until every connection accepted so far has closed.
-        """
-        while self._open:
-            await self.next_lost()
-
     def _lost(self, connection: RawConnection) -> None:
-        if connection in self._open:
-            self._open.remove(connection)
-        waiters, self._lost_waiters = self._lost_waiters, []
-        for waiter in waiters:
-            waiter.callback(None)
+        self._forget(connection)
 
     async def stop(self) -> None:
         """
