@@ -11,7 +11,7 @@ dropped).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -168,14 +168,3 @@ def attributes_of(values: Mapping[str, Any]) -> dict[str, Any]:
     Span attributes without the L{None} values.
     """
     return {key: value for key, value in values.items() if value is not None}
-
-
-def first_forwarded_for(values: Iterable[bytes]) -> str | None:
-    """
-    The original client in an C{X-Forwarded-For} chain (its leftmost address).
-    """
-    for value in values:
-        first = value.split(b",", 1)[0].strip()
-        if first:
-            return first.decode("latin-1")
-    return None

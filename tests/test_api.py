@@ -471,3 +471,58 @@ class CallRecordTests(LiveTests):
         self.assertEqual((calls["broken"]["status"], calls["broken"]["error"]), (500, "status 500"))
         self.assertEqual(calls["odd"]["error"], "body is not JSON")
         self.assertIsInstance(calls["ok"]["ms"], float)
+
+
+class ReviewRegressionTests(LiveTests):
+    async def test_path_literals_validated_at_load(self) -> None:
+        from tests.support.configs import problems_of
+
+        problems = problems_of(
+            self.mktemp(),
+            """\
+            kind: Route
+            metadata: {name: a}
+            spec:
+              match: GET /a/{id}
+              handler:
+                type: api
+                backends:
+                  - {group: x, upstream: "http://127.0.0.1:1", path: "/\u00e9/{id}"}
+                  - {group: y, upstream: "http://127.0.0.1:1", path: "/e/a b"}
+                  - {group: z, upstream: "http://127.0.0.1:1", path: "/ok/{id}?expand=1&v=%20"}
+            """,
+        )
+        self.assertEqual(
+            problems,
+            [
+                'document 2, Route "a": spec.handler.backends[0].path: "/\u00e9/{id}": "\u00e9" '
+                '(U+00E9) is not allowed in a path; percent-encode it ("%C3%A9")',
+                'document 2, Route "a": spec.handler.backends[1].path: "/e/a b": a space is not '
+                'allowed in a path; percent-encode it ("%20")',
+            ],
+        )
+
+    async def test_static_query_merged_with_forwarded_query(self) -> None:
+        port = self.gateway(
+            '- {group: x, upstream: "UP", path: "/json/{id}?expand=1", forwardQuery: true}\n'
+        )
+        _, _, body = await self.get(port, "/a/7?page=2")
+        self.assertEqual(json.loads(body)["x"]["uri"], "/json/7?expand=1&page=2")
+
+    async def test_cancelled_calls_are_in_the_access_log(self) -> None:
+        from tests.test_pipeline import capture_log
+
+        events = capture_log(self)
+        port = self.gateway(
+            """\
+            - {group: bad, upstream: "UP", path: "/fail"}
+            - {group: slow, upstream: "UP", path: "/slow", required: false}
+            """
+        )
+        status, _, _ = await self.get(port, "/a/1")
+        self.assertEqual(status, 502)
+        records = [e["access"] for e in events if e.get("log_namespace") == "edgegw.access"]
+        calls = {call["name"]: call for call in records[0]["upstream_calls"]}
+        self.assertEqual(calls["slow"]["error"], "cancelled")
+        while not self.backends.lost:
+            await deferLater(reactor, 0.01, lambda: None)

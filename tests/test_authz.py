@@ -408,3 +408,55 @@ class RegoNativeFailureTests(SynchronousTestCase):
         policy.interpreter = Broken()
         document = RoutePolicies([], "/", "r", {}).input_document(exchange_for(None))
         self.assertEqual(policy.evaluate(document), ["evaluation error"])
+
+
+class ReviewRegressionTests(SynchronousTestCase):
+    def test_encoded_path_cannot_hide_from_a_path_rule(self) -> None:
+        root = os.path.abspath(self.mktemp())
+        write_tree(
+            root,
+            {
+                "policies/authz.rego": DELETE_NEEDS_ADMIN,
+            },
+        )
+        config = load_text(
+            root,
+            """\
+            kind: Policy
+            metadata: {name: p}
+            spec: {rego: {path: policies/authz.rego}}
+            ---
+            kind: RouteGroup
+            metadata: {name: all}
+            spec: {access: {authorize: [p]}}
+            ---
+            kind: Route
+            metadata: {name: private}
+            spec: {match: "/private/{x}", handler: {type: health}}
+            ---
+            kind: Route
+            metadata: {name: rest}
+            spec: {match: /, handler: {type: health}}
+            """,
+        )
+        client = MemoryClient(build_gateway(config, Clock()).site)
+        for target in ("/private/a", "/%70rivate/a", "/%70%72ivate/x"):
+            self.assertEqual(client.request("GET", target).status, 403, target)
+        self.assertEqual(client.request("GET", "/public").status, 200)
+
+    def test_complete_deny_rule_with_a_condition_loads(self) -> None:
+        policy = RegoPolicy(
+            rego_file(
+                self,
+                """\
+                package gw.authz
+                import rego.v1
+                deny := {"blocked user"} if input.subject == "bob"
+                """,
+            )
+        )
+        document = RoutePolicies([], "/", "r", {}).input_document
+        self.assertEqual(
+            policy.evaluate(document(exchange_for(Principal("bob")))), ["blocked user"]
+        )
+        self.assertIsNone(policy.evaluate(document(exchange_for(Principal("ann")))))

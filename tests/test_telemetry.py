@@ -454,3 +454,30 @@ class RecoverCorrelationTests(SynchronousTestCase):
         self.assertEqual(failure["span_id"], f"{server.context.span_id:016x}")
         self.assertEqual(server.status.status_code.name, "ERROR")
         self.flushLoggedErrors(RuntimeError)
+
+
+class ClientAddressTests(SynchronousTestCase):
+    def test_rightmost_untrusted_hop(self) -> None:
+        from edgegw.edge.forwarded import ForwardedFilter
+        from edgegw.edge.tracing import client_from_chain
+
+        trusted = ForwardedFilter(["10.0.0.0/8"])
+        # The client wrote "6.6.6.6" itself; the trusted proxy appended the real peer.
+        self.assertEqual(client_from_chain([b"6.6.6.6, 203.0.113.7"], trusted), "203.0.113.7")
+        self.assertEqual(
+            client_from_chain([b"203.0.113.7, 10.0.0.2", b"10.0.0.3"], trusted), "203.0.113.7"
+        )
+        self.assertEqual(client_from_chain([b"10.0.0.2"], trusted), "10.0.0.2")
+
+    def test_reserved_access_log_fields(self) -> None:
+        self.assertEqual(
+            problems_of(
+                self.mktemp(),
+                "kind: Telemetry\nmetadata: {name: t}\n"
+                "spec: {service: {name: e}, accessLog: {fields: {status: '200', env: prod}}}\n",
+            ),
+            [
+                'document 2, Telemetry "t": spec.accessLog.fields.status: "status" is a field '
+                "the gateway writes itself"
+            ],
+        )

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from typing import Any
+from urllib.parse import unquote_to_bytes
 
 import attrs
 
@@ -96,7 +97,9 @@ class RoutePolicies:
             "claims": dict(principal.passport) if principal is not None else {},
             "request": {
                 "method": request.method.decode("latin-1"),
-                "path": request.path.decode("utf-8", "replace"),
+                # Decoded, as the mux matched it (and as backends will read it): on the raw
+                # path, /%70rivate would get past a rule about /private.
+                "path": unquote_to_bytes(request.path).decode("utf-8", "replace"),
                 "route": self.route_pattern,
                 "route_name": self.route_name,
                 "labels": self.labels,

@@ -26,6 +26,7 @@ from regopy import Input, Interpreter
 
 ENTRYPOINT = "gw/authz/deny"
 _PACKAGE = re.compile(r"\A(?:\s|#[^\n]*\n)*package\s+gw\.authz\s*(?:#[^\n]*)?$", re.MULTILINE)
+_DENY_RULE = re.compile(r"^[ \t]*(?:default[ \t]+)?deny\b", re.MULTILINE)
 _PROBE: dict[str, Any] = {
     "subject": "",
     "groups": [],
@@ -72,6 +73,7 @@ class RegoPolicy:
         self.path = path
         self.interpreter = Interpreter()
         self.interpreter.strict_built_in_errors = True
+        has_deny = False
         for file in rego_files(path):
             try:
                 with open(file, encoding="utf-8") as stream:
@@ -80,6 +82,7 @@ class RegoPolicy:
                 raise RegoLoadError(f"{file}: cannot read: {e}") from None
             if not _PACKAGE.search(source):
                 raise RegoLoadError(f"{file}: the package must be gw.authz")
+            has_deny = has_deny or bool(_DENY_RULE.search(source))
             try:
                 self.interpreter.add_module(os.path.basename(file), source)
             except Exception as e:  # RegoError, or anything else the library raises
@@ -88,12 +91,14 @@ class RegoPolicy:
             self.bundle = self.interpreter.build(None, [ENTRYPOINT])
         except Exception as e:
             raise RegoLoadError(f"{path}: {_first_line(e)}") from None
-        probe = self._query(_PROBE)
-        if probe is None:
+        if not has_deny:
             raise RegoLoadError(f"{path}: no deny rule in package gw.authz")
+        # The probe (an anonymous GET /) checks the shape of deny; it may well be undefined
+        # there (a rule with conditions), which says nothing either way.
+        probe = self._query(_PROBE)
         # An evaluation error here may depend on the input; only a defined result of the
         # wrong type is certain.
-        if probe is not _ERROR and not isinstance(probe, list):
+        if probe is not None and probe is not _ERROR and not isinstance(probe, list):
             raise RegoLoadError(f"{path}: deny must be a set of strings")
 
     def _query(self, document: Mapping[str, Any]) -> Any:

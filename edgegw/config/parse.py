@@ -63,6 +63,28 @@ from edgegw.edge.csrf import TrustedOriginError, validate_trusted_origin
 from edgegw.edge.listen import endpoint_description
 from edgegw.edge.mux import ConflictError, Mux, PatternError
 
+RESERVED_ACCESS_LOG_FIELDS = frozenset(
+    {
+        "method",
+        "path",
+        "status",
+        "duration_ms",
+        "bytes",
+        "request_id",
+        "route",
+        "trace_id",
+        "span_id",
+        "request_headers",
+        "upstream_calls",
+        "authz_denied",
+        "error",
+        "client_gone",
+        "tunnel_bytes_up",
+        "api_error",
+    }
+)
+"""Fields of an access-log line that constant C{accessLog.fields} may not overwrite."""
+
 KINDS = (
     "Gateway",
     "IdP",
@@ -84,6 +106,7 @@ _SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9+.\-]*\Z")
 # A character that cannot appear as it is in an RFC 3986 path: not unreserved, not a
 # sub-delim, ":", "@" or "/", and not the "%" of a valid %XX escape.
 _BAD_PATH = re.compile(r"%(?![0-9A-Fa-f]{2})|[^A-Za-z0-9\-._~!$&'()*+,;=:@/%]")
+_BAD_QUERY = re.compile(r"%(?![0-9A-Fa-f]{2})|[^A-Za-z0-9\-._~!$&'()*+,;=:@/?%]")
 _DOTTED_NUMBERS = re.compile(r"[0-9.]+\Z")
 # Underscores are not DNS host-name syntax, but service names (Docker Compose, SRV-style
 # labels) use them and resolve fine over plain http.
@@ -836,6 +859,11 @@ class _Parser:
             for index, name in enumerate(log_headers):
                 _check_header_name(access_log, f"requestHeaders[{index}]", name)
             log_fields = access_log.string_map("fields") or {}
+            for name in log_fields:
+                if name in RESERVED_ACCESS_LOG_FIELDS:
+                    access_log.error(
+                        f"fields.{name}", f'"{name}" is a field the gateway writes itself'
+                    )
             access_log.finish()
         return TelemetrySpec(
             service_name=service_name,
@@ -1081,6 +1109,22 @@ class _Parser:
             path = item.required_string("path")
             if path and not path.startswith("/"):
                 item.error("path", f'"{path}" must start with "/"')
+            else:
+                # A static query may follow the path (/users/{id}?expand=1).
+                literal, question, query = _PLACEHOLDER.sub("x", path).partition("?")
+                bad = _BAD_PATH.search(literal) or (_BAD_QUERY.search(query) if question else None)
+                if bad is not None:
+                    char = bad.group()
+                    item.error(
+                        "path",
+                        f'"{_show(path)}": '
+                        + (
+                            "a percent-escape needs two hex digits"
+                            if char == "%"
+                            else f"{_describe(char)} is not allowed in a path; percent-encode "
+                            f'it ("{_percent_encode(char)}")'
+                        ),
+                    )
             for placeholder in _PLACEHOLDER.findall(path):
                 if placeholder not in wildcards:
                     known = ", ".join(sorted(wildcards)) or "none"

@@ -10,6 +10,7 @@ upstream call it makes see it as their parent.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from opentelemetry.context import attach, detach
@@ -19,7 +20,7 @@ from twisted.web.server import Request
 
 from edgegw.edge.forwarded import ForwardedFilter
 from edgegw.edge.site import Dispatcher
-from edgegw.telemetry import Telemetry, attributes_of, extract_context, first_forwarded_for
+from edgegw.telemetry import Telemetry, attributes_of, extract_context
 
 
 class TracingDispatcher:
@@ -41,7 +42,8 @@ class TracingDispatcher:
         client = peer_host
         if peer_host is not None and self.forwarded.is_trusted(peer_host):
             chain = headers.getRawHeaders(b"x-forwarded-for")
-            client = (first_forwarded_for(chain) if chain else None) or client
+            if chain:
+                client = client_from_chain(chain, self.forwarded) or client
         agent = headers.getRawHeaders(b"user-agent")
         server_name, _, _ = host.rpartition(":") if host.count(":") == 1 else (host, "", "")
         parent = extract_context(headers)
@@ -72,6 +74,18 @@ class TracingDispatcher:
             return self.inner.dispatch(request, method, host, path, query)
         finally:
             detach(token)
+
+
+def client_from_chain(chain: Sequence[bytes], forwarded: ForwardedFilter) -> str | None:
+    """
+    The client in an C{X-Forwarded-For} chain: the rightmost address that is not a
+    trusted proxy (addresses left of it could have been written by the client itself).
+    """
+    addresses = [part.strip().decode("latin-1") for value in chain for part in value.split(b",")]
+    for address in reversed(addresses):
+        if address and not forwarded.is_trusted(address):
+            return address
+    return addresses[0] if addresses and addresses[0] else None
 
 
 def _end_span(result: object, request: Request, span: Any, method: str) -> None:

@@ -102,6 +102,15 @@ def parse_template(path: str) -> tuple[str | tuple[str], ...]:
     return tuple(parts)
 
 
+def _with_query(target: bytes, query: bytes) -> bytes:
+    """
+    Add the client's query to a backend target that may carry a static query of its own.
+    """
+    if not query:
+        return target
+    return target + (b"&" if b"?" in target else b"?") + query
+
+
 class _Sink:
     """
     Collects a backend body, failing the call past the size cap.
@@ -265,13 +274,13 @@ class ApiHandler:
 
     async def __call__(self, exchange: Exchange) -> None:
         request = exchange.request
-        query = b""
-        if b"?" in request.uri:
-            query = b"?" + request.uri.split(b"?", 1)[1]
+        query = request.uri.partition(b"?")[2]
         try:
             targets = [
-                join_path(backend.base_path, fill_path(backend.template, exchange.params))
-                + (query if backend.spec.forward_query else b"")
+                _with_query(
+                    join_path(backend.base_path, fill_path(backend.template, exchange.params)),
+                    query if backend.spec.forward_query else b"",
+                )
                 for backend in self.backends
             ]
         except UnsafeWildcardError:
@@ -322,16 +331,21 @@ class _FanOut:
         self.calls: list[Deferred[_Outcome]] = []
         self.remaining = count
         self.timed_out = False
+        self.settled = False
         self.done: Deferred[list[_Outcome | None]] = Deferred(self._cancel_all)
         self.timer: IDelayedCall | None = None
 
     def run(self) -> Deferred[list[_Outcome | None]]:
         handler = self.handler
+        # Start every call before watching any: a call that fails synchronously may end the
+        # fan-out at once, and the calls it must then cancel have to exist already.
         for index, backend in enumerate(handler.backends):
-            call = Deferred.fromCoroutine(
-                handler._call(backend, self.exchange, self.targets[index], self)
+            self.calls.append(
+                Deferred.fromCoroutine(
+                    handler._call(backend, self.exchange, self.targets[index], self)
+                )
             )
-            self.calls.append(call)
+        for index, call in enumerate(self.calls):
             call.addBoth(self._finished, index)
         if handler.timeout is not None and not self.done.called:
             self.timer = handler.clock.callLater(handler.timeout, self._time_out)
@@ -348,12 +362,19 @@ class _FanOut:
                 return None
         self.outcomes[index] = result
         self.remaining -= 1
+        if self.settled:
+            return None
         required_failed = not result.ok and self.handler.backends[index].spec.required
-        if (required_failed or self.remaining == 0) and not self.done.called:
+        if required_failed or self.remaining == 0:
+            # Decided once: cancelling the other calls below may complete some of them
+            # synchronously, and they come back here.
+            self.settled = True
             self._stop_timer()
-            self.done.callback(self.outcomes)
             if required_failed:
+                # Before answering, so that the cancelled calls are in the access-log line
+                # and their spans end inside the request's.
                 self._cancel_outstanding()
+            self.done.callback(self.outcomes)
         return None
 
     def _time_out(self) -> None:
