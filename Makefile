@@ -10,6 +10,14 @@ STAMP := $(VENV)/.installed
 .PHONY: run test check lint typecheck unit venv clean bench
 
 $(STAMP): setup.py pyproject.toml
+	@# Stock Debian ships python3 without venv/ensurepip: install it when root.
+	@if ! $(PYTHON) -c "import ensurepip, venv" 2>/dev/null; then \
+		if [ "$$(id -u)" = 0 ]; then \
+			apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q python3-venv; \
+		else \
+			echo "edgegw needs python3-venv: run 'sudo apt-get install python3-venv' first"; exit 1; \
+		fi; \
+	fi
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q -e '.[test]' --config-settings editable_mode=compat
