@@ -236,29 +236,30 @@ def route_runner(
     return RouteRunner(route, compose(stages, terminal), inflight)
 
 
-@attrs.frozen
 class _TerminalContext:
     """
     What terminals share, computed once per gateway.
+
+    @ivar gateway_headers: Lowercased names of the response headers the gateway sets
+        itself (the proxy does not let an upstream override them).
+    @ivar assertion_headers: Lowercased identity-assertion header names (never forwarded
+        from a client).
     """
 
-    config: Config
-    client: UpstreamClient
-    reactor: IReactorTime
-
-    @property
-    def gateway_headers(self) -> frozenset[bytes]:
-        return frozenset(name.lower() for name, _ in security_headers(self.config.gateway.security))
-
-    @property
-    def assertion_headers(self) -> frozenset[bytes]:
+    def __init__(self, config: Config, client: UpstreamClient, reactor: IReactorTime) -> None:
+        self.config = config
+        self.client = client
+        self.reactor = reactor
+        self.gateway_headers = frozenset(
+            name.lower() for name, _ in security_headers(config.gateway.security)
+        )
         names = {b"x-gw-identity"}
-        assertion = self.config.gateway.identity.assertion
+        assertion = config.gateway.identity.assertion
         if assertion is not None and assertion.issue is not None:
             names.add(assertion.issue.header.lower().encode("ascii"))
         if assertion is not None and assertion.accept is not None:
             names.add(assertion.accept.header.lower().encode("ascii"))
-        return frozenset(names)
+        self.assertion_headers = frozenset(names)
 
 
 def _terminal(
