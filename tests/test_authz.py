@@ -460,3 +460,28 @@ class ReviewRegressionTests(SynchronousTestCase):
             policy.evaluate(document(exchange_for(Principal("bob")))), ["blocked user"]
         )
         self.assertIsNone(policy.evaluate(document(exchange_for(Principal("ann")))))
+
+
+class RouteTableTests(SynchronousTestCase):
+    def test_effective_access_is_shown(self) -> None:
+        from edgegw.check import route_table
+
+        config = load_text(self.mktemp(), GROUPS)
+        gateway = build_gateway(config, Clock())
+        rows = {line.split()[0]: line.split() for line in route_table(gateway.routes).splitlines()}
+        self.assertEqual(
+            rows["PATTERN"],
+            ["PATTERN", "NAME", "TYPE", "AUTH", "GROUPS", "POLICIES", "ON-DENY", "HANDLER"],
+        )
+        self.assertEqual(
+            rows["/api/"][:7],
+            ["/api/", "mine", "service", "required", "everything,apis", "p3,p1,p2", "-"],
+        )
+        self.assertEqual(
+            rows["/plain/"][:7],
+            ["/plain/", "plain", "app", "required", "everything", "p1,p2", "/first"],
+        )
+        self.assertEqual(
+            rows["/typed/"][:7],
+            ["/typed/", "own-type", "app", "public", "everything,apis", "p1,p2,p3", "/second"],
+        )

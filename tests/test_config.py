@@ -1321,3 +1321,36 @@ class StripPrefixTests(SynchronousTestCase):
             ),
             ['document 2, Route "p": spec.handler.stripPrefix: "ä" must start with "/"'],
         )
+
+
+class ForwardIdentityTests(SynchronousTestCase):
+    def test_needs_an_issuing_assertion(self) -> None:
+        self.assertEqual(
+            problems_of(
+                self.mktemp(),
+                """\
+                kind: Route
+                metadata: {name: p}
+                spec:
+                  match: /p/
+                  handler: {type: reverse-proxy, upstream: "http://127.0.0.1:1",
+                            forwardIdentity: true}
+                ---
+                kind: Route
+                metadata: {name: a}
+                spec:
+                  match: /a
+                  handler:
+                    type: api
+                    backends:
+                      - {group: x, upstream: "http://127.0.0.1:1", path: /x,
+                         forwardIdentity: true}
+                """,
+            ),
+            [
+                'document 2, Route "p": spec.handler.forwardIdentity: needs '
+                "identity.assertion.issue in the Gateway to mint assertions",
+                'document 3, Route "a": spec.handler.backends[0].forwardIdentity: needs '
+                "identity.assertion.issue in the Gateway to mint assertions",
+            ],
+        )

@@ -720,3 +720,34 @@ class DifferentialTests(SynchronousTestCase):
                 assert len(best) == 1, f"no unique winner among {[c[0].text for c in candidates]}"
                 return best[0]
         return None
+
+
+class LookupCostTests(SynchronousTestCase):
+    """
+    Lookup walks the routing tree by path segment: the work does not grow with the number
+    of routes (counted in tree nodes visited, not timed).
+    """
+
+    def nodes_visited(self, routes: int) -> int:
+        import edgegw.edge.mux as mux_module
+
+        mux: Mux[int] = Mux()
+        for index in range(routes):
+            mux.register(f"GET /svc{index}/items/{{id}}", index)
+        mux.register("GET /target/items/{id}", -1)
+        calls = 0
+        original = mux_module._match
+
+        def counting(*args: Any) -> Any:
+            nonlocal calls
+            calls += 1
+            return original(*args)
+
+        self.patch(mux_module, "_match", counting)
+        result = mux.route("GET", "h", "/target/items/7")
+        assert isinstance(result, Matched)
+        self.assertEqual((result.target, result.params), (-1, {"id": "7"}))
+        return calls
+
+    def test_same_work_for_10_and_10000_routes(self) -> None:
+        self.assertEqual(self.nodes_visited(10), self.nodes_visited(10_000))

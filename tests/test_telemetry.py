@@ -481,3 +481,44 @@ class ClientAddressTests(SynchronousTestCase):
                 "the gateway writes itself"
             ],
         )
+
+
+class ContextPropagationTests(SynchronousTestCase):
+    def test_current_span_survives_awaits_in_the_chain(self) -> None:
+        from opentelemetry import trace
+        from twisted.internet.defer import Deferred
+
+        from edgegw.chain.exchange import Exchange
+        from edgegw.chain.pipeline import RouteRunner, compose
+
+        spans = InMemorySpanExporter()
+        clock = Clock()
+        config = load_text(
+            self.mktemp(),
+            TELEMETRY
+            + "kind: Route\nmetadata: {name: h}\nspec: {match: /slow, handler: {type: health}}\n",
+        )
+        gateway = build_gateway(config, clock, None, SimpleSpanProcessor(spans))
+        runner: RouteRunner = gateway.site.resource.dispatcher.inner.mux.route(
+            "GET", "", "/slow"
+        ).target
+        seen: list[Any] = []
+
+        async def later(exchange: Exchange) -> None:
+            seen.append(trace.get_current_span())
+            resume: Deferred[None] = Deferred()
+            clock.callLater(1, resume.callback, None)
+            await resume
+            # Resumed from the clock, outside the request's dispatch: still its span.
+            seen.append(trace.get_current_span())
+            exchange.request.finish()
+
+        runner._handler = compose([], later)
+        client = MemoryClient(gateway.site)
+        client.send(b"GET /slow HTTP/1.1\r\nHost: gw\r\n\r\n")
+        self.assertEqual(trace.get_current_span(), trace.INVALID_SPAN)
+        clock.advance(1)
+        (server,) = spans.get_finished_spans()
+        self.assertEqual(
+            [span.get_span_context().span_id for span in seen], [server.context.span_id] * 2
+        )
