@@ -25,7 +25,7 @@ from edgegw.identity.principal import Principal
 from edgegw.upstream.pool import Upstream, UpstreamClient
 from tests.support.configs import GATEWAY, load_text, write_tree
 from tests.support.memory import MemoryClient
-from tests.support.processes import listen_local, port_of
+from tests.support.processes import listen_local, port_of, refused_port
 from tests.support.rawclient import connect, response_complete
 from tests.test_proxy import parse
 
@@ -389,9 +389,7 @@ class LiveTests(TestCase):
         self.assertEqual(headers["x-gw-partial"], ["z,a"])
 
     async def test_connection_refused_is_a_failure(self) -> None:
-        dead = listen_local(Site(Resource()))
-        dead_port = port_of(dead)
-        await dead.stopListening()
+        dead_port = await refused_port()
         port = self.gateway(
             f"""\
             - {{group: ok, upstream: "UP", path: "/json/ok"}}

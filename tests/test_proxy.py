@@ -38,7 +38,7 @@ from edgegw.config.parse import load_config
 from edgegw.gateway import Gateway, build_gateway
 from edgegw.upstream.pool import UpstreamClient
 from tests.support.configs import GATEWAY, write_tree
-from tests.support.processes import listen_local, port_of
+from tests.support.processes import listen_local, port_of, refused_port
 from tests.support.rawclient import RawClient, connect, response_complete
 from tests.test_listen import make_certificate
 
@@ -650,9 +650,7 @@ class ProxyCallRecordTests(ProxyTestCase):
         port = self.gateway()
         await self.get(port, "/missing")
         backend = str(port_of(self.backend_port))
-        dead = listen_local(Site(Resource()))
-        dead_port = port_of(dead)
-        await dead.stopListening()
+        dead_port = await refused_port()
         await self.get(self.gateway(upstream_port=dead_port), "/x")
         records = [e["access"] for e in events if e.get("log_namespace") == "edgegw.access"]
         first, second = (record["upstream_calls"][0] for record in records)

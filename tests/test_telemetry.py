@@ -26,7 +26,7 @@ from edgegw.telemetry import traces_url
 from edgegw.upstream.pool import UpstreamClient
 from tests.support.configs import GATEWAY, load_text, problems_of, write_tree
 from tests.support.memory import MemoryClient
-from tests.support.processes import listen_local, port_of
+from tests.support.processes import listen_local, port_of, refused_port
 from tests.support.rawclient import connect, response_complete
 from tests.test_pipeline import capture_log
 
@@ -386,9 +386,7 @@ spec: {{match: /, access: {{auth: public}},
         await self.export_roundtrip("grpc", endpoint, collector)
 
     async def test_unreachable_collector_never_fails_requests(self) -> None:
-        dead = listen_local(Site(Resource()))
-        dead_port = port_of(dead)
-        await dead.stopListening()
+        dead_port = await refused_port()
         root = write_tree(
             self.mktemp(),
             {

@@ -103,3 +103,15 @@ def listen_local(factory: Any) -> Any:
     from twisted.internet import reactor
 
     return reactor.listenTCP(0, factory, interface="127.0.0.1")
+
+
+async def refused_port() -> int:
+    """
+    A loopback port that was just free and now refuses connections (nothing listens).
+    """
+    from twisted.internet.protocol import Factory, Protocol
+
+    listening = listen_local(Factory.forProtocol(Protocol))
+    port = port_of(listening)
+    await listening.stopListening()
+    return port
