@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 CONFIG ?= etc/edgegw
 STAMP := $(VENV)/.installed
 
-.PHONY: run test check lint typecheck unit venv clean bench
+.PHONY: run test check lint typecheck layers unit venv clean bench
 
 $(STAMP): setup.py pyproject.toml
 	@# Stock Debian ships python3 without venv/ensurepip: install it when root.
@@ -40,11 +40,15 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(BIN)/mypy
 
+## The layering rule of docs/architecture.md (import-linter).
+layers: $(STAMP)
+	$(BIN)/lint-imports
+
 unit: $(STAMP)
 	$(BIN)/trial --jobs=2 tests
 
-## Set up and pass the whole suite: lint, types, tests.
-test: lint typecheck unit
+## Set up and pass the whole suite: lint, types, layers, tests.
+test: lint typecheck layers unit
 
 ## Benchmarks (never part of the tests): wrk against the backend, nginx, an Agent proxy
 ## and edgegw, interleaved; then the proxy's memory figures. Installs wrk and nginx as root.

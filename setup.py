@@ -24,6 +24,7 @@ setup(
     ],
     extras_require={
         "test": [
+            "import-linter>=2.1,<3",
             "mypy>=1.10,<2.5",
             "mypy-zope>=1.0.17,<2",
             "ruff>=0.5,<0.18",

@@ -13,8 +13,8 @@ from twisted.internet.task import Clock
 from edgegw.chain.route import CompiledRoute
 from edgegw.config.errors import ConfigError, Problem
 from edgegw.config.parse import load_config
-from edgegw.edge.listen import endpoint_description, server_endpoint
 from edgegw.gateway import build_gateway
+from edgegw.server.listen import endpoint_description, server_endpoint
 
 
 def route_table(routes: Sequence[CompiledRoute]) -> str:

@@ -37,8 +37,6 @@ from edgegw.config.model import (
     StaticHandlerSpec,
 )
 from edgegw.edge.forwarded import ForwardedFilter
-from edgegw.edge.mux import Mux
-from edgegw.edge.request import GatewayChannel, GatewayRequest
 from edgegw.edge.security import SecurityLayer, security_headers
 from edgegw.edge.site import Dispatcher, EdgeResource, MuxDispatcher
 from edgegw.edge.tracing import TracingDispatcher
@@ -46,6 +44,8 @@ from edgegw.handlers.api import ApiHandler
 from edgegw.handlers.health import HealthHandler
 from edgegw.handlers.proxy import ProxyHandler
 from edgegw.handlers.static import StaticHandler
+from edgegw.routing.mux import Mux
+from edgegw.server.request import GatewayChannel, GatewayRequest
 from edgegw.telemetry import Telemetry
 from edgegw.upstream.pool import UpstreamClient
 

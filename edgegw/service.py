@@ -12,8 +12,8 @@ from twisted.internet.interfaces import IListeningPort, IReactorCore, IReactorTi
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
-from edgegw.edge.listen import server_endpoint
 from edgegw.gateway import Gateway
+from edgegw.server.listen import server_endpoint
 
 
 class GatewayService(MultiService):

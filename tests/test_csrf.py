@@ -20,7 +20,7 @@ from edgegw.edge.csrf import (
     TrustedOriginError,
     validate_trusted_origin,
 )
-from edgegw.edge.mux import ConflictError, PatternError
+from edgegw.routing.mux import ConflictError, PatternError
 
 FIXTURE = os.path.join(os.path.dirname(__file__), "fixtures", "csrf", "cases.json")
 

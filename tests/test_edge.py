@@ -267,7 +267,7 @@ class ResponseHeadTests(SynchronousTestCase):
             self.assertEqual(response.header("Server"), "edgegw")
 
     def test_date_line_cached_per_second(self) -> None:
-        from edgegw.edge.response_head import date_line
+        from edgegw.server.response_head import date_line
 
         first = date_line()
         self.assertTrue(first.startswith(b"Date: ") and first.endswith(b" GMT\r\n"), first)

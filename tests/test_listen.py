@@ -1,5 +1,5 @@
 """
-Tests for L{edgegw.edge.listen}.
+Tests for L{edgegw.server.listen}.
 """
 
 import os
@@ -14,8 +14,8 @@ from twisted.web.client import Agent, BrowserLikePolicyForHTTPS, readBody
 from twisted.web.http_headers import Headers
 
 from edgegw.config.parse import load_config
-from edgegw.edge.listen import endpoint_description
 from edgegw.gateway import build_gateway
+from edgegw.server.listen import endpoint_description
 from edgegw.service import GatewayService
 from tests.support.configs import GATEWAY, write_tree
 from tests.support.processes import (

@@ -1,5 +1,5 @@
 """
-Tests for L{edgegw.edge.mux}: every row of the Go ServeMux conformance tables in
+Tests for L{edgegw.routing.mux}: every row of the Go ServeMux conformance tables in
 C{tests/fixtures/gomux}, plus properties the tables do not pin down.
 """
 
@@ -13,7 +13,7 @@ from typing import Any
 
 from twisted.trial.unittest import SynchronousTestCase
 
-from edgegw.edge.mux import (
+from edgegw.routing.mux import (
     ConflictError,
     Matched,
     MethodNotAllowed,
@@ -729,7 +729,7 @@ class LookupCostTests(SynchronousTestCase):
     """
 
     def nodes_visited(self, routes: int) -> int:
-        import edgegw.edge.mux as mux_module
+        import edgegw.routing.mux as mux_module
 
         mux: Mux[int] = Mux()
         for index in range(routes):

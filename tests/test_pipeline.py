@@ -22,10 +22,10 @@ from edgegw.chain.request_id import sane_request_id
 from edgegw.chain.route import CompiledRoute
 from edgegw.config.effective import effective_routes
 from edgegw.config.model import GatewaySpec
-from edgegw.edge.mux import Mux
 from edgegw.edge.site import MuxDispatcher
 from edgegw.gateway import edge_site, route_runner
 from edgegw.identity.principal import Principal
+from edgegw.routing.mux import Mux
 from tests.support.configs import load_text
 from tests.support.memory import MemoryClient
 

@@ -28,7 +28,7 @@ from twisted.web.resource import Resource
 from twisted.web.server import NOT_DONE_YET, Site
 from zope.interface import implementer
 
-from edgegw.edge.request import (
+from edgegw.server.request import (
     BUFFER_LIMIT,
     DISCARD_LIMIT,
     EMPTY_BODY,

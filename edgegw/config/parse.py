@@ -60,8 +60,8 @@ from edgegw.config.model import (
     TelemetrySpec,
 )
 from edgegw.edge.csrf import TrustedOriginError, validate_trusted_origin
-from edgegw.edge.listen import endpoint_description
-from edgegw.edge.mux import ConflictError, Mux, PatternError
+from edgegw.routing.mux import ConflictError, Mux, PatternError
+from edgegw.server.listen import endpoint_description
 
 RESERVED_ACCESS_LOG_FIELDS = frozenset(
     {

@@ -19,7 +19,7 @@ from urllib.parse import unquote_to_bytes
 
 import attrs
 
-from edgegw.edge.mux import Mux, Pattern, go_quote
+from edgegw.routing.mux import Mux, Pattern, go_quote
 
 __all__ = [
     "ORIGIN_MISMATCH",
@@ -93,8 +93,8 @@ class CrossOriginProtection:
             C{scheme://host[:port]}.
         @param bypass_patterns: Mux patterns whose direct matches always pass.
         @raise TrustedOriginError: For an invalid trusted origin.
-        @raise edgegw.edge.mux.PatternError: For an invalid bypass pattern.
-        @raise edgegw.edge.mux.ConflictError: For bypass patterns that conflict.
+        @raise edgegw.routing.mux.PatternError: For an invalid bypass pattern.
+        @raise edgegw.routing.mux.ConflictError: For bypass patterns that conflict.
         """
         self._trusted: set[str] = set()
         self._bypass: Mux[None] = Mux()
@@ -133,8 +133,8 @@ class CrossOriginProtection:
         and precedence of the mux; a request the mux would redirect (an unclean path, or
         C{/x} when only C{/x/} is a pattern) is not a direct match.
 
-        @raise edgegw.edge.mux.PatternError: When C{pattern} does not parse.
-        @raise edgegw.edge.mux.ConflictError: When it conflicts with another bypass pattern.
+        @raise edgegw.routing.mux.PatternError: When C{pattern} does not parse.
+        @raise edgegw.routing.mux.ConflictError: When it conflicts with another bypass pattern.
         """
         self._bypass.register(pattern, None)
         self._has_bypass = True

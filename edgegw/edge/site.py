@@ -20,9 +20,9 @@ from edgegw.chain.access_log import AccessLog
 from edgegw.chain.pipeline import RouteRunner
 from edgegw.chain.respond import TEXT_PLAIN
 from edgegw.edge.forwarded import ForwardedFilter
-from edgegw.edge.mux import Matched, MethodNotAllowed, Mux, Redirect
-from edgegw.edge.response_head import ResponseHeaders
 from edgegw.edge.security import SecurityLayer
+from edgegw.routing.mux import Matched, MethodNotAllowed, Mux, Redirect
+from edgegw.server.response_head import ResponseHeaders
 
 
 class Dispatcher(Protocol):

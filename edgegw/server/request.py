@@ -48,7 +48,7 @@ from twisted.web.iweb import UNKNOWN_LENGTH, IBodyProducer
 from twisted.web.server import Request
 from zope.interface import implementer
 
-from edgegw.edge.response_head import ResponseHeaders, serialize_head
+from edgegw.server.response_head import ResponseHeaders, serialize_head
 
 BUFFER_LIMIT: Final = 64 * 1024
 """
