@@ -11,10 +11,10 @@ from typing import TextIO
 from twisted.internet.task import Clock
 
 from edgegw.chain.route import CompiledRoute
+from edgegw.config.addresses import endpoint_description
 from edgegw.config.errors import ConfigError, Problem
 from edgegw.config.parse import load_config
-from edgegw.gateway import build_gateway
-from edgegw.server.listen import endpoint_description, server_endpoint
+from edgegw.service import build_service
 
 
 def route_table(routes: Sequence[CompiledRoute]) -> str:
@@ -50,13 +50,14 @@ def route_table(routes: Sequence[CompiledRoute]) -> str:
 
 def check(source: str, out: TextIO = sys.stdout, err: TextIO = sys.stderr) -> int:
     """
-    Load and build the configuration at C{source}; print the route table or the errors.
+    Load the configuration at C{source} and build the gateway's whole service tree, as
+    startup would, without starting it; print the route table or the errors.
 
     @return: The process exit status: 0 when the configuration is usable, 1 otherwise.
     """
     try:
         config = load_config(source)
-        gateway = build_gateway(config, Clock())
+        service = build_service(config, Clock())
     except ConfigError as e:
         err.write(f"edgegw: {e.render()}\n")
         return 1
@@ -65,11 +66,12 @@ def check(source: str, out: TextIO = sys.stdout, err: TextIO = sys.stderr) -> in
         # Socket activation has no socket at check time; everything else (TLS key and
         # certificate files included) is built as startup would.
         try:
-            server_endpoint(Clock(), listen)
+            service.listener.build_endpoint()
         except ValueError as e:
             problem = Problem(config.gateway.location, "spec.listen", str(e))
             err.write(f"edgegw: {ConfigError([problem]).render()}\n")
             return 1
+    gateway = service.gateway
     out.write(
         f"edgegw: configuration {source} is valid: {len(config.files)} file(s), "
         f"{len(gateway.routes)} route(s), listening on {listen} "

@@ -10,23 +10,23 @@ C{--check} catches everything startup would.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Protocol
 
 import attrs
 from opentelemetry.sdk.trace import SpanProcessor
 from twisted.internet.interfaces import IReactorTime
+from twisted.web.resource import IResource
 from twisted.web.server import Site
 
 from edgegw.authz.policy import CompiledPolicy, RoutePolicies, compile_policies
 from edgegw.chain.access_log import AccessLog
 from edgegw.chain.access_writer import LineWriter
 from edgegw.chain.authz import authz
-from edgegw.chain.exchange import Exchange
-from edgegw.chain.pipeline import Handler, InFlight, RouteRunner, Stage, compose
+from edgegw.chain.pipeline import InFlight, IRouteTarget, RouteRunner, Stage, compose
 from edgegw.chain.projection import groups_header_name, projection
 from edgegw.chain.recover import recover
 from edgegw.chain.request_id import request_id
 from edgegw.chain.route import CompiledRoute
+from edgegw.chain.terminal import TerminalResource, render_stage
 from edgegw.config.effective import EffectiveRoute, effective_routes
 from edgegw.config.errors import Problems
 from edgegw.config.model import (
@@ -47,26 +47,11 @@ from edgegw.handlers.static import StaticHandler
 from edgegw.routing.mux import Mux
 from edgegw.server.request import GatewayChannel, GatewayRequest
 from edgegw.telemetry import Telemetry
+from edgegw.upstream.agent import UpstreamAgent
 from edgegw.upstream.pool import UpstreamClient
 
 IDLE_CONNECTION_TIMEOUT = 75.0
 """Seconds an idle keep-alive client connection stays open (nginx's default)."""
-
-
-class Terminal(Protocol):
-    """
-    A route's terminal handler.
-    """
-
-    async def __call__(self, exchange: Exchange) -> None:
-        """
-        Write the whole response for C{exchange}.
-        """
-
-    def describe(self) -> str:
-        """
-        One line for the route table.
-        """
 
 
 @attrs.define
@@ -78,6 +63,7 @@ class Gateway:
     @ivar routes: The compiled routes, in document order.
     @ivar inflight: Requests in flight, for graceful shutdown.
     @ivar upstream_client: The connection pool shared by every proxy route.
+    @ivar agent: The pool as an C{IAgent}: what treq runs over (api fan-out, IdP calls).
     @ivar access_log: The access log (flushed on shutdown).
     @ivar telemetry: Tracing, when a Telemetry resource exists (flushed on shutdown).
     """
@@ -87,6 +73,7 @@ class Gateway:
     routes: list[CompiledRoute]
     inflight: InFlight
     upstream_client: UpstreamClient
+    agent: UpstreamAgent
     access_log: AccessLog
     telemetry: Telemetry | None = None
 
@@ -108,7 +95,7 @@ def build_gateway(
     problems = Problems()
     _refuse_unavailable(config, problems)
     inflight = InFlight()
-    mux: Mux[RouteRunner] = Mux()
+    mux: Mux[IRouteTarget] = Mux()
     compiled: list[CompiledRoute] = []
     spec = config.telemetry
     output = config.gateway.access_log.output
@@ -127,13 +114,17 @@ def build_gateway(
         writer,
         spec.access_log_headers if spec is not None else (),
         spec.access_log_fields if spec is not None else None,
+        traced=spec is not None,
     )
     telemetry = Telemetry(spec, reactor, span_processor) if spec is not None else None
     groups_as = config.gateway.identity.groups.as_
     routes = effective_routes(config)
     policies = compile_policies(config.policies, problems)
     client = upstream_client or UpstreamClient(reactor)
-    context = _TerminalContext(config, client, reactor)
+    agent = UpstreamAgent(
+        client, reactor, tracer=telemetry.tracer if telemetry is not None else None
+    )
+    context = _TerminalContext(config, client, agent, reactor)
     for effective in routes:
         terminal = _terminal(effective, context, problems)
         if terminal is None or not set(effective.access.authorize) <= set(policies):
@@ -150,13 +141,15 @@ def build_gateway(
         )
         compiled.append(route)
     problems.raise_if_any()
-    site = edge_site(config.gateway, MuxDispatcher(mux), reactor, access, telemetry)
+    dispatcher = MuxDispatcher(mux, traced=telemetry is not None)
+    site = edge_site(config.gateway, dispatcher, reactor, access, telemetry)
     return Gateway(
         config=config,
         site=site,
         routes=compiled,
         inflight=inflight,
         upstream_client=client,
+        agent=agent,
         access_log=access,
         telemetry=telemetry,
     )
@@ -205,14 +198,14 @@ class GatewaySite(Site):
 
 def route_runner(
     route: CompiledRoute,
-    terminal: Handler,
+    terminal: IResource,
     inflight: InFlight,
     log_stage: Stage,
     groups_as: str,
     policies: Mapping[str, CompiledPolicy] | None = None,
 ) -> RouteRunner:
     """
-    Compose one route's per-route chain around its terminal.
+    Compose one route's per-route chain, ending in rendering its terminal Resource.
 
     Stages that have nothing to do on a route are left out rather than passed through:
     the session and auth-gate stages join the chain only where identity is configured,
@@ -233,7 +226,7 @@ def route_runner(
             projection_spec.claims,
         )
     )
-    return RouteRunner(route, compose(stages, terminal), inflight)
+    return RouteRunner(route, compose(stages, render_stage(terminal)), inflight)
 
 
 class _TerminalContext:
@@ -246,9 +239,12 @@ class _TerminalContext:
         from a client).
     """
 
-    def __init__(self, config: Config, client: UpstreamClient, reactor: IReactorTime) -> None:
+    def __init__(
+        self, config: Config, client: UpstreamClient, agent: UpstreamAgent, reactor: IReactorTime
+    ) -> None:
         self.config = config
         self.client = client
+        self.agent = agent
         self.reactor = reactor
         self.gateway_headers = frozenset(
             name.lower() for name, _ in security_headers(config.gateway.security)
@@ -264,11 +260,11 @@ class _TerminalContext:
 
 def _terminal(
     effective: EffectiveRoute, context: _TerminalContext, problems: Problems
-) -> Terminal | None:
+) -> TerminalResource | None:
     spec = effective.spec.handler
     try:
         if isinstance(spec, ApiHandlerSpec):
-            return ApiHandler(spec, context.client, context.reactor)
+            return ApiHandler(spec, context.agent, context.reactor)
         if isinstance(spec, ProxyHandlerSpec):
             return ProxyHandler(
                 spec,

@@ -1,115 +1,272 @@
 """
-The gateway as a Twisted service: listen on start, drain in-flight requests on stop.
+The gateway as a tree of Twisted services.
+
+L{GatewayService} (a C{MultiService}) has one child per long-lived part, in start order:
+
+  - C{listener}: L{ListenerService}, the listening socket serving the gateway's Site;
+  - C{access-log}: L{AccessLogService}, the buffered access-log writer (flushed on stop);
+  - C{upstream-pool}: L{UpstreamPoolService}, the upstream connection pool (idle
+    connections closed on stop);
+  - C{telemetry}: L{TelemetryService}, only with a Telemetry resource (spans flushed to
+    the exporter on stop).
+
+Stopping (SIGTERM under twistd) runs in a stated order: the listener stops accepting,
+the requests in flight drain (up to C{Gateway.spec.drainTimeout}; every further response
+closes its connection), then the other children stop one after another, in reverse
+start order, each waiting for the one before.
+
+L{build_service} builds the whole tree without starting anything; C{edgegw check} builds
+exactly this tree.
 """
 
 from __future__ import annotations
 
 import sys
+from typing import Any
 
-from twisted.application.service import MultiService
-from twisted.internet.defer import Deferred
-from twisted.internet.interfaces import IListeningPort, IReactorCore, IReactorTime
+from twisted.application.internet import StreamServerEndpointService
+from twisted.application.service import IService, MultiService, Service
+from twisted.internet.defer import Deferred, maybeDeferred, succeed
+from twisted.internet.interfaces import (
+    IListeningPort,
+    IStreamServerEndpoint,
+)
 from twisted.logger import Logger
 from twisted.python.failure import Failure
+from zope.interface import implementer
 
-from edgegw.gateway import Gateway
+from edgegw.chain.access_log import AccessLog
+from edgegw.config.model import Config
+from edgegw.gateway import Gateway, build_gateway
 from edgegw.server.listen import server_endpoint
+from edgegw.telemetry import Telemetry
+from edgegw.upstream.pool import UpstreamClient
+
+_log = Logger(namespace="edgegw.service")
+
+
+@implementer(IStreamServerEndpoint)
+class _RecordingEndpoint:
+    """
+    An endpoint that remembers what listening gave: the port, or the failure.
+    """
+
+    def __init__(self, endpoint: IStreamServerEndpoint) -> None:
+        self.endpoint = endpoint
+        self.port: IListeningPort | None = None
+        self.failure: Failure | None = None
+
+    def listen(self, protocolFactory: Any) -> Deferred[IListeningPort]:
+        listening: Deferred[Any] = self.endpoint.listen(protocolFactory)
+        recorded: Deferred[IListeningPort] = listening.addCallbacks(
+            self._listening, self._failed
+        )
+        return recorded
+
+    def _listening(self, port: IListeningPort) -> IListeningPort:
+        self.port = port
+        return port
+
+    def _failed(self, failure: Failure) -> Any:
+        # Kept for privilegedStartService to report; the service then sees no port.
+        self.failure = failure
+
+
+class ListenerService(StreamServerEndpointService):
+    """
+    The gateway's listening socket.
+
+    A L{StreamServerEndpointService} whose endpoint is built from C{Gateway.spec.listen}
+    when the service starts, not when the tree is built, so that C{edgegw check} can
+    build the tree without holding a socket systemd passes in (socket activation). A
+    failure to build the endpoint or to bind is printed without a traceback and exits
+    with status 1, before twistd drops privileges.
+    """
+
+    def __init__(self, listen: str, factory: Any, reactor: Any) -> None:
+        super().__init__(None, factory)
+        self.listen = listen
+        self.reactor = reactor
+        self._recording: _RecordingEndpoint | None = None
+
+    @property
+    def port(self) -> IListeningPort | None:
+        """
+        The listening port once bound.
+        """
+        return self._recording.port if self._recording is not None else None
+
+    def build_endpoint(self) -> IStreamServerEndpoint:
+        """
+        The server endpoint for the listen address (TLS files are read here).
+
+        @raise ValueError: With a message that says what is wrong.
+        """
+        return server_endpoint(self.reactor, self.listen)
+
+    def privilegedStartService(self) -> None:
+        """
+        Bind the listening socket (before twistd drops privileges).
+        """
+        try:
+            endpoint = self.build_endpoint()
+        except ValueError as e:
+            sys.stderr.write(f"edgegw: cannot listen on {self.listen}: {e}\n")
+            raise SystemExit(1) from None
+        self._recording = self.endpoint = _RecordingEndpoint(endpoint)
+        super().privilegedStartService()
+        failure = self._recording.failure
+        if failure is not None:
+            sys.stderr.write(
+                f"edgegw: cannot listen on {self.listen}: {failure.getErrorMessage()}\n"
+            )
+            raise SystemExit(1)
+
+
+class AccessLogService(Service):
+    """
+    The access log's buffered writer: flushed and closed when the service stops.
+    """
+
+    def __init__(self, access_log: AccessLog) -> None:
+        self.access_log = access_log
+
+    def stopService(self) -> None:
+        """
+        Write out and close the buffered lines (nothing to do when the log goes to
+        Twisted's logger).
+        """
+        super().stopService()
+        writer = self.access_log.writer
+        if writer is not None:
+            writer.close()
+
+
+class UpstreamPoolService(Service):
+    """
+    The upstream connection pool: its idle connections are closed when it stops.
+    """
+
+    def __init__(self, client: UpstreamClient) -> None:
+        self.client = client
+
+    def stopService(self) -> Deferred[None]:
+        """
+        Close the idle pooled connections.
+        """
+        super().stopService()
+        return self.client.close()
+
+
+class TelemetryService(Service):
+    """
+    Tracing: on stop, the spans still queued are exported (bounded by the exporter's
+    own timeout) and the tracer provider shut down.
+    """
+
+    def __init__(self, telemetry: Telemetry) -> None:
+        self.telemetry = telemetry
+
+    def stopService(self) -> Deferred[None]:
+        """
+        Flush and shut down the span export.
+        """
+        super().stopService()
+        return self.telemetry.shutdown()
 
 
 class GatewayService(MultiService):
     """
-    Serves one L{Gateway} on its configured listen address.
-
-    On stop (SIGTERM under twistd) it stops accepting connections, makes every further
-    response close its connection, and waits up to C{Gateway.spec.drainTimeout} for the
-    requests in flight to finish before letting the reactor stop.
+    Serves one L{Gateway}: the root of the service tree (see the module docstring).
     """
 
-    _log = Logger()
-
-    def __init__(self, gateway: Gateway, reactor: IReactorCore) -> None:
+    def __init__(self, gateway: Gateway, reactor: Any) -> None:
         super().__init__()
         self.gateway = gateway
         self.reactor = reactor
-        self.port: IListeningPort | None = None
+        self.listener = ListenerService(gateway.config.gateway.listen, gateway.site, reactor)
+        children: list[tuple[str, Service]] = [
+            ("listener", self.listener),
+            ("access-log", AccessLogService(gateway.access_log)),
+            ("upstream-pool", UpstreamPoolService(gateway.upstream_client)),
+        ]
+        if gateway.telemetry is not None:
+            children.append(("telemetry", TelemetryService(gateway.telemetry)))
+        for name, child in children:
+            child.setName(name)
+            child.setServiceParent(self)
 
-    def privilegedStartService(self) -> None:
+    @property
+    def port(self) -> IListeningPort | None:
         """
-        Bind the listening socket before twistd drops privileges, so that a failure to
-        bind stops startup with a clear message.
+        The listening port once bound (the listener's).
         """
-        listen = self.gateway.config.gateway.listen
-        try:
-            endpoint = server_endpoint(self.reactor, listen)
-        except ValueError as e:
-            sys.stderr.write(f"edgegw: cannot listen on {listen}: {e}\n")
-            raise SystemExit(1) from None
-        listening = endpoint.listen(self.gateway.site)
-        outcome: list[IListeningPort | Failure] = []
-        listening.addBoth(outcome.append)
-        if outcome and isinstance(outcome[0], Failure):
-            sys.stderr.write(
-                f"edgegw: cannot listen on {self.gateway.config.gateway.listen}: "
-                f"{outcome[0].getErrorMessage()}\n"
-            )
-            raise SystemExit(1)
-        if outcome:
-            self.port = outcome[0]  # type: ignore[assignment]
-        else:
-            listening.addCallback(self._listening)
-        super().privilegedStartService()
-
-    def _listening(self, port: IListeningPort) -> None:
-        self.port = port
+        return self.listener.port
 
     def startService(self) -> None:
+        """
+        Start the children; say where the gateway listens.
+        """
         super().startService()
-        if self.port is not None:
-            self._log.info(
+        port = self.listener.port
+        if port is not None:
+            _log.info(
                 "edgegw listening on {address} with {count} routes",
-                address=self.port.getHost(),
+                address=port.getHost(),
                 count=len(self.gateway.routes),
             )
 
     def stopService(self) -> Deferred[None]:
         """
-        Stop accepting, then wait (bounded) for in-flight requests.
+        Stop listening, drain the requests in flight, then stop the other children in
+        reverse start order, one after another.
         """
-        super().stopService()
-        return self._drain()
+        Service.stopService(self)
+        # From now on every response closes its connection, those in flight included.
+        drained = self._drain()
+        stopping: Deferred[Any] = maybeDeferred(self.listener.stopService)
+        stopping.addCallback(lambda _: drained)
+        for child in reversed(list(self)):
+            if child is not self.listener:
+                stopping.addCallback(_stop_child, child)
+        stopping.addCallback(lambda _: None)
+        return stopping
 
     def _drain(self) -> Deferred[None]:
         inflight = self.gateway.inflight
-        port, self.port = self.port, None
-        if port is not None:
-            port.stopListening()
         drained = inflight.drain()
+        timeout = self.gateway.config.gateway.drain_timeout
         if inflight.count:
-            self._log.info(
+            _log.info(
                 "draining {count} request(s) in flight (up to {timeout}s)",
                 count=inflight.count,
-                timeout=self.gateway.config.gateway.drain_timeout,
+                timeout=timeout,
             )
-        reactor: IReactorTime = self.reactor  # type: ignore[assignment]
-        timeout = self.gateway.config.gateway.drain_timeout
-        drained.addTimeout(timeout, reactor, onTimeoutCancel=self._gave_up)
-        drained.addCallback(self._closed)
+        drained.addTimeout(timeout, self.reactor, onTimeoutCancel=self._gave_up)
         return drained
 
-    def _closed(self, result: object) -> Deferred[None]:
-        writer = self.gateway.access_log.writer
-        if writer is not None:
-            writer.close()
-        closed = self.gateway.upstream_client.close()
-        telemetry = self.gateway.telemetry
-        if telemetry is not None:
-            # Export what is left; the exporter's own timeout bounds this.
-            closed.addCallback(lambda _: telemetry.shutdown())
-        return closed
-
     def _gave_up(self, result: object, timeout: float) -> None:
-        self._log.warn(
+        _log.warn(
             "drain timeout: {count} request(s) still in flight after {timeout}s; closing",
             count=self.gateway.inflight.count,
             timeout=timeout,
         )
+
+
+def _stop_child(result: object, child: IService) -> Deferred[Any]:
+    if not child.running:
+        return succeed(None)
+    return maybeDeferred(child.stopService)
+
+
+def build_service(config: Config, reactor: Any, **build_options: Any) -> GatewayService:
+    """
+    Build the gateway of C{config} and its whole service tree, starting nothing.
+
+    @param reactor: The reactor (a test clock for C{edgegw check}, which starts nothing).
+
+    @param build_options: Passed to L{build_gateway} (tests inject an upstream client or
+        a span processor).
+    @raise ConfigError: Something in the configuration cannot run.
+    """
+    return GatewayService(build_gateway(config, reactor, **build_options), reactor)

@@ -36,15 +36,14 @@ class Options(usage.Options):
 
 def makeService(options: Options | dict[str, Any]) -> IService:
     """
-    Load the configuration and build the gateway service.
+    Load the configuration and build the gateway's service tree (L{build_service}).
 
     A configuration error is printed without a traceback and exits with status 1;
     C{--check} exits 0 or 1 after printing.
     """
     from twisted.internet import reactor
 
-    from edgegw.gateway import build_gateway
-    from edgegw.service import GatewayService
+    from edgegw.service import build_service
 
     source = options["config"]
     if options.get("check"):
@@ -52,9 +51,7 @@ def makeService(options: Options | dict[str, Any]) -> IService:
 
         raise SystemExit(check(source))
     try:
-        config = load_config(source)
-        gateway = build_gateway(config, reactor)
+        return build_service(load_config(source), reactor)
     except ConfigError as e:
         sys.stderr.write(f"edgegw: {e.render()}\n")
         raise SystemExit(1) from None
-    return GatewayService(gateway, reactor)

@@ -26,11 +26,37 @@ from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapProp
 from twisted.internet.defer import Deferred
 from twisted.internet.threads import deferToThreadPool
 from twisted.web.http_headers import Headers
+from zope.interface import Attribute, Interface, implementer
 
 from edgegw import __version__
 from edgegw.config.model import TelemetrySpec
 
 _PROPAGATOR = TraceContextTextMapPropagator()
+
+
+class IRequestTrace(Interface):
+    """
+    A request's tracing state, set as a component of the request by the tracing layer
+    (C{request.getComponent(IRequestTrace)}; absent when tracing is off).
+    """
+
+    span = Attribute("The request's SERVER span.")
+    tracer = Attribute("The tracer that started it (upstream calls start CLIENT spans).")
+    route = Attribute("The matched route pattern (for the span's name), or None.")
+
+
+@implementer(IRequestTrace)
+class RequestTrace:
+    """
+    The plain L{IRequestTrace}.
+    """
+
+    __slots__ = ("route", "span", "tracer")
+
+    def __init__(self, span: Any, tracer: Any) -> None:
+        self.span = span
+        self.tracer = tracer
+        self.route: str | None = None
 
 
 class _HeadersGetter(Getter[Headers]):

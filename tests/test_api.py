@@ -16,12 +16,14 @@ from twisted.internet.task import Clock, deferLater
 from twisted.trial.unittest import SynchronousTestCase, TestCase
 from twisted.web.resource import Resource
 from twisted.web.server import NOT_DONE_YET, Request, Site
+from twisted.web.test.requesthelper import DummyChannel
 
-from edgegw.chain.exchange import Exchange
+from edgegw.chain.exchange import Exchange, IExchange
 from edgegw.config.parse import load_config
 from edgegw.gateway import build_gateway
 from edgegw.handlers.api import ApiHandler, UnsafeWildcardError, fill_path, parse_template
 from edgegw.identity.principal import Principal
+from edgegw.upstream.agent import UpstreamAgent
 from edgegw.upstream.pool import Upstream, UpstreamClient
 from tests.support.configs import GATEWAY, load_text, write_tree
 from tests.support.memory import MemoryClient
@@ -35,10 +37,15 @@ class ScriptedResponse:
     An upstream response whose body is delivered at once.
     """
 
+    version = b"HTTP/1.1"
+    phrase = b"OK"
+
     def __init__(self, code: int, body: bytes) -> None:
         self.code = code
         self.body = body
         self.length: int | None = len(body)
+        self.has_body = bool(body)
+        self.headers = [(b"Content-Length", b"%d" % len(body))]
         self.aborted = False
 
     def deliver(self, sink: Any) -> Deferred[None]:
@@ -59,6 +66,7 @@ class ScriptedClient:
         self.clock = clock
         self.script = script
         self.calls: list[tuple[str, bytes]] = []
+        self.headers: dict[str, list[tuple[bytes, bytes]]] = {}
         self.cancelled: list[str] = []
 
     def request(
@@ -72,6 +80,7 @@ class ScriptedClient:
     ) -> Deferred[Any]:
         host = upstream.host
         self.calls.append((host, target))
+        self.headers[host] = list(headers)
         delay, code, payload = self.script[host]
 
         def cancel(d: Deferred[Any]) -> None:
@@ -235,17 +244,26 @@ class HeaderTests(SynchronousTestCase):
             """,
         )
         spec = config.routes[0].handler
-        handler = ApiHandler(spec, None, Clock())  # type: ignore[arg-type]
-        from twisted.web.test.requesthelper import DummyRequest
-
-        request = DummyRequest([b"a"])
+        clock = Clock()
+        client = ScriptedClient(
+            clock, {"one.test": (0.0, 200, b"{}"), "two.test": (0.0, 200, b"{}")}
+        )
+        handler = ApiHandler(spec, UpstreamAgent(client, clock), clock)  # type: ignore[arg-type]
+        # The terminal rendered as a bare Resource, its request carrying a route exchange.
+        request = Request(DummyChannel())
+        request.method = b"GET"
+        request.uri = request.path = b"/a"
         request.requestHeaders.setRawHeaders(b"x-user-id", [b"u1"])
         request.requestHeaders.setRawHeaders(b"cookie", [b"sid=secret"])
         request.requestHeaders.setRawHeaders(b"authorization", [b"Basic xxx"])
         exchange = Exchange(request, None, {}, 0.0)  # type: ignore[arg-type]
         exchange.principal = Principal("u1", access_token="tok")
-        one = dict(handler._headers(handler.backends[0], exchange))
-        two = dict(handler._headers(handler.backends[1], exchange))
+        request.setComponent(IExchange, exchange)
+        self.assertEqual(handler.render(request), NOT_DONE_YET)
+        clock.advance(0)
+        self.assertEqual(request.code, 200)
+        one = dict(client.headers["one.test"])
+        two = dict(client.headers["two.test"])
         self.assertEqual(one[b"Authorization"], b"Bearer tok")
         self.assertNotIn(b"Authorization", two)
         self.assertEqual(one[b"X-User-Id"], b"u1")

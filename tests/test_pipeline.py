@@ -13,13 +13,15 @@ from twisted.internet.defer import CancelledError, Deferred
 from twisted.internet.task import Clock
 from twisted.logger import ILogObserver, LogLevel, globalLogPublisher
 from twisted.trial.unittest import SynchronousTestCase
+from twisted.web.server import Request
 
 from edgegw.chain.access_log import AccessLog
-from edgegw.chain.exchange import Exchange
+from edgegw.chain.exchange import Exchange, exchange_of
 from edgegw.chain.pipeline import Handler, InFlight, RouteRunner, Stage, compose
 from edgegw.chain.projection import projection
 from edgegw.chain.request_id import sane_request_id
 from edgegw.chain.route import CompiledRoute
+from edgegw.chain.terminal import TerminalResource, render_stage
 from edgegw.config.effective import effective_routes
 from edgegw.config.model import GatewaySpec
 from edgegw.edge.site import MuxDispatcher
@@ -36,6 +38,22 @@ def capture_log(test: SynchronousTestCase) -> list[dict[str, Any]]:
     globalLogPublisher.addObserver(observer)
     test.addCleanup(globalLogPublisher.removeObserver, observer)
     return events
+
+
+class FunctionTerminal(TerminalResource):
+    """
+    A terminal Resource that runs a test function with the route's exchange.
+    """
+
+    def __init__(self, function: Handler) -> None:
+        super().__init__()
+        self.function = function
+
+    async def respond(self, request: Request) -> None:
+        await self.function(exchange_of(request))
+
+    def describe(self) -> str:
+        return "test terminal"
 
 
 class Harness:
@@ -67,10 +85,11 @@ class Harness:
         route = CompiledRoute("test", pattern, effective, "test terminal")
         self.inflight = InFlight()
         mux: Mux[Any] = Mux()
+        resource = FunctionTerminal(terminal)
         runner = (
-            route_runner(route, terminal, self.inflight, AccessLog(level).stage, "groups")
+            route_runner(route, resource, self.inflight, AccessLog(level).stage, "groups")
             if stages is None
-            else RouteRunner(route, compose(stages, terminal), self.inflight)
+            else RouteRunner(route, compose(stages, render_stage(resource)), self.inflight)
         )
         mux.register(pattern, runner)
         self.site = edge_site(GatewaySpec(), MuxDispatcher(mux), Clock())

@@ -130,7 +130,7 @@ class HandlerResource(Resource):
         self.served: list[Deferred[None]] = []
 
     def render(self, request: Request) -> int:
-        served = Deferred.fromCoroutine(self.handler.serve(request))
+        served = Deferred.fromCoroutine(self.handler.respond(request))
         self.served.append(served)
         request.notifyFinish().addErrback(lambda _: served.cancel())
         return NOT_DONE_YET

@@ -5,16 +5,36 @@ Policies compiled once per gateway, and the per-route union that the authz stage
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, Protocol
 from urllib.parse import unquote_to_bytes
 
 import attrs
+from twisted.web.server import Request
 
 from edgegw.authz.rego import RegoLoadError, RegoPolicy
 from edgegw.authz.require import RequireRule
-from edgegw.chain.exchange import Exchange
 from edgegw.config.errors import Problems
 from edgegw.config.model import PolicySpec
+from edgegw.identity.principal import Principal
+
+
+class Subject(Protocol):
+    """
+    What policies are checked against: the request and its principal (the per-route
+    exchange is one).
+    """
+
+    @property
+    def request(self) -> Request:
+        """
+        The request, as the gateway read it.
+        """
+
+    @property
+    def principal(self) -> Principal | None:
+        """
+        The authenticated principal, if any.
+        """
 
 
 @attrs.frozen
@@ -28,7 +48,7 @@ class CompiledPolicy:
     require: RequireRule | None
     rego: RegoPolicy | None
 
-    def check(self, exchange: Exchange, document: Mapping[str, Any] | None) -> str | None:
+    def check(self, exchange: Subject, document: Mapping[str, Any] | None) -> str | None:
         """
         L{None} when satisfied, else the reason (for logs and spans, never the client).
         """
@@ -84,7 +104,7 @@ class RoutePolicies:
         self.route_name = route_name
         self.labels = dict(labels)
 
-    def input_document(self, exchange: Exchange) -> dict[str, Any]:
+    def input_document(self, exchange: Subject) -> dict[str, Any]:
         """
         The Rego input: identity and request attributes; keys always present (empty when
         anonymous); the access token never included.
@@ -106,7 +126,7 @@ class RoutePolicies:
             },
         }
 
-    def first_denial(self, exchange: Exchange) -> str | None:
+    def first_denial(self, exchange: Subject) -> str | None:
         """
         The reason the first unsatisfied policy gives, or L{None} when all are satisfied.
         """

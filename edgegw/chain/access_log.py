@@ -20,6 +20,7 @@ from twisted.web.server import Request
 from edgegw.chain.access_writer import LineWriter
 from edgegw.chain.exchange import Exchange
 from edgegw.chain.pipeline import Handler
+from edgegw.telemetry import IRequestTrace
 
 LEVELS = {
     "debug": LogLevel.debug,
@@ -46,6 +47,7 @@ class AccessLog:
     @param writer: Where lines go (C{Gateway.spec.accessLog.output} C{"-"} or a path),
         or L{None} for twisted.logger: one event per request whose text is the JSON line
         and whose C{access} field holds the same data for structured observers.
+    @param traced: Tracing is on: lines carry the request span's trace and span ids.
     """
 
     def __init__(
@@ -54,6 +56,7 @@ class AccessLog:
         writer: LineWriter | None = None,
         request_headers: Sequence[str] = (),
         fields: Mapping[str, str] | None = None,
+        traced: bool = False,
     ) -> None:
         self.level = LEVELS[level]
         self.writer = writer
@@ -61,11 +64,12 @@ class AccessLog:
             (name.lower(), name.lower().encode("ascii")) for name in request_headers
         )
         self.fields = dict(fields or {})
+        self.traced = traced
 
     def _extend(self, record: dict[str, Any], request: Request) -> None:
-        span = getattr(request, "span", None)
-        if span is not None:
-            context = span.get_span_context()
+        trace = request.getComponent(IRequestTrace) if self.traced else None
+        if trace is not None:
+            context = trace.span.get_span_context()
             if context.is_valid:
                 record["trace_id"] = f"{context.trace_id:032x}"
                 record["span_id"] = f"{context.span_id:016x}"

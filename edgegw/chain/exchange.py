@@ -1,5 +1,8 @@
 """
-The one per-request object that the per-route stages share.
+The one per-request object that the per-route stages and the route's terminal share.
+
+The route runner attaches it to the Twisted request as a component, so that a terminal
+Resource (which Twisted hands only the request) reads it with C{IExchange(request)}.
 """
 
 from __future__ import annotations
@@ -7,13 +10,40 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from twisted.web.server import Request
+from zope.interface import Attribute, Interface, implementer
 
 from edgegw.identity.principal import Principal
+from edgegw.telemetry import IRequestTrace
 
 if TYPE_CHECKING:
     from edgegw.chain.route import CompiledRoute
 
 
+class IExchange(Interface):
+    """
+    A request on its way through a route: what the stages learned about it.
+    """
+
+    request = Attribute("The Twisted request; the response is written to it.")
+    route = Attribute("The compiled route the mux chose.")
+    params = Attribute("The route's path wildcards, decoded (dict of str).")
+    request_id = Attribute("The request id (set by the request-id stage).")
+    principal = Attribute("The authenticated Principal, or None.")
+    span = Attribute("The request's SERVER span, or None when tracing is off.")
+    tracer = Attribute("The tracer, or None when tracing is off.")
+
+    def note(key: str, value: Any) -> None:
+        """
+        Record a fact about this request for the access log and span.
+        """
+
+    def add_call(record: dict[str, Any]) -> None:
+        """
+        Keep one upstream call's record for the access-log line.
+        """
+
+
+@implementer(IExchange)
 class Exchange:
     """
     One request on its way through a route's stages.
@@ -58,9 +88,24 @@ class Exchange:
         self.request_id = ""
         self.principal: Principal | None = None
         self.notes: dict[str, Any] | None = None
-        # Set by the tracing layer (only when a Telemetry resource exists).
-        self.span: Any = getattr(request, "span", None)
-        self.tracer: Any = getattr(request, "tracer", None)
+        trace: Any = IRequestTrace(request, None)
+        if trace is None:
+            self.span: Any = None
+            self.tracer: Any = None
+        else:
+            self.span = trace.span
+            self.tracer = trace.tracer
+
+    def add_call(self, record: dict[str, Any]) -> None:
+        """
+        Keep one upstream call's record for the access-log line (C{upstream_calls}).
+        """
+        notes = self.notes
+        calls = notes.get("upstream_calls") if notes is not None else None
+        if calls is None:
+            self.note("upstream_calls", [record])
+        else:
+            calls.append(record)
 
     def note(self, key: str, value: Any) -> None:
         """
@@ -69,3 +114,15 @@ class Exchange:
         if self.notes is None:
             self.notes = {}
         self.notes[key] = value
+
+
+def exchange_of(request: Request) -> Exchange:
+    """
+    The L{Exchange} a route's runner attached to C{request}.
+
+    @raise TypeError: The request was not routed through a route's chain.
+    """
+    exchange = IExchange(request, None)
+    if not isinstance(exchange, Exchange):
+        raise TypeError("the request has no route exchange (IExchange component)")
+    return exchange

@@ -1,5 +1,6 @@
 """
-Composing per-route stages into one handler, and running it for a request.
+Composing per-route stages into one handler, and running it for a request: the targets
+the mux routes to.
 
 Stages are C{async def stage(exchange, next)} functions: an onion, so that a stage can act
 before and after the rest of the chain (access log, recover, response plugins). They are
@@ -15,9 +16,11 @@ from time import monotonic
 from twisted.internet.defer import CancelledError, Deferred
 from twisted.logger import Logger
 from twisted.python.failure import Failure
-from twisted.web.server import Request
+from twisted.web.resource import IResource
+from twisted.web.server import NOT_DONE_YET, Request
+from zope.interface import Attribute, Interface, implementer
 
-from edgegw.chain.exchange import Exchange
+from edgegw.chain.exchange import Exchange, IExchange
 from edgegw.chain.respond import abort
 from edgegw.chain.route import CompiledRoute
 
@@ -108,6 +111,38 @@ class InFlight:
         return waiter
 
 
+class IRouteTarget(Interface):
+    """
+    What the mux routes a request to: a route's chain (L{RouteRunner}), or a plain
+    Resource that skips the per-route chain (L{ResourceTarget}).
+    """
+
+    pattern = Attribute("The pattern it is registered under (str).")
+
+    def serve(request: Request, params: dict[str, str]) -> bytes | int:
+        """
+        Answer C{request}, matched with the path wildcards C{params}: return the body,
+        or C{NOT_DONE_YET} when the response is written later.
+        """
+
+
+@implementer(IRouteTarget)
+class ResourceTarget:
+    """
+    A plain Resource mounted on the mux: rendered as Twisted would, with no per-route
+    stages (the gateway's own endpoints, such as login, are mounted this way).
+    """
+
+    def __init__(self, pattern: str, resource: IResource) -> None:
+        self.pattern = pattern
+        self.resource = resource
+
+    def serve(self, request: Request, params: dict[str, str]) -> bytes | int:
+        body: bytes | int = self.resource.render(request)
+        return body
+
+
+@implementer(IRouteTarget)
 class RouteRunner:
     """
     Runs one route's composed chain for each request the mux gives it.
@@ -115,24 +150,29 @@ class RouteRunner:
 
     def __init__(self, route: CompiledRoute, handler: Handler, inflight: InFlight) -> None:
         self.route = route
+        self.pattern = route.pattern
         self._handler = handler
         self._inflight = inflight
 
-    def serve(self, request: Request, params: dict[str, str]) -> None:
+    def serve(self, request: Request, params: dict[str, str]) -> int:
         """
         Start the chain for C{request}; the response is written asynchronously.
 
-        If the client goes away first, the chain is cancelled at its current C{await}.
+        The L{Exchange} is attached to the request as its L{IExchange} component, where
+        the route's terminal Resource finds it. If the client goes away first, the chain
+        is cancelled at its current C{await}.
         """
         inflight = self._inflight
         inflight.started(request)
         exchange = Exchange(request, self.route, params, monotonic())
+        request.setComponent(IExchange, exchange)
         # Ask for the finish notification first: a chain that completes synchronously
         # finishes the request before fromCoroutine returns.
         finished = request.notifyFinish()
         running = Deferred.fromCoroutine(self._run(exchange))
         finished.addBoth(_request_done, request, running, inflight)
         running.addErrback(_unhandled, exchange)
+        return NOT_DONE_YET
 
     async def _run(self, exchange: Exchange) -> None:
         await self._handler(exchange)

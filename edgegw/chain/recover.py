@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from twisted.internet.defer import CancelledError
 from twisted.logger import Logger
+from twisted.python.failure import Failure
+from twisted.web.server import Request
 
 from edgegw.chain.exchange import Exchange
 from edgegw.chain.pipeline import Handler
@@ -28,19 +30,34 @@ async def recover(exchange: Exchange, next: Handler) -> None:
     except CancelledError:
         raise
     except Exception:
-        request = exchange.request
+        report_failure(Failure(), exchange.request, exchange)
+
+
+def report_failure(failure: Failure, request: Request, exchange: Exchange | None) -> None:
+    """
+    Log C{failure} (with the route, request id and trace ids when C{exchange} is known)
+    and answer 500, or abort the connection if the response has already started.
+    """
+    route = request_id = trace_id = span_id = None
+    if exchange is not None:
+        route = exchange.route.pattern
+        request_id = exchange.request_id
         span = exchange.span
-        context = span.get_span_context() if span is not None else None
-        _log.failure(
-            "request failed in route {route} (request id {request_id})",
-            route=exchange.route.pattern,
-            request_id=exchange.request_id,
-            trace_id=f"{context.trace_id:032x}" if context is not None else None,
-            span_id=f"{context.span_id:016x}" if context is not None else None,
-        )
+        if span is not None:
+            context = span.get_span_context()
+            trace_id = f"{context.trace_id:032x}"
+            span_id = f"{context.span_id:016x}"
         exchange.note("error", "internal")
-        if request.startedWriting:
-            if not request.finished:
-                abort(request)
-            return
-        write_text(request, 500, b"internal server error\n")
+    _log.failure(
+        "request failed in route {route} (request id {request_id})",
+        failure=failure,
+        route=route,
+        request_id=request_id,
+        trace_id=trace_id,
+        span_id=span_id,
+    )
+    if request.startedWriting:
+        if not request.finished:
+            abort(request)
+        return
+    write_text(request, 500, b"internal server error\n")

@@ -17,12 +17,13 @@ from twisted.web.resource import Resource
 from twisted.web.server import NOT_DONE_YET, Request
 
 from edgegw.chain.access_log import AccessLog
-from edgegw.chain.pipeline import RouteRunner
+from edgegw.chain.pipeline import IRouteTarget
 from edgegw.chain.respond import TEXT_PLAIN
 from edgegw.edge.forwarded import ForwardedFilter
 from edgegw.edge.security import SecurityLayer
 from edgegw.routing.mux import Matched, MethodNotAllowed, Mux, Redirect
 from edgegw.server.response_head import ResponseHeaders
+from edgegw.telemetry import IRequestTrace
 
 
 class Dispatcher(Protocol):
@@ -54,22 +55,26 @@ def _plain(request: Request, status: int, body: bytes) -> bytes:
 
 class MuxDispatcher:
     """
-    Routes each request with the Go-style mux and starts the matched route's chain.
+    Routes each request with the Go-style mux and hands it to the matched target: a
+    route's chain, or a plain Resource.
+
+    @param traced: Tracing is on: record the matched pattern in the request's
+        L{IRequestTrace} (the span's name and C{http.route}).
     """
 
-    def __init__(self, mux: Mux[RouteRunner]) -> None:
+    def __init__(self, mux: Mux[IRouteTarget], traced: bool = False) -> None:
         self.mux = mux
+        self.traced = traced
 
     def dispatch(
         self, request: Request, method: str, host: str, path: str, query: str
     ) -> bytes | int:
         result = self.mux.route(method, host, path, query)
         if isinstance(result, Matched):
-            runner = result.target
-            # For the tracing layer (http.route) and anyone else asking later.
-            request.route_pattern = runner.route.pattern  # type: ignore[attr-defined]
-            runner.serve(request, result.params)
-            return NOT_DONE_YET
+            target = result.target
+            if self.traced:
+                IRequestTrace(request).route = target.pattern
+            return target.serve(request, result.params)
         if isinstance(result, Redirect):
             request.responseHeaders.setRawHeaders(b"location", [result.location.encode("latin-1")])
             return _plain(request, 301, b"moved permanently\n")

@@ -11,7 +11,6 @@ upstream call it makes see it as their parent.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
 
 from opentelemetry.context import attach, detach
 from opentelemetry.trace import SpanKind, Status, StatusCode, set_span_in_context
@@ -20,7 +19,13 @@ from twisted.web.server import Request
 
 from edgegw.edge.forwarded import ForwardedFilter
 from edgegw.edge.site import Dispatcher
-from edgegw.telemetry import Telemetry, attributes_of, extract_context
+from edgegw.telemetry import (
+    IRequestTrace,
+    RequestTrace,
+    Telemetry,
+    attributes_of,
+    extract_context,
+)
 
 
 class TracingDispatcher:
@@ -64,11 +69,11 @@ class TracingDispatcher:
                 }
             ),
         )
-        request.span = span  # type: ignore[attr-defined]
-        request.tracer = self.tracer  # type: ignore[attr-defined]
+        trace = RequestTrace(span, self.tracer)
+        request.setComponent(IRequestTrace, trace)
         # Registered first: a chain that completes synchronously finishes the request
         # before dispatch returns.
-        request.notifyFinish().addBoth(_end_span, request, span, method)
+        request.notifyFinish().addBoth(_end_span, request, trace, method)
         token = attach(set_span_in_context(span, parent))
         try:
             return self.inner.dispatch(request, method, host, path, query)
@@ -88,8 +93,9 @@ def client_from_chain(chain: Sequence[bytes], forwarded: ForwardedFilter) -> str
     return addresses[0] if addresses and addresses[0] else None
 
 
-def _end_span(result: object, request: Request, span: Any, method: str) -> None:
-    route = getattr(request, "route_pattern", None)
+def _end_span(result: object, request: Request, trace: RequestTrace, method: str) -> None:
+    span = trace.span
+    route = trace.route
     if route:
         span.update_name(f"{method} {route}")
         span.set_attribute("http.route", route)

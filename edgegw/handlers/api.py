@@ -2,11 +2,12 @@
 The C{api} terminal: one request fans out to several backends at once, and their JSON
 answers are merged into one object, one member per backend C{group}.
 
-Backends are called concurrently with the gateway's own upstream client (the proxy's
-pool): redirects are never followed (a 3xx is a failed call), there is no cookie jar (a
-backend's C{Set-Cookie} goes nowhere, least of all to another user's request), nothing
-is decompressed (no C{Accept-Encoding} is sent; an encoded body is not JSON and fails),
-and a body is read up to L{MAX_BACKEND_BODY} bytes at most.
+Backends are called concurrently through C{treq.HTTPClient} over the gateway's own
+upstream agent (L{UpstreamAgent}: the proxy's pool): redirects are never followed (a 3xx
+is a failed call), the cookie jar stores nothing (a backend's C{Set-Cookie} goes nowhere,
+least of all to another user's request), nothing is decompressed (the agent asks for
+C{identity} and fails a call answered with any other coding), and a body is read with
+treq's streaming C{collect} up to L{MAX_BACKEND_BODY} bytes at most.
 
 A call fails on a connection error, a non-2xx status, a 2xx body that is not JSON (empty
 included) or is too large, or the overall C{timeout}. A failed required backend answers
@@ -23,18 +24,21 @@ from typing import Any
 from urllib.parse import quote, urlsplit
 
 import attrs
+from treq.client import HTTPClient
 from twisted.internet.defer import CancelledError, Deferred
 from twisted.internet.interfaces import IDelayedCall, IReactorTime
 from twisted.python.failure import Failure
+from twisted.web.http_headers import Headers
 from twisted.web.server import Request
 
-from edgegw.chain.exchange import Exchange
+from edgegw.chain.exchange import Exchange, exchange_of
 from edgegw.chain.respond import write_text
+from edgegw.chain.terminal import TerminalResource
 from edgegw.config.model import ApiBackendSpec, ApiHandlerSpec
-from edgegw.handlers.proxy import join_path
-from edgegw.upstream.calls import describe_error, start_call
-from edgegw.upstream.http11 import UpstreamResponse
-from edgegw.upstream.pool import Upstream, UpstreamClient
+from edgegw.upstream.agent import NullCookieJar, UpstreamAgent
+from edgegw.upstream.calls import describe_error
+from edgegw.upstream.pool import Upstream
+from edgegw.upstream.shared import BodyTooLargeError, NotJSONError, join_path, read_json
 
 MAX_BACKEND_BODY = 10 * 1024 * 1024
 """The largest backend body read (10 MiB); a larger one is a failed call."""
@@ -50,12 +54,6 @@ _COPIED = (b"x-request-id", b"accept-language", b"user-agent")
 class BackendCallError(Exception):
     """
     One backend call failed; the message is for the log only.
-    """
-
-
-class BodyTooLargeError(BackendCallError):
-    """
-    A backend body went past L{MAX_BACKEND_BODY}.
     """
 
 
@@ -111,26 +109,7 @@ def _with_query(target: bytes, query: bytes) -> bytes:
     return target + (b"&" if b"?" in target else b"?") + query
 
 
-class _Sink:
-    """
-    Collects a backend body, failing the call past the size cap.
-    """
-
-    def __init__(self, response: UpstreamResponse) -> None:
-        self.response = response
-        self.chunks: list[bytes] = []
-        self.size = 0
-        self.too_large = False
-
-    def write(self, data: bytes) -> None:
-        self.size += len(data)
-        if self.size > MAX_BACKEND_BODY:
-            # Stop reading at the cap: never buffer past it.
-            self.too_large = True
-            self.chunks = []
-            self.response.abort()
-            return
-        self.chunks.append(data)
+_NO_COOKIES = NullCookieJar()
 
 
 @attrs.frozen
@@ -141,10 +120,22 @@ class _Backend:
 
     spec: ApiBackendSpec
     upstream: Upstream
+    origin: bytes
     base_path: bytes
     template: tuple[str | tuple[str], ...]
-    method: bytes
-    group_json: str
+    method: str
+
+
+def _compile(spec: ApiBackendSpec) -> _Backend:
+    upstream = Upstream.from_url(spec.upstream)
+    return _Backend(
+        spec=spec,
+        upstream=upstream,
+        origin=f"{upstream.scheme}://".encode("ascii") + upstream.authority,
+        base_path=urlsplit(spec.upstream).path.encode("ascii").rstrip(b"/"),
+        template=parse_template(spec.path),
+        method=spec.method,
+    )
 
 
 @attrs.define
@@ -160,31 +151,22 @@ class _Outcome:
     status: int | None = None
 
 
-class ApiHandler:
+class ApiHandler(TerminalResource):
     """
     Fans a request out to the configured backends and merges their JSON.
 
     @param spec: The route's C{api} handler block.
-    @param client: The gateway's shared upstream client.
+    @param agent: The gateway's upstream agent (treq runs over it).
     @param clock: For the overall timeout.
     """
 
-    def __init__(self, spec: ApiHandlerSpec, client: UpstreamClient, clock: IReactorTime) -> None:
+    def __init__(self, spec: ApiHandlerSpec, agent: UpstreamAgent, clock: IReactorTime) -> None:
+        super().__init__()
         self.spec = spec
-        self.client = client
+        self.agent = agent
         self.clock = clock
         self.timeout = spec.timeout
-        self.backends = tuple(
-            _Backend(
-                spec=backend,
-                upstream=Upstream.from_url(backend.upstream),
-                base_path=urlsplit(backend.upstream).path.encode("ascii").rstrip(b"/"),
-                template=parse_template(backend.path),
-                method=backend.method.encode("ascii"),
-                group_json=json.dumps(backend.group),
-            )
-            for backend in spec.backends
-        )
+        self.backends = tuple(_compile(backend) for backend in spec.backends)
 
     def describe(self) -> str:
         """
@@ -198,82 +180,81 @@ class ApiHandler:
 
     # -- one call --------------------------------------------------------------------------
 
-    def _headers(self, backend: _Backend, exchange: Exchange) -> list[tuple[bytes, bytes]]:
+    def _headers(self, exchange: Exchange) -> Headers:
         request = exchange.request
         incoming = request.requestHeaders
-        headers: list[tuple[bytes, bytes]] = [
-            (b"Host", backend.upstream.authority),
-            (b"Accept", _JSON),
-        ]
+        headers = Headers()
+        add = headers.addRawHeader
+        add(b"Accept", _JSON)
         for name in _COPIED:
             values = incoming.getRawHeaders(name)
             if values:
-                headers.append((name, values[0]))
+                add(name, values[0])
         # The projection stage's trusted identity headers (inbound X-User-* were stripped).
         if exchange.principal is not None:
             for name, values in incoming.getAllRawHeaders():
                 if name.lower().startswith(b"x-user-"):
-                    headers.extend((name, value) for value in values)
+                    for value in values:
+                        add(name, value)
         peer = getattr(request.getClientAddress(), "host", "")
         chain = incoming.getRawHeaders(b"x-forwarded-for")
         forwarded_for = peer.encode("ascii", "replace")
         if chain:
             forwarded_for = b", ".join([*chain, forwarded_for])
-        headers.append((b"X-Forwarded-For", forwarded_for))
-        principal = exchange.principal
-        if backend.spec.forward_access_token and principal is not None and principal.access_token:
-            headers.append((b"Authorization", b"Bearer " + principal.access_token.encode("ascii")))
+        add(b"X-Forwarded-For", forwarded_for)
         return headers
 
     async def _call(
-        self, backend: _Backend, exchange: Exchange, target: bytes, fan_out: _FanOut
+        self,
+        backend: _Backend,
+        exchange: Exchange,
+        headers: Headers,
+        target: bytes,
+        fan_out: _FanOut,
     ) -> _Outcome:
-        headers = self._headers(backend, exchange)
-        call = start_call(
-            exchange, backend.spec.group, backend.upstream, backend.method, target, headers
-        )
+        principal = exchange.principal
+        if backend.spec.forward_access_token and principal is not None and principal.access_token:
+            headers = headers.copy()
+            headers.addRawHeader(
+                b"Authorization", b"Bearer " + principal.access_token.encode("ascii")
+            )
+        agent = self.agent.call(exchange, backend.spec.group)
+        http = HTTPClient(agent, cookiejar=_NO_COOKIES)  # type: ignore[arg-type]
         outcome = _Outcome()
-        response: UpstreamResponse | None = None
         try:
-            response = await self.client.request(backend.upstream, backend.method, target, headers)
+            response = await http.request(
+                backend.method,
+                backend.origin + target,
+                headers=headers,
+                cookies=_NO_COOKIES,
+                allow_redirects=False,
+                unbuffered=True,
+            )
             outcome.status = response.code
             if not 200 <= response.code < 300:
-                response.abort()
+                agent.abort()
                 raise BackendCallError(f"status {response.code}")
-            if response.length is not None and response.length > MAX_BACKEND_BODY:
-                response.abort()
-                raise BodyTooLargeError(f"body of {response.length} bytes")
-            sink = _Sink(response)
-            try:
-                await response.deliver(sink)
-            except Exception:
-                if sink.too_large:
-                    raise BodyTooLargeError(f"body over {MAX_BACKEND_BODY} bytes") from None
-                raise
-            if sink.too_large:
-                raise BodyTooLargeError(f"body over {MAX_BACKEND_BODY} bytes")
-            body = b"".join(sink.chunks)
-            if not body:
-                raise BackendCallError("empty body")
-            try:
-                outcome.value = json.loads(body)
-            except ValueError:
-                raise BackendCallError("body is not JSON") from None
+            outcome.value = await read_json(response, MAX_BACKEND_BODY)
             outcome.ok = True
         except CancelledError:
-            if response is not None:
-                response.abort()
-            call.end(outcome.status, "timeout" if fan_out.timed_out else "cancelled")
+            agent.abort()
+            agent.end(outcome.status, "timeout" if fan_out.timed_out else "cancelled")
             raise
+        except (BackendCallError, BodyTooLargeError, NotJSONError) as e:
+            outcome.reason = str(e)
         except Exception as e:
-            outcome.reason = str(e) if isinstance(e, BackendCallError) else describe_error(e)
-        call.end(outcome.status, None if outcome.ok else outcome.reason)
+            outcome.reason = describe_error(e)
+        agent.end(outcome.status, None if outcome.ok else outcome.reason)
         return outcome
 
     # -- the fan-out -----------------------------------------------------------------------
 
-    async def __call__(self, exchange: Exchange) -> None:
-        request = exchange.request
+    async def respond(self, request: Request) -> None:
+        """
+        Call every backend for C{request} (whose route's exchange gives the path
+        wildcards) and answer the merged JSON.
+        """
+        exchange = exchange_of(request)
         query = request.uri.partition(b"?")[2]
         try:
             targets = [
@@ -337,12 +318,13 @@ class _FanOut:
 
     def run(self) -> Deferred[list[_Outcome | None]]:
         handler = self.handler
+        headers = handler._headers(self.exchange)
         # Start every call before watching any: a call that fails synchronously may end the
         # fan-out at once, and the calls it must then cancel have to exist already.
         for index, backend in enumerate(handler.backends):
             self.calls.append(
                 Deferred.fromCoroutine(
-                    handler._call(backend, self.exchange, self.targets[index], self)
+                    handler._call(backend, self.exchange, headers, self.targets[index], self)
                 )
             )
         for index, call in enumerate(self.calls):

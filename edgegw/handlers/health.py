@@ -4,7 +4,9 @@ The health terminal: always 200 with C{{"status":"ok"}}.
 
 from __future__ import annotations
 
-from edgegw.chain.exchange import Exchange
+from twisted.web.server import Request
+
+from edgegw.chain.terminal import TerminalResource
 
 BODY = b'{"status":"ok"}'
 _HEADERS = (
@@ -14,13 +16,15 @@ _HEADERS = (
 )
 
 
-class HealthHandler:
+class HealthHandler(TerminalResource):
     """
     Answers every request with C{200 {"status":"ok"}} (no body for HEAD).
     """
 
-    async def __call__(self, exchange: Exchange) -> None:
-        request = exchange.request
+    async def respond(self, request: Request) -> None:
+        """
+        Write the health answer.
+        """
         set_header = request.responseHeaders.setRawHeaders
         for name, value in _HEADERS:
             set_header(name, value)

@@ -22,14 +22,16 @@ from twisted.logger import Logger
 from twisted.web.server import Request
 from zope.interface import implementer
 
-from edgegw.chain.exchange import Exchange
+from edgegw.chain.exchange import Exchange, exchange_of
 from edgegw.chain.respond import abort, write_text
+from edgegw.chain.terminal import TerminalResource
 from edgegw.config.model import ProxyHandlerSpec
 from edgegw.handlers.headers import HOP_BY_HOP, connection_tokens, is_websocket_upgrade
 from edgegw.handlers.tunnel import Tunnel
 from edgegw.upstream.calls import UpstreamCall, describe_error, start_call
 from edgegw.upstream.http11 import UpstreamResponse
 from edgegw.upstream.pool import Upstream, UpstreamClient
+from edgegw.upstream.shared import join_path
 
 _log = Logger()
 
@@ -45,19 +47,6 @@ _REPLACED = frozenset(
         b"x-forwarded-host",
     }
 )
-
-
-def join_path(prefix: bytes, path: bytes) -> bytes:
-    """
-    Join an upstream's base path and a request path with exactly one slash between them.
-    """
-    if not prefix:
-        return path
-    if prefix.endswith(b"/") and path.startswith(b"/"):
-        return prefix + path[1:]
-    if not prefix.endswith(b"/") and not path.startswith(b"/"):
-        return prefix + b"/" + path
-    return prefix + path
 
 
 @implementer(IPushProducer)
@@ -81,7 +70,7 @@ class _Relay:
         self.response.abort()
 
 
-class ProxyHandler:
+class ProxyHandler(TerminalResource):
     """
     Forwards requests to one upstream.
 
@@ -102,6 +91,7 @@ class ProxyHandler:
         gateway_headers: frozenset[bytes] = frozenset(),
         assertion_headers: frozenset[bytes] = frozenset({b"x-gw-identity"}),
     ) -> None:
+        super().__init__()
         self.spec = spec
         self.client = client
         self.reactor = reactor
@@ -239,8 +229,11 @@ class ProxyHandler:
 
     # -- the terminal ----------------------------------------------------------------------
 
-    async def __call__(self, exchange: Exchange) -> None:
-        request = exchange.request
+    async def respond(self, request: Request) -> None:
+        """
+        Forward C{request} (whose route's exchange it reads) and relay the answer.
+        """
+        exchange = exchange_of(request)
         method = request.method
         headers = request.requestHeaders
         upgrade = method == b"GET" and is_websocket_upgrade(

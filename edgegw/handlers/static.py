@@ -50,7 +50,7 @@ import mimetypes
 import os
 import stat
 from collections.abc import Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Final, Protocol
+from typing import Final, Protocol
 from urllib.parse import unquote_to_bytes
 
 from twisted.internet.defer import Deferred
@@ -61,10 +61,8 @@ from twisted.web.http_headers import Headers
 from twisted.web.server import Request
 from zope.interface import implementer
 
+from edgegw.chain.terminal import TerminalResource
 from edgegw.config.model import StaticHandlerSpec
-
-if TYPE_CHECKING:
-    from edgegw.chain.exchange import Exchange
 
 __all__ = ["SMALL_FILE_LIMIT", "StaticHandler"]
 
@@ -204,7 +202,7 @@ class _Range(enum.Enum):
     UNSATISFIABLE = enum.auto()
 
 
-class StaticHandler:
+class StaticHandler(TerminalResource):
     """
     Serve the files under one directory, with the single-page-app index fallback.
 
@@ -216,6 +214,7 @@ class StaticHandler:
         """
         @param spec: The route's C{static} handler block.
         """
+        super().__init__()
         self._spec = spec
         self._root = os.path.realpath(spec.dir)
         # Paths are built as f"{base}/{name}", so "/" as the root becomes "".
@@ -251,15 +250,7 @@ class StaticHandler:
             parts.append(f'cache-control "{self._spec.cache_control}"')
         return f"static {self._spec.dir} ({', '.join(parts)})"
 
-    async def __call__(self, exchange: Exchange) -> None:
-        """
-        Answer the exchange's request; see L{serve}.
-
-        @param exchange: The request on its way through the route.
-        """
-        await self.serve(exchange.request)
-
-    async def serve(self, request: Request) -> None:
+    async def respond(self, request: Request) -> None:
         """
         Write the whole response to C{request}.
 

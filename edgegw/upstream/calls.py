@@ -2,22 +2,47 @@
 One record per upstream call: an entry in the access-log line and, when tracing is on, a
 CLIENT span whose context goes to the upstream in C{traceparent}.
 
-Every handler that calls an upstream (the reverse proxy, each api backend) goes through
-L{start_call} and L{UpstreamCall.end}, so that what is recorded about upstream calls is
-the same everywhere; the IdP and Redis clients will use the same two calls.
+Every handler that calls an upstream (the reverse proxy, each api backend through the
+treq agent) goes through L{start_call} and L{UpstreamCall.end}, so that what is recorded
+about upstream calls is the same everywhere. A call made outside any request (the IdP
+client's discovery and key-set fetches) has no L{CallContext}: it still gets its span, and
+no access-log record.
 """
 
 from __future__ import annotations
 
 from time import monotonic
-from typing import Any
+from typing import Any, Protocol
 
 import attrs
 from opentelemetry.trace import SpanKind, Status, StatusCode, set_span_in_context
 
-from edgegw.chain.exchange import Exchange
 from edgegw.telemetry import inject_context
 from edgegw.upstream.pool import Upstream
+
+
+class CallContext(Protocol):
+    """
+    The request an upstream call is made for (the per-route exchange is one): where the
+    call's record goes, and the span its CLIENT span is a child of.
+    """
+
+    @property
+    def span(self) -> Any:
+        """
+        The request's SERVER span, or L{None} when tracing is off.
+        """
+
+    @property
+    def tracer(self) -> Any:
+        """
+        The tracer, or L{None} when tracing is off.
+        """
+
+    def add_call(self, record: dict[str, Any]) -> None:
+        """
+        Keep one finished call's record (for the access-log line).
+        """
 
 
 @attrs.define
@@ -29,7 +54,7 @@ class UpstreamCall:
     @ivar upstream: The upstream's authority (host:port).
     """
 
-    exchange: Exchange
+    context: CallContext | None
     name: str
     upstream: str
     started: float
@@ -60,32 +85,34 @@ class UpstreamCall:
                 span.set_attribute("error.type", error or str(status))
                 span.set_status(Status(StatusCode.ERROR, error))
             span.end()
-        exchange = self.exchange
-        notes = exchange.notes
-        calls = notes.get("upstream_calls") if notes is not None else None
-        if calls is None:
-            exchange.note("upstream_calls", [record])
-        else:
-            calls.append(record)
+        if self.context is not None:
+            self.context.add_call(record)
 
 
 def start_call(
-    exchange: Exchange,
+    context: CallContext | None,
     name: str,
     upstream: Upstream,
     method: bytes,
     target: bytes,
     headers: list[tuple[bytes, bytes]],
+    tracer: Any = None,
 ) -> UpstreamCall:
     """
     Begin recording an upstream call; with tracing on, start its CLIENT span and put its
     context in C{headers} (replacing any the client sent).
+
+    @param context: The request the call is for; L{None} outside any request.
+    @param tracer: The tracer for a call outside any request (a context brings its own).
     """
     authority = upstream.authority.decode("ascii", "replace")
     span = None
-    tracer = exchange.tracer
+    parent_span = None
+    if context is not None:
+        tracer = context.tracer
+        parent_span = context.span
     if tracer is not None:
-        parent = set_span_in_context(exchange.span) if exchange.span is not None else None
+        parent = set_span_in_context(parent_span) if parent_span is not None else None
         verb = method.decode("ascii", "replace")
         span = tracer.start_span(
             verb,
@@ -101,13 +128,15 @@ def start_call(
             },
         )
         inject_context(headers, set_span_in_context(span))
-    return UpstreamCall(exchange, name, authority, monotonic(), span)
+    return UpstreamCall(context, name, authority, monotonic(), span)
 
 
-def describe_error(error: BaseException) -> str:
+def describe_error(error: BaseException | None) -> str:
     """
     A short reason for logs: the exception type and message, never sent to the client.
     """
+    if error is None:
+        return "error"
     text = str(error)
     name = type(error).__name__
     return f"{name}: {text}" if text else name

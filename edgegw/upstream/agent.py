@@ -1,0 +1,399 @@
+"""
+The gateway's upstream client behind Twisted's L{IAgent}, so that treq runs over it.
+
+L{UpstreamAgent} sends every request on the gateway's own connection pool (the one the
+reverse proxy uses: the same TLS verification, connect timeout and idle policy); it is
+what C{treq.HTTPClient} is given for the api fan-out and for every call to the IdP.
+Cancelling a request's Deferred, or the transport a body protocol is given losing its
+connection, aborts the upstream connection: it is never reused.
+
+Policy the agent applies to every call, below treq's own wrappers:
+
+  - C{Accept-Encoding: identity} replaces whatever was offered (treq always offers
+    gzip), and a response with any other content coding fails the call: a body is never
+    decompressed behind the caller's back, where a size cap could not see it.
+  - The body framing (C{Content-Length} or chunked) and C{Host} are the pool's, from
+    the body producer and the URL; hop-by-hop fields given by the caller are dropped.
+  - Each call is an L{UpstreamCall} (a CLIENT span when tracing is on, and a record in
+    the request's access-log line when the call is made for a request). L{UpstreamAgent.call}
+    binds a call to its request and name and leaves its verdict to the caller; a plain
+    C{request} ends its record by itself when the body is complete or the call fails.
+"""
+
+from __future__ import annotations
+
+from http.cookiejar import CookieJar
+from typing import Any, Final
+
+from twisted.internet.defer import CancelledError, Deferred, fail
+from twisted.internet.interfaces import IProtocol, IPushProducer, IReactorTime
+from twisted.python.failure import Failure
+from twisted.web.client import ResponseDone, ResponseFailed
+from twisted.web.http_headers import Headers
+from twisted.web.iweb import UNKNOWN_LENGTH, IAgent, IBodyProducer, IClientRequest, IResponse
+from zope.interface import implementer
+
+from edgegw.upstream.calls import CallContext, UpstreamCall, describe_error, start_call
+from edgegw.upstream.http11 import UpstreamProtocolError, UpstreamResponse
+from edgegw.upstream.pool import Upstream, UpstreamClient
+
+__all__ = ["ContentCodingError", "NullCookieJar", "UpstreamAgent", "UpstreamCallAgent"]
+
+# Fields the pool writes itself (Host, framing) or that only make sense hop by hop.
+_NOT_FORWARDED: Final = frozenset(
+    {
+        b"host",
+        b"content-length",
+        b"transfer-encoding",
+        b"connection",
+        b"keep-alive",
+        b"te",
+        b"trailer",
+        b"upgrade",
+        b"proxy-connection",
+        b"accept-encoding",
+    }
+)
+_IDENTITY: Final = (b"Accept-Encoding", b"identity")
+# Upstream URLs come from the configuration (and the IdP's discovery document), so a
+# few distinct origins; the bound only keeps a hostile document from growing the map.
+_MAX_ORIGINS: Final = 256
+
+
+class ContentCodingError(UpstreamProtocolError):
+    """
+    The upstream sent a content coding that was not asked for.
+    """
+
+
+class NullCookieJar(CookieJar):
+    """
+    A cookie jar that stores nothing and sends nothing.
+
+    treq keeps one jar per C{HTTPClient} and replays what it holds on later calls: with
+    one client shared by every request, one user's upstream C{Set-Cookie} would ride
+    along on another user's call.
+    """
+
+    def set_cookie(self, cookie: Any) -> None:
+        """
+        Keep nothing.
+        """
+
+    def extract_cookies(self, response: Any, request: Any) -> None:
+        """
+        Read nothing from responses.
+        """
+
+    def add_cookie_header(self, request: Any) -> None:
+        """
+        Add nothing to requests.
+        """
+
+
+@implementer(IClientRequest)
+class _SentRequest:
+    """
+    What was sent, as L{IResponse.request} describes it.
+    """
+
+    def __init__(self, method: bytes, absoluteURI: bytes, headers: Headers) -> None:
+        self.method = method
+        self.absoluteURI = absoluteURI
+        self.headers = headers
+
+
+@implementer(IPushProducer)
+class _BodyTransport:
+    """
+    The transport a body protocol is given: flow control and abort, nothing else.
+    """
+
+    def __init__(self, response: UpstreamResponse) -> None:
+        self._response = response
+
+    def pauseProducing(self) -> None:
+        self._response.pause()
+
+    def resumeProducing(self) -> None:
+        self._response.resume()
+
+    def stopProducing(self) -> None:
+        self._response.abort()
+
+    def loseConnection(self) -> None:
+        self._response.abort()
+
+    def abortConnection(self) -> None:
+        self._response.abort()
+
+
+class _ProtocolSink:
+    """
+    Feeds body bytes to a protocol's C{dataReceived}.
+    """
+
+    __slots__ = ("write",)
+
+    def __init__(self, protocol: IProtocol) -> None:
+        self.write = protocol.dataReceived
+
+
+@implementer(IResponse)
+class AgentResponse:
+    """
+    An L{UpstreamResponse} as an L{IResponse}.
+    """
+
+    previousResponse: IResponse | None = None
+
+    def __init__(
+        self,
+        response: UpstreamResponse,
+        request: _SentRequest,
+        record: UpstreamCall | None,
+    ) -> None:
+        self._response = response
+        self._record = record
+        self.request = request
+        major, _, minor = response.version[5:].partition(b".")
+        self.version = (b"HTTP", int(major), int(minor or 0))
+        self.code = response.code
+        self.phrase = response.phrase
+        headers = Headers()
+        add = headers.addRawHeader
+        for name, value in response.headers:
+            add(name, value)
+        self.headers = headers
+        if not response.has_body:
+            self.length: int | object = 0
+        elif response.length is not None:
+            self.length = response.length
+        else:
+            self.length = UNKNOWN_LENGTH
+
+    def deliverBody(self, protocol: IProtocol) -> None:
+        """
+        Stream the body into C{protocol}: C{makeConnection} with a transport that can
+        pause, resume and abort, C{dataReceived} per piece, then C{connectionLost} with
+        L{ResponseDone} or L{ResponseFailed}.
+        """
+        response = self._response
+        protocol.makeConnection(_BodyTransport(response))  # type: ignore[arg-type]
+        delivered = response.deliver(_ProtocolSink(protocol))
+        delivered.addCallbacks(
+            self._done, self._failed, callbackArgs=(protocol,), errbackArgs=(protocol,)
+        )
+
+    def _done(self, result: None, protocol: IProtocol) -> None:
+        if self._record is not None:
+            self._record.end(self.code)
+        protocol.connectionLost(Failure(ResponseDone()))
+
+    def _failed(self, reason: Failure, protocol: IProtocol) -> None:
+        if self._record is not None:
+            self._record.end(self.code, "body: " + describe_error(reason.value))
+        protocol.connectionLost(Failure(ResponseFailed([reason])))
+
+    def setPreviousResponse(self, response: IResponse) -> None:
+        """
+        Record the response this one follows (redirects; never used by the gateway).
+        """
+        self.previousResponse = response
+
+    def abort(self) -> None:
+        """
+        Drop the upstream connection now.
+        """
+        self._response.abort()
+
+
+@implementer(IAgent)
+class UpstreamAgent:
+    """
+    L{IAgent} over an L{UpstreamClient}.
+
+    @param client: The gateway's connection pool.
+    @param reactor: For C{timeout}.
+    @param verify_tls: Check https upstreams' certificates (always, but for tests and
+        C{insecureSkipVerify}-style setups).
+    @param timeout: Seconds for connecting, sending and receiving the response head;
+        L{None} leaves it to the caller (the api fan-out has its own deadline).
+    @param tracer: The tracer for calls made outside any request (a request's own
+        tracer is used for the calls bound to it).
+    """
+
+    def __init__(
+        self,
+        client: UpstreamClient,
+        reactor: IReactorTime,
+        *,
+        verify_tls: bool = True,
+        timeout: float | None = None,
+        tracer: Any = None,
+    ) -> None:
+        self._client = client
+        self._reactor = reactor
+        self._verify_tls = verify_tls
+        self._timeout = timeout
+        self._tracer = tracer
+        self._origins: dict[bytes, Upstream] = {}
+
+    def call(self, context: CallContext | None, name: str) -> UpstreamCallAgent:
+        """
+        An agent for one call made for C{context} (a request), recorded under C{name}.
+        """
+        return UpstreamCallAgent(self, context, name)
+
+    def request(
+        self,
+        method: bytes,
+        uri: bytes,
+        headers: Headers | None = None,
+        bodyProducer: IBodyProducer | None = None,
+    ) -> Deferred[IResponse]:
+        """
+        Send one request; its record ends with the response body (or the failure).
+        """
+        return self.send(None, "upstream", method, uri, headers, bodyProducer, True)[0]
+
+    def send(
+        self,
+        context: CallContext | None,
+        name: str,
+        method: bytes,
+        uri: bytes,
+        headers: Headers | None,
+        body: IBodyProducer | None,
+        auto_end: bool,
+    ) -> tuple[Deferred[IResponse], UpstreamCall | None]:
+        """
+        Send one request on the pool.
+
+        @param auto_end: End the call's record with the body or failure; otherwise the
+            caller ends it with its own verdict.
+        @return: The response Deferred, and the call's record (L{None} when the request
+            could not even be started: a URL that is not http(s) with a host).
+        """
+        scheme_end = uri.find(b"://")
+        if scheme_end == -1:
+            return fail(ValueError(f"not an absolute http(s) URL: {uri[:200]!r}")), None
+        authority_start = scheme_end + 3
+        path_start = len(uri)
+        for delimiter in (b"/", b"?", b"#"):
+            found = uri.find(delimiter, authority_start)
+            if found != -1 and found < path_start:
+                path_start = found
+        origin = uri[:path_start]
+        upstream = self._origins.get(origin)
+        if upstream is None:
+            try:
+                upstream = Upstream.from_url(origin.decode("ascii"), self._verify_tls)
+            except (ValueError, UnicodeDecodeError) as e:
+                return fail(e), None
+            if len(self._origins) >= _MAX_ORIGINS:
+                self._origins.clear()
+            self._origins[origin] = upstream
+        target = uri[path_start:].partition(b"#")[0]
+        if target[:1] != b"/":
+            target = b"/" + target
+        outgoing = [(b"Host", upstream.authority), _IDENTITY]
+        if headers is not None:
+            append = outgoing.append
+            for field, values in headers.getAllRawHeaders():
+                if field.lower() not in _NOT_FORWARDED:
+                    for value in values:
+                        append((field, value))
+        record = start_call(context, name, upstream, method, target, outgoing, self._tracer)
+        pending = self._client.request(upstream, method, target, outgoing, body)
+        if self._timeout is not None:
+            pending.addTimeout(self._timeout, self._reactor)
+        sent = _SentRequest(method, uri, headers if headers is not None else Headers())
+        response: Deferred[IResponse] = pending.addCallbacks(
+            _received,
+            _not_received,
+            callbackArgs=(sent, record, auto_end),
+            errbackArgs=(record, auto_end),
+        )
+        return response, record
+
+
+def _received(
+    response: UpstreamResponse, sent: _SentRequest, record: UpstreamCall, auto_end: bool
+) -> IResponse:
+    codings = [value for name, value in response.headers if name.lower() == b"content-encoding"]
+    if codings and any(
+        coding.strip(b" \t").lower() not in (b"", b"identity")
+        for value in codings
+        for coding in value.split(b",")
+    ):
+        response.abort()
+        error = ContentCodingError(f"content coding {b', '.join(codings)[:100]!r} not asked for")
+        if auto_end:
+            record.end(response.code, describe_error(error))
+        raise error
+    return AgentResponse(response, sent, record if auto_end else None)
+
+
+def _not_received(reason: Failure, record: UpstreamCall, auto_end: bool) -> Failure:
+    if auto_end:
+        record.end(
+            error="cancelled" if reason.check(CancelledError) else describe_error(reason.value)
+        )
+    return reason
+
+
+@implementer(IAgent)
+class UpstreamCallAgent:
+    """
+    An agent for one upstream call made for a request: the call's record is named and
+    goes to the request's access-log line, and the caller ends it with its verdict.
+
+    @ivar record: The call's record once the request was sent (L{None} before).
+    """
+
+    def __init__(self, agent: UpstreamAgent, context: CallContext | None, name: str) -> None:
+        self._agent = agent
+        self._context = context
+        self._name = name
+        self._sent = False
+        self._received: AgentResponse | None = None
+        self.record: UpstreamCall | None = None
+
+    def request(
+        self,
+        method: bytes,
+        uri: bytes,
+        headers: Headers | None = None,
+        bodyProducer: IBodyProducer | None = None,
+    ) -> Deferred[IResponse]:
+        """
+        Send the call's request (once).
+        """
+        if self._sent:
+            raise RuntimeError("an UpstreamCallAgent sends one request")
+        self._sent = True
+        response, self.record = self._agent.send(
+            self._context, self._name, method, uri, headers, bodyProducer, False
+        )
+        return response.addCallback(self._keep)
+
+    def _keep(self, response: IResponse) -> IResponse:
+        if isinstance(response, AgentResponse):
+            self._received = response
+        return response
+
+    def abort(self) -> None:
+        """
+        Drop the upstream connection of the response received, if any (a cancelled
+        body read).
+        """
+        if self._received is not None:
+            self._received.abort()
+
+    def end(self, status: int | None = None, error: str | None = None) -> None:
+        """
+        Record the call's outcome (later calls do nothing).
+        """
+        if self.record is not None:
+            self.record.end(status, error)
