@@ -58,9 +58,7 @@ class _RecordingEndpoint:
 
     def listen(self, protocolFactory: Any) -> Deferred[IListeningPort]:
         listening: Deferred[Any] = self.endpoint.listen(protocolFactory)
-        recorded: Deferred[IListeningPort] = listening.addCallbacks(
-            self._listening, self._failed
-        )
+        recorded: Deferred[IListeningPort] = listening.addCallbacks(self._listening, self._failed)
         return recorded
 
     def _listening(self, port: IListeningPort) -> IListeningPort:

@@ -108,6 +108,8 @@ def render_stage(resource: IResource) -> Handler:
         finished = request.notifyFinish()
         body = resource.render(request)
         if body is not NOT_DONE_YET and not request.finished:
+            # As Twisted's Request.render answers a resource's bytes.
+            request.setHeader(b"content-length", b"%d" % len(body))
             request.write(body)
             request.finish()
         try:

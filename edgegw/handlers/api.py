@@ -35,7 +35,7 @@ from edgegw.chain.exchange import Exchange, exchange_of
 from edgegw.chain.respond import write_text
 from edgegw.chain.terminal import TerminalResource
 from edgegw.config.model import ApiBackendSpec, ApiHandlerSpec
-from edgegw.upstream.agent import NullCookieJar, UpstreamAgent
+from edgegw.upstream.agent import NullCookieJar, PreparedURL, UpstreamAgent
 from edgegw.upstream.calls import describe_error
 from edgegw.upstream.pool import Upstream
 from edgegw.upstream.shared import BodyTooLargeError, NotJSONError, join_path, read_json
@@ -120,7 +120,7 @@ class _Backend:
 
     spec: ApiBackendSpec
     upstream: Upstream
-    origin: bytes
+    origin: str
     base_path: bytes
     template: tuple[str | tuple[str], ...]
     method: str
@@ -131,7 +131,7 @@ def _compile(spec: ApiBackendSpec) -> _Backend:
     return _Backend(
         spec=spec,
         upstream=upstream,
-        origin=f"{upstream.scheme}://".encode("ascii") + upstream.authority,
+        origin=f"{upstream.scheme}://" + upstream.authority.decode("ascii"),
         base_path=urlsplit(spec.upstream).path.encode("ascii").rstrip(b"/"),
         template=parse_template(spec.path),
         method=spec.method,
@@ -224,7 +224,7 @@ class ApiHandler(TerminalResource):
         try:
             response = await http.request(
                 backend.method,
-                backend.origin + target,
+                PreparedURL(backend.origin + target.decode("ascii")),
                 headers=headers,
                 cookies=_NO_COOKIES,
                 allow_redirects=False,

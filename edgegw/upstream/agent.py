@@ -25,6 +25,7 @@ from __future__ import annotations
 from http.cookiejar import CookieJar
 from typing import Any, Final
 
+from hyperlink import EncodedURL
 from twisted.internet.defer import CancelledError, Deferred, fail
 from twisted.internet.interfaces import IProtocol, IPushProducer, IReactorTime
 from twisted.python.failure import Failure
@@ -37,7 +38,13 @@ from edgegw.upstream.calls import CallContext, UpstreamCall, describe_error, sta
 from edgegw.upstream.http11 import UpstreamProtocolError, UpstreamResponse
 from edgegw.upstream.pool import Upstream, UpstreamClient
 
-__all__ = ["ContentCodingError", "NullCookieJar", "UpstreamAgent", "UpstreamCallAgent"]
+__all__ = [
+    "ContentCodingError",
+    "NullCookieJar",
+    "PreparedURL",
+    "UpstreamAgent",
+    "UpstreamCallAgent",
+]
 
 # Fields the pool writes itself (Host, framing) or that only make sense hop by hop.
 _NOT_FORWARDED: Final = frozenset(
@@ -64,6 +71,37 @@ class ContentCodingError(UpstreamProtocolError):
     """
     The upstream sent a content coding that was not asked for.
     """
+
+
+class PreparedURL(EncodedURL):
+    """
+    An absolute URI the gateway has already built in its final form (ASCII, percent-
+    encoded, the host IDNA-encoded once at load), handed to treq as it is.
+
+    treq turns every URL it is given into a hyperlink URL and back (C{to_uri().to_text()}),
+    which re-encodes the host label by label with IDNA on every call: about 25 µs, half of
+    treq's own cost per call. This URL is its own URI form and its own text, so that work
+    is skipped; nothing else of hyperlink's URL is used by treq on this path.
+    """
+
+    def __init__(self, text: str) -> None:
+        # hyperlink's parsing is what this class exists to avoid: no super().__init__.
+        self._prepared = text
+
+    def to_uri(self) -> PreparedURL:
+        """
+        Already a URI.
+        """
+        return self
+
+    def to_text(self, with_password: bool = False) -> str:
+        """
+        The URI as built.
+        """
+        return self._prepared
+
+    def __repr__(self) -> str:
+        return f"PreparedURL({self._prepared!r})"
 
 
 class NullCookieJar(CookieJar):
