@@ -13,14 +13,10 @@ from typing import Any
 
 from twisted.trial.unittest import SynchronousTestCase
 
-from edgegw.edge.csrf import (
-    ORIGIN_MISMATCH,
-    SEC_FETCH_SITE_CROSS,
-    CrossOriginProtection,
-    TrustedOriginError,
-    validate_trusted_origin,
-)
-from edgegw.routing.mux import ConflictError, PatternError
+from edgegw.config.origins import TrustedOriginError, validate_trusted_origin
+from edgegw.edge.csrf import ORIGIN_MISMATCH, SEC_FETCH_SITE_CROSS, CrossOriginProtection
+from edgegw.routing.mux import ConflictError
+from edgegw.routing.pattern import PatternError
 
 FIXTURE = os.path.join(os.path.dirname(__file__), "fixtures", "csrf", "cases.json")
 

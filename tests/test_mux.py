@@ -13,27 +13,27 @@ from typing import Any
 
 from twisted.trial.unittest import SynchronousTestCase
 
+from edgegw.routing.goquote import go_quote
 from edgegw.routing.mux import (
     ConflictError,
     Matched,
     MethodNotAllowed,
     Mux,
     NotFound,
-    Pattern,
-    PatternError,
     Redirect,
     RouteResult,
+)
+from edgegw.routing.paths import clean_path, path_segments, split_request_target
+from edgegw.routing.pattern import (
+    Pattern,
+    PatternError,
     Segment,
-    clean_path,
     common_path,
     compare_methods,
     compare_paths,
     compare_patterns,
     difference_path,
-    go_quote,
     parse_pattern,
-    path_segments,
-    split_request_target,
 )
 
 FIXTURES = os.path.join(os.path.dirname(__file__), "fixtures", "gomux")

@@ -1,0 +1,107 @@
+"""
+The Gateway kind: listen address, trusted proxies, plugins, drain timeout, and its auth and
+accessLog blocks; its larger blocks have modules of their own.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+
+from edgegw.config.addresses import endpoint_description
+from edgegw.config.fields import Node
+from edgegw.config.identity import read_identity
+from edgegw.config.model import AccessLogSpec, AuthSpec, GatewaySpec
+from edgegw.config.security import read_security
+from edgegw.config.session import read_session
+from edgegw.config.state import read_state_ref
+from edgegw.config.urls import check_local_path
+
+__all__ = ["read_gateway"]
+
+
+def read_gateway(spec: Node, base_dir: str) -> GatewaySpec:
+    """
+    The Gateway resource's spec.
+
+    @param base_dir: The directory of its file, for a relative access-log output.
+    """
+    listen = spec.string("listen", ":8080") or ":8080"
+    try:
+        endpoint_description(listen)
+    except ValueError as e:
+        spec.error("listen", str(e))
+    trusted = spec.strings("trustedProxies")
+    for index, entry in enumerate(trusted):
+        if entry == "*":
+            continue
+        try:
+            ipaddress.ip_network(entry, strict=False)
+        except ValueError:
+            spec.error(
+                f"trustedProxies[{index}]",
+                f'"{entry}" is not an IP address, a CIDR such as "10.0.0.0/8", or "*"',
+            )
+    security = read_security(spec.mapping("security"))
+    plugins = spec.strings("plugins")
+    session = read_session(spec.mapping("session"))
+    identity = read_identity(spec.mapping("identity"))
+    auth = _auth(spec.mapping("auth"))
+    state = read_state_ref(spec.mapping("stateProvider"))
+    if state is not None and session is None:
+        spec.error("stateProvider", "requires a session block (its key encrypts the record)")
+    return GatewaySpec(
+        listen=listen,
+        trusted_proxies=trusted,
+        security=security,
+        plugins=plugins,
+        session=session,
+        identity=identity,
+        auth=auth,
+        state_provider=state,
+        drain_timeout=spec.duration("drainTimeout", 30.0) or 0.0,
+        access_log=_access_log(spec.mapping("accessLog"), base_dir),
+    )
+
+
+def _access_log(node: Node | None, base_dir: str) -> AccessLogSpec:
+    if node is None:
+        return AccessLogSpec()
+    output = node.string("output", "log", nonempty=True) or "log"
+    if output not in ("log", "-"):
+        output = os.path.normpath(os.path.join(base_dir, output))
+        problem = _output_problem(output)
+        if problem is not None:
+            node.error("output", problem)
+    node.finish()
+    return AccessLogSpec(output=output)
+
+
+def _output_problem(path: str) -> str | None:
+    """
+    Why the access log cannot be appended to the file at C{path}, or L{None}.
+    """
+    directory = os.path.dirname(path)
+    if os.path.isdir(path):
+        return f"{path} is a directory"
+    if not os.path.isdir(directory):
+        if os.path.exists(directory):
+            return f"the directory of {path} is not a directory"
+        return f"the directory of {path} does not exist"
+    if os.path.exists(path):
+        if not os.access(path, os.W_OK):
+            return f"{path} cannot be written: permission denied"
+    elif not os.access(directory, os.W_OK | os.X_OK):
+        return f"{path} cannot be written: cannot create files in {directory}"
+    return None
+
+
+def _auth(node: Node | None) -> AuthSpec:
+    if node is None:
+        return AuthSpec()
+    login = node.string("loginPath", "/auth/login") or ""
+    logout = node.string("logoutPath", "/auth/logout") or ""
+    check_local_path(node, "loginPath", login)
+    check_local_path(node, "logoutPath", logout)
+    node.finish()
+    return AuthSpec(login_path=login, logout_path=logout)

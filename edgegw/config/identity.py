@@ -1,0 +1,95 @@
+"""
+The Gateway's identity block: claims, groups, and signed identity assertions.
+"""
+
+from __future__ import annotations
+
+from typing import Any, cast
+
+from edgegw.config.fields import Node
+from edgegw.config.headers import TOKEN, check_header_name
+from edgegw.config.keys import ed25519_key
+from edgegw.config.model import (
+    AssertionAcceptSpec,
+    AssertionIssueSpec,
+    AssertionKeySpec,
+    AssertionSpec,
+    GroupsSpec,
+    IdentitySpec,
+)
+
+__all__ = ["read_identity"]
+
+
+def read_identity(node: Node | None) -> IdentitySpec:
+    """
+    The identity block, or the defaults when there is none.
+    """
+    if node is None:
+        return IdentitySpec()
+    groups = GroupsSpec()
+    groups_node = node.mapping("groups")
+    if groups_node is not None:
+        as_ = groups_node.string("as", "groups") or ""
+        if not TOKEN.match(as_):
+            groups_node.error("as", f'"{as_}" cannot be used in a header name')
+        groups = GroupsSpec(
+            source=groups_node.string("source"),
+            match=groups_node.strings("match"),
+            render=cast(Any, groups_node.string("render", "cn", choices=("cn", "dn"))),
+            as_=as_,
+            strip=groups_node.strings("strip"),
+        )
+        groups_node.finish()
+    identity = IdentitySpec(
+        claims=node.strings("claims", ("email", "name", "given_name", "family_name")),
+        groups=groups,
+        user_info=cast(Any, node.string("userInfo", "auto", choices=("auto", "always", "never"))),
+        subject_claim=node.string("subjectClaim", "sub", nonempty=True) or "sub",
+        assertion=_assertion(node.mapping("assertion")),
+    )
+    node.finish()
+    return identity
+
+
+def _assertion(node: Node | None) -> AssertionSpec | None:
+    if node is None:
+        return None
+    issue = None
+    issue_node = node.mapping("issue")
+    if issue_node is not None:
+        header = issue_node.string("header", "X-Gw-Identity") or ""
+        check_header_name(issue_node, "header", header)
+        issue = AssertionIssueSpec(
+            name=issue_node.required_string("name"),
+            key_id=issue_node.required_string("keyId"),
+            seed=ed25519_key(issue_node, "key", "the Ed25519 seed"),
+            ttl=issue_node.duration("ttl", 60.0, positive=True) or 60.0,
+            header=header,
+        )
+        issue_node.finish()
+    accept = None
+    accept_node = node.mapping("accept")
+    if accept_node is not None:
+        header = accept_node.string("header", "X-Gw-Identity") or ""
+        check_header_name(accept_node, "header", header)
+        keys = []
+        for key_node in accept_node.nodes("keys", required=True):
+            keys.append(
+                AssertionKeySpec(
+                    key_id=key_node.required_string("keyId"),
+                    public_key=ed25519_key(key_node, "publicKey", "the Ed25519 public key"),
+                )
+            )
+            key_node.finish()
+        accept = AssertionAcceptSpec(
+            issuer=accept_node.required_string("issuer"),
+            keys=tuple(keys),
+            header=header,
+            require_bearer=accept_node.boolean("requireBearer", True),
+        )
+        accept_node.finish()
+    if issue is None and accept is None:
+        node.error("", "configure issue, accept, or both")
+    node.finish()
+    return AssertionSpec(issue=issue, accept=accept)

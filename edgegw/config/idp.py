@@ -1,0 +1,56 @@
+"""
+The IdP kind: the OpenID Connect provider, its client, and bearer-token verification.
+"""
+
+from __future__ import annotations
+
+from edgegw.config.fields import Node
+from edgegw.config.model import BearerSpec, IdpSpec
+from edgegw.config.urls import check_url
+
+__all__ = ["read_idp"]
+
+
+def read_idp(spec: Node, name: str) -> IdpSpec:
+    """
+    The IdP resource's spec.
+    """
+    spec.string("type", required=True, choices=("oidc",))
+    verification_only = spec.boolean("verificationOnly", False)
+    issuer = spec.required_string("issuer")
+    check_url(spec, "issuer", issuer, ("https", "http"))
+    client_id = spec.required_string("clientID")
+    client_secret = spec.string("clientSecret")
+    redirect_url = spec.string("redirectURL")
+    if verification_only:
+        for key, value in (("clientSecret", client_secret), ("redirectURL", redirect_url)):
+            if value is not None:
+                spec.error(key, "not allowed with verificationOnly: true")
+    check_url(spec, "redirectURL", redirect_url, ("https", "http"))
+    bearer = BearerSpec()
+    bearer_node = spec.mapping("bearer")
+    if bearer_node is not None:
+        jwks = bearer_node.string("jwksURL")
+        check_url(bearer_node, "jwksURL", jwks, ("https", "http"))
+        algs = (
+            bearer_node.strings("signingAlgs", nonempty=True)
+            if bearer_node.has("signingAlgs")
+            else None
+        )
+        bearer = BearerSpec(
+            jwks_url=jwks,
+            audience_claim=bearer_node.string("audienceClaim", "aud", nonempty=True) or "aud",
+            audience=bearer_node.string("audience", nonempty=True),
+            signing_algs=algs,
+        )
+        bearer_node.finish()
+    return IdpSpec(
+        name=name,
+        issuer=issuer,
+        client_id=client_id,
+        verification_only=verification_only,
+        client_secret=client_secret,
+        redirect_url=redirect_url,
+        scopes=spec.strings("scopes", ("openid", "profile", "email"), nonempty=True),
+        bearer=bearer,
+    )

@@ -1,0 +1,134 @@
+"""
+Rules over the whole configuration: one Gateway, at most one IdP and Telemetry, Route
+patterns that do not conflict, and references between resources.
+"""
+
+from __future__ import annotations
+
+from typing import TypeVar
+
+from edgegw.config.errors import Location, Problems
+from edgegw.config.fields import suggest
+from edgegw.config.model import (
+    GatewaySpec,
+    IdpSpec,
+    PolicySpec,
+    RouteGroupSpec,
+    RouteSpec,
+    StateProviderSpec,
+)
+from edgegw.routing.mux import ConflictError, Mux
+from edgegw.routing.pattern import PatternError
+
+__all__ = ["at_most_one", "cross_checks", "one_gateway"]
+
+T = TypeVar("T")
+
+
+def one_gateway(
+    gateways: list[tuple[Location, GatewaySpec]], problems: Problems, *, complete: bool
+) -> tuple[Location, GatewaySpec] | None:
+    """
+    The one Gateway, reporting a second one, and a missing one when every file was read
+    (C{complete}).
+    """
+    if not gateways:
+        if complete:
+            problems.add(None, "", "no Gateway resource: exactly one is required")
+        return None
+    for location, _ in gateways[1:]:
+        problems.add(
+            location,
+            "",
+            "a second Gateway resource: exactly one is allowed "
+            f"(the first is {gateways[0][0].describe()})",
+        )
+    return gateways[0]
+
+
+def at_most_one(kind: str, found: list[tuple[Location, T]], problems: Problems) -> T | None:
+    """
+    The first resource of C{kind} found, or L{None}, reporting every further one.
+    """
+    for location, _ in found[1:]:
+        problems.add(
+            location,
+            "",
+            f"a second {kind} resource: at most one is allowed "
+            f"(the first is {found[0][0].describe()})",
+        )
+    return found[0][1] if found else None
+
+
+def cross_checks(
+    gateway: tuple[Location, GatewaySpec] | None,
+    idp: IdpSpec | None,
+    routes: list[RouteSpec],
+    groups: list[RouteGroupSpec],
+    policies: dict[str, PolicySpec],
+    providers: dict[str, StateProviderSpec],
+    problems: Problems,
+    *,
+    complete: bool,
+) -> None:
+    """
+    Report what is wrong between resources: Route patterns that do not parse or conflict,
+    policies and state provider types that are not declared (only when every file was read,
+    C{complete}), assertions forwarded without a key to mint them, and a session with a
+    verificationOnly IdP.
+    """
+    mux: Mux[RouteSpec] = Mux()
+    for route in routes:
+        if not route.match:
+            continue
+        try:
+            mux.register(route.match, route)
+        except PatternError as e:
+            problems.add(route.location, "spec.match", str(e))
+        except ConflictError as e:
+            problems.add(route.location, "spec.match", str(e))
+    holders: list[RouteSpec | RouteGroupSpec] = [*routes, *groups]
+    for holder in holders:
+        for index, policy in enumerate(holder.access.authorize):
+            if policy not in policies and complete:
+                problems.add(
+                    holder.location,
+                    f"spec.access.authorize[{index}]",
+                    f'no Policy named "{policy}"' + suggest(policy, list(policies)),
+                )
+    if gateway is None:
+        return
+    location, spec = gateway
+    assertion = spec.identity.assertion
+    if assertion is None or assertion.issue is None:
+        for route in routes:
+            handler = route.handler
+            backends = getattr(handler, "backends", ())
+            if getattr(handler, "forward_identity", False):
+                problems.add(
+                    route.location,
+                    "spec.handler.forwardIdentity",
+                    "needs identity.assertion.issue in the Gateway to mint assertions",
+                )
+            for index, backend in enumerate(backends):
+                if backend.forward_identity:
+                    problems.add(
+                        route.location,
+                        f"spec.handler.backends[{index}].forwardIdentity",
+                        "needs identity.assertion.issue in the Gateway to mint assertions",
+                    )
+    if idp is not None and idp.verification_only and spec.session is not None:
+        problems.add(
+            location,
+            "spec.session",
+            "a verificationOnly IdP cannot serve a configuration that has a session",
+        )
+    state = spec.state_provider
+    known_types = {"kvstore"} | {provider.type for provider in providers.values()}
+    if state is not None and state.type and state.type not in known_types and complete:
+        problems.add(
+            location,
+            "spec.stateProvider.type",
+            f'no state provider type "{state.type}": the shipped type is "kvstore"; '
+            "others must be declared by a StateProvider resource",
+        )

@@ -1,0 +1,163 @@
+"""
+Request paths as Go's C{net/http.ServeMux} sees them: cleaning, splitting into segments,
+splitting a request-target, and the C{Location} of a redirect.
+
+Paths are handled in their escaped form, as on the request line, and unescaped one segment at
+a time, so C{%2F} stays inside its segment. Strings are expected to carry the raw bytes of the
+request as C{str}; decoding the request-target with C{("utf-8", "surrogateescape")} makes raw
+UTF-8 and percent-encoded UTF-8 match the same pattern, as they do in Go.
+"""
+
+from __future__ import annotations
+
+import re
+from urllib.parse import quote, unquote_to_bytes
+
+__all__ = [
+    "clean_path",
+    "path_segments",
+    "redirect_location",
+    "split_path",
+    "split_request_target",
+    "to_bytes",
+    "unescape",
+]
+
+
+def to_bytes(text: str) -> bytes:
+    """
+    The raw bytes a request string carries: surrogate escapes back to the bytes they stand
+    for, everything else as UTF-8.
+    """
+    try:
+        return text.encode("utf-8", "surrogateescape")
+    except UnicodeEncodeError:
+        return text.encode("utf-8", "surrogatepass")
+
+
+_BAD_ESCAPE = re.compile(r"%(?![0-9A-Fa-f]{2})")
+
+
+def unescape(text: str) -> str:
+    """
+    Percent-decode C{text}, or return it unchanged when any escape in it is invalid.
+    """
+    if "%" not in text or _BAD_ESCAPE.search(text) is not None:
+        return text
+    return unquote_to_bytes(to_bytes(text)).decode("utf-8", "surrogateescape")
+
+
+def clean_path(path: str) -> str:
+    """
+    The canonical form of an escaped path, as Go's ServeMux computes it: rooted, with C{.}
+    and C{..} segments resolved and repeated slashes merged, keeping a trailing slash.
+
+    @param path: An escaped path; C{""} and relative paths are allowed.
+    @return: The cleaned path, which always starts with C{/}.
+    """
+    if not path:
+        return "/"
+    out: list[str] = []
+    for seg in path.split("/"):
+        if seg == "" or seg == ".":
+            continue
+        if seg == "..":
+            if out:
+                out.pop()
+            continue
+        out.append(seg)
+    cleaned = "/" + "/".join(out)
+    if path[-1] == "/" and cleaned != "/":
+        cleaned += "/"
+    return cleaned
+
+
+def split_path(path: str) -> tuple[list[str], list[str], bool] | None:
+    """
+    Split an escaped path into its decoded segments, its raw segments, and whether it ends
+    in a slash; L{None} for a non-empty path that does not start with C{/}.
+    """
+    if not path:
+        return [], [], False
+    if path[0] != "/":
+        return None
+    raw = path[1:].split("/")
+    trailing = raw[-1] == ""
+    if trailing:
+        raw.pop()
+    if "%" not in path:
+        return raw, raw, trailing
+    return [unescape(s) for s in raw], raw, trailing
+
+
+def path_segments(path: str) -> tuple[tuple[str, ...], bool]:
+    """
+    The segments a path is matched by: each percent-decoded on its own (so C{%2F} stays
+    inside its segment), and whether the path ends in a slash.
+
+    @param path: An escaped path starting with C{/}.
+    @return: The decoded segments, and the trailing-slash flag.
+    @raise ValueError: When C{path} is not empty and does not start with C{/}.
+    """
+    split = split_path(path)
+    if split is None:
+        raise ValueError(f"path does not start with '/': {path!r}")
+    return tuple(split[0]), split[2]
+
+
+_SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9+.\-]*:")
+
+
+def split_request_target(method: str, target: str) -> tuple[str, str, str]:
+    """
+    Split a raw request-target into the parts L{Mux.route} takes.
+
+    An origin-form target (C{/p?q}) has no authority. An absolute-form target
+    (C{http://h/p?q}) gives its authority, its path (possibly C{""}) and its query. A
+    C{CONNECT} authority-form target (C{host:port}) gives the authority and an empty path.
+    Anything else is taken as a relative path with an optional query.
+
+    @param method: The request method.
+    @param target: The request-target exactly as on the request line.
+    @return: C{(authority, escaped path, raw query)}; the query excludes the C{?}.
+    """
+    if target[:1] == "/":
+        path, _, query = target.partition("?")
+        return "", path, query
+    scheme = _SCHEME.match(target)
+    if scheme is not None and target[scheme.end() : scheme.end() + 2] == "//":
+        rest, _, query = target[scheme.end() + 2 :].partition("?")
+        slash = rest.find("/")
+        if slash < 0:
+            return rest, "", query
+        return rest[:slash], rest[slash:], query
+    if method == "CONNECT":
+        return target, "", ""
+    if scheme is not None:
+        _, _, query = target.partition("?")
+        return "", "", query
+    path, _, query = target.partition("?")
+    return "", path, query
+
+
+_LOCATION_PATH_SAFE = "!$&'()*+,;=:@/"
+_LOCATION_QUERY_SAFE = "!\"$%&'()*+,-./:;<=>?@[\\]^_`{|}~"
+
+
+def redirect_location(path: str, query: str) -> str:
+    """
+    The Location of a redirect to the escaped C{path} with the raw C{query}: characters that
+    may not appear in a URI are percent-encoded, and a segment whose escapes are invalid
+    (and which is therefore matched as written) has its C{%} encoded too, so the redirected
+    request matches the same segments.
+    """
+    parts = []
+    for seg in path.split("/"):
+        if _BAD_ESCAPE.search(seg) is not None:
+            parts.append(quote(to_bytes(seg), safe=_LOCATION_PATH_SAFE))
+        else:
+            parts.append(quote(to_bytes(seg), safe=_LOCATION_PATH_SAFE + "%"))
+    location = "/".join(parts)
+    if query:
+        location += "?" + quote(to_bytes(query), safe=_LOCATION_QUERY_SAFE)
+    return location
