@@ -15,7 +15,7 @@ from twisted.internet.defer import Deferred, succeed
 from twisted.internet.task import Clock, deferLater
 from twisted.trial.unittest import SynchronousTestCase, TestCase
 from twisted.web.resource import Resource
-from twisted.web.server import NOT_DONE_YET, Request, Site
+from twisted.web.server import NOT_DONE_YET, Request
 from twisted.web.test.requesthelper import DummyChannel
 
 from edgegw.chain.exchange import Exchange, IExchange
@@ -25,6 +25,7 @@ from edgegw.handlers.api import ApiHandler, UnsafeWildcardError, fill_path, pars
 from edgegw.identity.principal import Principal
 from edgegw.upstream.agent import UpstreamAgent
 from edgegw.upstream.pool import Upstream, UpstreamClient
+from tests.support.backends import SiteBackend
 from tests.support.configs import GATEWAY, load_text, write_tree
 from tests.support.memory import MemoryClient
 from tests.support.processes import listen_local, port_of, refused_port
@@ -326,11 +327,13 @@ class Backends(Resource):
 class LiveTests(TestCase):
     def setUp(self) -> None:
         self.backends = Backends()
-        self.port = listen_local(Site(self.backends))
-        self.addCleanup(self.port.stopListening)
+        # A tracked backend: stopping it drops (and waits for) every connection the
+        # gateway's pool still holds to it, so no server-side timer outlives the test.
+        self.site_backend = SiteBackend(self.backends.render).start()
+        self.addCleanup(self.site_backend.stop)
 
     def gateway(self, backends: str, match: str = "GET /a/{id}", timeout: str = "") -> int:
-        upstream = f"http://127.0.0.1:{port_of(self.port)}"
+        upstream = f"http://127.0.0.1:{self.site_backend.port}"
         body = textwrap.indent(textwrap.dedent(backends).replace("UP", upstream), "      ")
         root = write_tree(
             self.mktemp(),

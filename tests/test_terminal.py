@@ -17,7 +17,8 @@ from twisted.web.test.requesthelper import DummyChannel
 
 from edgegw.chain.access_log import AccessLog
 from edgegw.chain.exchange import exchange_of
-from edgegw.chain.pipeline import InFlight, ResourceTarget
+from edgegw.chain.pipeline import InFlight
+from edgegw.chain.resource_target import ResourceTarget
 from edgegw.chain.route import CompiledRoute
 from edgegw.chain.terminal import TerminalResource
 from edgegw.config.effective import effective_routes
@@ -111,7 +112,7 @@ def gateway_with(
         route = CompiledRoute(effective.spec.name, pattern, effective, "test terminal")
         mux.register(pattern, route_runner(route, terminal, inflight, access.stage, "groups"))
     for pattern, resource in plain.items():
-        mux.register(pattern, ResourceTarget(pattern, resource))
+        mux.register(pattern, ResourceTarget(pattern, resource, access))
     site = edge_site(GatewaySpec(), MuxDispatcher(mux), Clock(), access)
     return MemoryClient(site), logged
 
@@ -213,6 +214,16 @@ class ChainTerminalTests(SynchronousTestCase):
 
 
 class ResourceTargetTests(SynchronousTestCase):
+    def test_resource_answering_later_is_logged_once(self) -> None:
+        later = Plain(later=True)
+        client, logged = gateway_with(self, {}, {"/callback": later})
+        client.send(b"GET /callback HTTP/1.1\r\nHost: x\r\n\r\n")
+        self.assertEqual(logged, [])
+        later.pending[0].write(b"welcome")
+        later.pending[0].finish()
+        self.assertIn(b"welcome", client.transport.value())
+        self.assertEqual([(r["route"], r["status"]) for r in logged], [("/callback", 200)])
+
     def test_plain_resource_skips_the_route_chain(self) -> None:
         client, logged = gateway_with(self, {"/routed": Plain()}, {"/login": Plain()})
         client.send(b"GET /login HTTP/1.1\r\nHost: x\r\n\r\n")
@@ -220,7 +231,7 @@ class ResourceTargetTests(SynchronousTestCase):
         self.assertTrue(raw.endswith(b"plain answer"))
         # No per-route stage ran: no request id, and the route chain logged nothing.
         self.assertNotIn(b"X-Request-Id", raw)
-        self.assertIsNone(logged[0]["route"])
+        self.assertEqual((logged[0]["route"], logged[0]["request_id"]), ("/login", ""))
         client.transport.clear()
         client.send(b"GET /routed HTTP/1.1\r\nHost: x\r\n\r\n")
         self.assertIn(b"X-Request-Id", client.transport.value())

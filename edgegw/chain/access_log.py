@@ -95,11 +95,12 @@ class AccessLog:
         else:
             _log.emit(self.level, "{access_line}", access_line=line, access=record)
 
-    def edge(self, request: Request, started: float) -> None:
+    def edge(self, request: Request, started: float, route: str | None = None) -> None:
         """
-        Log a response that the edge answered without a route.
+        Log a response answered without a route chain: by the edge itself, or by a plain
+        Resource mounted on the mux under C{route}.
         """
-        record = _record(request, request.code, started, "", None)
+        record = _record(request, request.code, started, "", route)
         self._extend(record, request)
         self.emit(record)
 

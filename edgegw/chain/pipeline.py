@@ -16,7 +16,6 @@ from time import monotonic
 from twisted.internet.defer import CancelledError, Deferred
 from twisted.logger import Logger
 from twisted.python.failure import Failure
-from twisted.web.resource import IResource
 from twisted.web.server import NOT_DONE_YET, Request
 from zope.interface import Attribute, Interface, implementer
 
@@ -114,7 +113,8 @@ class InFlight:
 class IRouteTarget(Interface):
     """
     What the mux routes a request to: a route's chain (L{RouteRunner}), or a plain
-    Resource that skips the per-route chain (L{ResourceTarget}).
+    Resource that skips the per-route chain
+    (L{ResourceTarget<edgegw.chain.resource_target.ResourceTarget>}).
     """
 
     pattern = Attribute("The pattern it is registered under (str).")
@@ -124,22 +124,6 @@ class IRouteTarget(Interface):
         Answer C{request}, matched with the path wildcards C{params}: return the body,
         or C{NOT_DONE_YET} when the response is written later.
         """
-
-
-@implementer(IRouteTarget)
-class ResourceTarget:
-    """
-    A plain Resource mounted on the mux: rendered as Twisted would, with no per-route
-    stages (the gateway's own endpoints, such as login, are mounted this way).
-    """
-
-    def __init__(self, pattern: str, resource: IResource) -> None:
-        self.pattern = pattern
-        self.resource = resource
-
-    def serve(self, request: Request, params: dict[str, str]) -> bytes | int:
-        body: bytes | int = self.resource.render(request)
-        return body
 
 
 @implementer(IRouteTarget)
@@ -202,6 +186,9 @@ def _request_done(
     result: object, request: Request, running: Deferred[None], inflight: InFlight
 ) -> None:
     inflight.finished(request)
+    # The exchange points at the request: dropping the component leaves no cycle for the
+    # garbage collector (everything still running holds the exchange itself).
+    request.unsetComponent(IExchange)
     if isinstance(result, Failure):
         # The client went away before the response was complete.
         running.cancel()

@@ -1,0 +1,45 @@
+"""
+A plain Resource mounted on the mux, skipping the per-route chain.
+"""
+
+from __future__ import annotations
+
+from time import monotonic
+
+from twisted.web.resource import IResource
+from twisted.web.server import NOT_DONE_YET, Request
+from zope.interface import implementer
+
+from edgegw.chain.access_log import AccessLog
+from edgegw.chain.pipeline import IRouteTarget
+
+
+@implementer(IRouteTarget)
+class ResourceTarget:
+    """
+    A Resource rendered as Twisted would, with no per-route stages: the gateway's own
+    endpoints (login, logout and the like) are mounted this way. Its answers are still
+    logged, one access-log line each with the pattern as the route.
+    """
+
+    def __init__(self, pattern: str, resource: IResource, access: AccessLog) -> None:
+        self.pattern = pattern
+        self.resource = resource
+        self.access = access
+
+    def serve(self, request: Request, params: dict[str, str]) -> int:
+        """
+        Render the resource; answer what it returned, or let it answer later.
+        """
+        started = monotonic()
+        request.notifyFinish().addBoth(self._log, request, started)
+        body = self.resource.render(request)
+        if body is not NOT_DONE_YET and not request.finished:
+            # As Twisted's Request.render answers a resource's bytes.
+            request.setHeader(b"content-length", b"%d" % len(body))
+            request.write(body)
+            request.finish()
+        return NOT_DONE_YET
+
+    def _log(self, result: object, request: Request, started: float) -> None:
+        self.access.edge(request, started, self.pattern)
