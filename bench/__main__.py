@@ -97,6 +97,19 @@ def _wrk_options(
     return p
 
 
+def _before_option(p: argparse.ArgumentParser, compared: str) -> None:
+    """Add C{--before REV}: edgegw at git revision REV as one more target."""
+    p.add_argument(
+        "--before",
+        metavar="REV",
+        help=(
+            "also run edgegw at git revision REV (a temporary git worktree) with the "
+            f"configuration of {compared}, as target edgegw-before in the same rounds, "
+            "and compare their CPU per request"
+        ),
+    )
+
+
 def _wrk_settings(args: argparse.Namespace) -> dict[str, Any]:
     """The values of the options L{_wrk_options} adds, as settings' keyword arguments."""
     names = ("duration", "connections", "rounds", "warmup", "keep_tmp")
@@ -117,7 +130,8 @@ def parser() -> argparse.ArgumentParser:
         description=(
             "Measure, interleaved over rounds: (a) an nginx backend directly, (b) nginx "
             "proxying to it, (c) a minimal Twisted Agent proxy, (d) edgegw's reverse-proxy "
-            "route, (e) edgegw's static route; for a ~100-byte JSON and a 64 KiB file."
+            "route, (e) edgegw's static route; for a ~100-byte JSON and a 64 KiB file; "
+            "with --before REV, (f) d on edgegw at git revision REV."
         ),
     )
     _wrk_options(p, defaults, "wrk connections (also the proxies' upstream pool size)")
@@ -127,6 +141,7 @@ def parser() -> argparse.ArgumentParser:
         default=defaults.targets,
         help="which targets to run, as letters (default abcde)",
     )
+    _before_option(p, "d (edgegw-proxy)")
     m = commands.add_parser(
         "memory",
         help="edgegw RSS: streaming 1 GiB, and holding 5,000 idle SSE streams",
@@ -154,8 +169,10 @@ def parser() -> argparse.ArgumentParser:
         description=(
             "Measure, interleaved over rounds and at a low and the default concurrency: "
             "(1) the slowest of three delayed JSON backends directly, (2) edgegw's api "
-            "route fanning out to all three, (3) the backend's capacity; report the p50/p99 "
-            "latency edgegw adds over (1) and its CPU per request."
+            "route fanning out to all three, (3) with --before REV, the same on edgegw at git "
+            "revision REV, (4) the same fan-out on stock treq over Twisted's Agent, (5) the "
+            "backend's capacity; report the p50/p99 latency each fan-out adds over (1) and "
+            "their CPU per request side by side."
         ),
     )
     _wrk_options(a, api_defaults, "wrk connections at the default load")
@@ -174,6 +191,7 @@ def parser() -> argparse.ArgumentParser:
         + ",".join(f"{delay:g}" for delay in api_defaults.delays)
         + ")",
     )
+    _before_option(a, "edgegw-api")
     authz_defaults = authz.Settings()
     z = _wrk_options(
         commands.add_parser(
@@ -222,13 +240,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, _terminate)
     try:
         if args.command == "proxy":
-            return proxy.run(proxy.Settings(**_wrk_settings(args), targets=args.targets))
+            return proxy.run(
+                proxy.Settings(**_wrk_settings(args), targets=args.targets, before=args.before)
+            )
         if args.command == "api":
             return api.run(
                 api.Settings(
                     **_wrk_settings(args),
                     low_connections=args.low_connections,
                     delays=args.delays,
+                    before=args.before,
                 )
             )
         if args.command == "authz":

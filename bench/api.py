@@ -9,12 +9,18 @@ At each load (a low concurrency, then the default), every round runs, in turn:
 
   1. C{slowest-direct}: wrk on the slowest path directly: the floor for the fan-out.
   2. C{edgegw-api}: wrk on the fan-out route, same connections.
-  3. C{backend-capacity}: wrk on the fastest path at three times the connections (edgegw
-     holds up to three backend calls per client connection): what the backend can serve,
-     so that the report shows it is not what limits row 2.
+  3. C{edgegw-before} (with C{--before REV} only): the same route and configuration on
+     edgegw at git revision REV (L{bench.before}).
+  4. C{treq-agent-api}: the same fan-out on stock treq over Twisted's Agent
+     (L{bench.treq_fanout}), same connections.
+  5. C{backend-capacity}: wrk on the fastest path at three times the connections (a
+     fan-out holds up to three backend calls per client connection): what the backend
+     can serve, so that the report shows it is not what limits rows 2 to 4.
 
-The latency added by the gateway is row 2's p50 (p99) minus row 1's in the same round
-and load; the report gives medians over the rounds.
+The latency added by a fan-out is its p50 (p99) minus row 1's in the same round and
+load; the report gives medians over the rounds, and the CPU per fan-out request of rows
+2 to 4 side by side: edgegw's before and after, and how many times cheaper than stock
+treq edgegw is.
 """
 
 from __future__ import annotations
@@ -24,6 +30,7 @@ import json
 import math
 import os
 import statistics
+import sys
 import time
 from collections.abc import Callable, Sequence
 from contextlib import ExitStack
@@ -32,8 +39,10 @@ from typing import Any
 
 import attrs
 
-from bench import backends, gateway, report
+from bench import backends, gateway, report, treq_fanout
+from bench.before import Checkout, worktree
 from bench.processes import (
+    Process,
     StartupError,
     cpu_seconds,
     free_port,
@@ -47,7 +56,7 @@ from bench.targets import Target, announce, fetch, start_edgegw
 from bench.tools import ensure_wrk, version
 
 ROUTE_MATCH = "GET /dash/{id}"
-"""The fan-out route's pattern."""
+"""The fan-out route's pattern (also L{bench.treq_fanout}'s only route)."""
 ROUTE_PATH = "/dash/42"
 """The URL path wrk loads through edgegw."""
 IDENTIFIER = "42"
@@ -55,13 +64,19 @@ IDENTIFIER = "42"
 FAN_OUT = 3
 """Backend calls per request: backend-capacity runs at this many times the connections."""
 
-DIRECT, EDGEGW, CAPACITY = "1", "2", "3"
+DIRECT, EDGEGW, BEFORE, TREQ, CAPACITY = "1", "2", "3", "4", "5"
 TARGETS = {
     DIRECT: ("slowest-direct", "the slowest backend path, called directly (the floor)"),
     EDGEGW: ("edgegw-api", f"edgegw api route {ROUTE_MATCH} fanning out to 3 paths"),
+    BEFORE: ("edgegw-before", "edgegw-api's configuration on edgegw at --before"),
+    TREQ: ("treq-agent-api", f"stock treq over Agent fanning {ROUTE_MATCH} out to 3 paths"),
     CAPACITY: ("backend-capacity", f"the fastest backend path at {FAN_OUT}x the connections"),
 }
-"""Key to (name, description) of every target, in round order."""
+"""Key to (name, description) of every target, in round order (L{BEFORE}: C{--before} only)."""
+FAN_OUTS = (EDGEGW, BEFORE, TREQ)
+"""The targets that load the fan-out route."""
+MIN_TREQ_RATIO = 2.0
+"""How many times cheaper in CPU per request than stock treq edgegw's fan-out must be."""
 
 
 @attrs.frozen
@@ -77,6 +92,8 @@ class Settings:
     @ivar warmup: Seconds of unrecorded load per target and load before round 1.
     @ivar delays: The backend's delays in milliseconds for groups a, b and c.
     @ivar keep_tmp: Keep the temporary directory (configuration and logs).
+    @ivar before: A git revision of edgegw to run as target 3 with edgegw-api's
+        configuration (L{None}: no target 3).
     """
 
     duration: int = 10
@@ -86,11 +103,21 @@ class Settings:
     warmup: int = 1
     delays: tuple[float, float, float] = (0.0, 2.0, 5.0)
     keep_tmp: bool = False
+    before: str | None = None
 
     @property
     def loads(self) -> list[int]:
         """The connection counts measured, lowest first."""
         return sorted({self.low_connections, self.connections})
+
+    @property
+    def pool_size(self) -> int:
+        """
+        treq-agent-api's persistent pool per host: every backend call in flight at the
+        highest load (all three paths are on one host), as agent_proxy's pool holds
+        every call its connections make.
+        """
+        return FAN_OUT * max(self.loads)
 
 
 def load_label(connections: int) -> str:
@@ -155,27 +182,44 @@ def notes(settings: Settings, fan: Sequence[Backend]) -> list[str]:
         f"~30-byte JSON document after a fixed delay per path ({delays}). Its timers fire "
         "at, or a little after, the delay; row 1 measures the real floor, so that cancels "
         "out.",
-        "added p50/p99: edgegw-api's percentile minus slowest-direct's, same round and "
+        "added p50/p99: a fan-out's percentile minus slowest-direct's, same round and "
         "load, median over rounds: what the gateway adds to its slowest backend call "
         "(parsing, three concurrent pooled upstream calls, JSON decode, merge and encode, "
         "the access log). A difference of percentiles, not a percentile of per-request "
         "overheads.",
+        "treq-agent-api: bench/treq_fanout.py, one process: a Twisted Site whose leaf "
+        "resource makes the same three calls with a stock treq.HTTPClient over Agent on "
+        f"a persistent HTTPConnectionPool ({settings.pool_size} per host), "
+        "treq.json_content, merge, json.dumps; no access log, no routing, no timeout. "
+        "treq / edgegw: its CPU µs/req over edgegw-api's in the same round and load, "
+        f"median over rounds (the issue: at least {MIN_TREQ_RATIO:g}x).",
+        *(
+            [
+                f"edgegw-before: edgegw at --before {settings.before} (a git worktree, "
+                "PYTHONPATH set to it) with edgegw-api's configuration, right after it in "
+                "every round. after vs before: the median over rounds of edgegw-api's CPU "
+                "µs/req over edgegw-before's in the same round and load, minus 1.",
+            ]
+            if settings.before is not None
+            else []
+        ),
         f"At {load_label(settings.low_connections)} the added latency is the gateway's "
         f"own; at {load_label(settings.connections)} it also holds queueing inside the one "
         "edgegw process (and in the backend for row 1): there it follows throughput.",
         "CPU µs/req: utime+stime of the process under test over the wrk run, divided by "
-        "the requests wrk completed: edgegw's own CPU for row 2 (each of its requests "
-        f"makes {FAN_OUT} backend calls, whose CPU is not included); the backend's for rows "
-        "1 and 3.",
+        "the requests wrk completed: the fan-out process's own CPU for rows 2 to 4 (each "
+        f"of its requests makes {FAN_OUT} backend calls, whose CPU is not included); the "
+        "backend's for rows 1 and 5.",
         "backend CPU: the backend process's utime+stime over the run divided by wrk's "
-        "duration, in % of one core; near 100% the backend would be the limit. Row 3 is "
+        "duration, in % of one core; near 100% the backend would be the limit. Row 5 is "
         f"its capacity, at {FAN_OUT}x the connections on the fastest path; headroom = that "
-        f"req/s over {FAN_OUT}x edgegw's req/s (the backend calls edgegw made), same round.",
-        f"No CPU pinning: wrk (1 thread), edgegw and the backend share this machine's "
-        f"{cpus} core(s); compare rows within a run, not across machines.",
-        f"Medians over {settings.rounds} round(s) of {settings.duration}s; the three "
-        "targets are interleaved in every round. edgegw logs one JSON access-log line per "
-        "request to a file (part of its chain).",
+        f"req/s over {FAN_OUT}x edgegw-api's req/s (the backend calls edgegw made), same "
+        "round.",
+        f"No CPU pinning: wrk (1 thread), the fan-out process and the backend share this "
+        f"machine's {cpus} core(s); compare rows within a run, not across machines.",
+        f"Medians over {settings.rounds} round(s) of {settings.duration}s; the targets are "
+        "interleaved in every round. edgegw logs one JSON access-log line per request to a "
+        "file (part of its chain).",
     ]
 
 
@@ -202,11 +246,18 @@ def _json_status(port: int, path: str, expected: Any) -> str | None:
     return None
 
 
-def start(stack: ExitStack, tmp: Path, fan: Sequence[Backend]) -> list[Target]:
+def start(
+    stack: ExitStack,
+    tmp: Path,
+    fan: Sequence[Backend],
+    settings: Settings,
+    checkout: Checkout | None = None,
+) -> list[Target]:
     """
-    Start the backend and edgegw (stopped when C{stack} closes), check both answer as
-    expected, and return the three targets in round order. edgegw is returned with
-    C{unavailable} set when its check or its answer fails.
+    Start the backend, edgegw, edgegw at C{checkout} (if given) and the treq fan-out
+    (stopped when C{stack} closes), check that each answers as expected, and return the
+    targets in round order. A fan-out is returned with C{unavailable} set when its
+    check, its start or its answer fails.
 
     @raise StartupError: If the backend does not start or answers wrongly.
     """
@@ -225,18 +276,55 @@ def start(stack: ExitStack, tmp: Path, fan: Sequence[Backend]) -> list[Target]:
         key: Target(key, *TARGETS[key], port=port, pids=[process.pid], process=process)
         for key in (DIRECT, CAPACITY)
     }
-    edgegw = Target(EDGEGW, *TARGETS[EDGEGW], port=free_port())
     upstream = f"http://127.0.0.1:{port}"
     route = gateway.api(
         "dash",
         ROUTE_MATCH,
         [{"group": b.group, "upstream": upstream, "path": b.template} for b in fan],
     )
+    edgegw = targets[EDGEGW] = Target(EDGEGW, *TARGETS[EDGEGW], port=free_port())
     start_edgegw(stack, tmp, "edgegw", edgegw, [route])
-    if edgegw.unavailable is None:
-        merged = {b.group: b.document() for b in fan}
-        edgegw.unavailable = _json_status(edgegw.port, ROUTE_PATH, merged)
-    return [targets[DIRECT], edgegw, targets[CAPACITY]]
+    if checkout is not None:
+        description = (
+            f"edgegw at {checkout.short} (--before {checkout.rev}), edgegw-api's configuration"
+        )
+        before = targets[BEFORE] = Target(BEFORE, TARGETS[BEFORE][0], description, port=free_port())
+        start_edgegw(stack, tmp, "edgegw-before", before, [route], checkout=checkout)
+    targets[TREQ] = _start_treq(stack, tmp, fan, upstream, settings.pool_size)
+    merged = {b.group: b.document() for b in fan}
+    for key in FAN_OUTS:
+        target = targets.get(key)
+        if target is not None and target.unavailable is None:
+            target.unavailable = _json_status(target.port, ROUTE_PATH, merged)
+    return [targets[key] for key in TARGETS if key in targets]
+
+
+def _start_treq(
+    stack: ExitStack, tmp: Path, fan: Sequence[Backend], upstream: str, pool_size: int
+) -> Target:
+    """Start L{bench.treq_fanout} (treq-agent-api) on the backend's paths."""
+    target = Target(TREQ, *TARGETS[TREQ], port=free_port())
+    argv = [
+        sys.executable,
+        "-m",
+        treq_fanout.__name__,
+        "--port",
+        str(target.port),
+        "--backend",
+        upstream,
+        *(f"--path={b.group}={b.template}" for b in fan),
+        "--pool-size",
+        str(pool_size),
+    ]
+    try:
+        process = stack.enter_context(started(Process("treq fan-out", argv, tmp / "treq.log")))
+        target.process = process
+        process.wait_for_port(target.port)
+    except StartupError as e:
+        target.unavailable = f"did not start: {e}"
+        return target
+    target.pids = [process.pid]
+    return target
 
 
 @attrs.frozen
@@ -283,7 +371,7 @@ class Runner(InterleavedRunner):
         self.settings = settings
         self.paths = {
             DIRECT: slowest(fan).path,
-            EDGEGW: ROUTE_PATH,
+            **dict.fromkeys(FAN_OUTS, ROUTE_PATH),
             CAPACITY: fastest(fan).path,
         }
         self.backend_pids = next(t.pids for t in targets if t.key == DIRECT)
@@ -323,19 +411,25 @@ class LoadSummary:
     The figures of one load that compare targets, medians of per-round values.
 
     @ivar load: The load's label.
-    @ivar added_p50: edgegw-api's p50 minus slowest-direct's, in seconds.
+    @ivar added_p50: Each fan-out target's p50 minus slowest-direct's, in seconds, by key.
     @ivar added_p99: The same for p99.
     @ivar backend_headroom: backend-capacity's req/s over L{FAN_OUT} times edgegw-api's.
+    @ivar treq_ratio: treq-agent-api's CPU per request over edgegw-api's: how many times
+        cheaper edgegw's fan-out is.
+    @ivar before_ratio: edgegw-api's CPU per request over edgegw-before's (after over
+        before).
     """
 
     load: str
-    added_p50: float | None
-    added_p99: float | None
+    added_p50: dict[str, float | None]
+    added_p99: dict[str, float | None]
     backend_headroom: float | None
+    treq_ratio: float | None = None
+    before_ratio: float | None = None
 
 
 def summarize_load(samples: Sequence[Sample], load: str) -> LoadSummary:
-    """The added latency and the backend's headroom at C{load}."""
+    """The added latencies, the backend's headroom and the CPU ratios at C{load}."""
 
     def paired(
         target: str, ref: str, combine: Callable[[Sample, Sample], float | None]
@@ -345,13 +439,21 @@ def summarize_load(samples: Sequence[Sample], load: str) -> LoadSummary:
 
     return LoadSummary(
         load=load,
-        added_p50=paired(EDGEGW, DIRECT, lambda mine, ref: round(mine.p50 - ref.p50, 9)),
-        added_p99=paired(EDGEGW, DIRECT, lambda mine, ref: round(mine.p99 - ref.p99, 9)),
+        added_p50={
+            key: paired(key, DIRECT, lambda mine, ref: round(mine.p50 - ref.p50, 9))
+            for key in FAN_OUTS
+        },
+        added_p99={
+            key: paired(key, DIRECT, lambda mine, ref: round(mine.p99 - ref.p99, 9))
+            for key in FAN_OUTS
+        },
         backend_headroom=paired(
             CAPACITY,
             EDGEGW,
             lambda mine, ref: round(mine.rps / (FAN_OUT * ref.rps), 3) if ref.rps > 0 else None,
         ),
+        treq_ratio=report.cpu_ratio(samples, TREQ, EDGEGW, load),
+        before_ratio=report.cpu_ratio(samples, EDGEGW, BEFORE, load),
     )
 
 
@@ -371,7 +473,8 @@ def _signed_duration(seconds: float | None) -> str:
 def table(runner: Runner, summaries: Sequence[report.Summary], loads: Sequence[LoadSummary]) -> str:
     """
     The results of C{runner} as a text table: one block of rows per load, one row per
-    target, the added latency on edgegw's row; unavailable targets get a row saying why.
+    target, the added latency on the fan-outs' rows; unavailable targets get a row saying
+    why.
     """
     header = (
         "load",
@@ -404,7 +507,7 @@ def table(runner: Runner, summaries: Sequence[report.Summary], loads: Sequence[L
             if not found:
                 continue
             s = found[0]
-            added = target.key == EDGEGW
+            added = target.key in FAN_OUTS
             busy = median_busy(runner.backend_loads, target.key, label)
             rows.append(
                 (
@@ -414,14 +517,54 @@ def table(runner: Runner, summaries: Sequence[report.Summary], loads: Sequence[L
                     f"{s.rps:,.0f}",
                     report.format_duration(s.p50),
                     report.format_duration(s.p99),
-                    _signed_duration(summary.added_p50) if added else "-",
-                    _signed_duration(summary.added_p99) if added else "-",
+                    _signed_duration(summary.added_p50.get(target.key)) if added else "-",
+                    _signed_duration(summary.added_p99.get(target.key)) if added else "-",
                     "-" if s.cpu_us_per_request is None else f"{s.cpu_us_per_request:.1f}",
                     "-" if busy is None else f"{busy:.0%}",
                     str(s.errors),
                 )
             )
     return report.render(header, rows)
+
+
+def cpu_table(
+    runner: Runner,
+    summaries: Sequence[report.Summary],
+    loads: Sequence[LoadSummary],
+    checkout: Checkout | None,
+) -> str:
+    """
+    CPU µs per fan-out request side by side, by load: edgegw-api, edgegw-before (with
+    C{--before}) and the change, treq-agent-api and how many times cheaper edgegw is.
+    """
+    names = {target.key: f"{target.key} {target.name}" for target in runner.targets}
+
+    def cpu(key: str, load: str) -> str:
+        found = [s for s in summaries if s.target == key and s.payload == load]
+        value = found[0].cpu_us_per_request if found else None
+        return "-" if value is None else f"{value:.1f}"
+
+    header: tuple[str, ...] = ("load", names[EDGEGW])
+    if checkout is not None:
+        header += (names[BEFORE], "after vs before")
+    header += (names[TREQ], "treq / edgegw", f"(>= {MIN_TREQ_RATIO:g}x)")
+    rows: list[tuple[str, ...] | str] = []
+    for summary in loads:
+        row: tuple[str, ...] = (summary.load, cpu(EDGEGW, summary.load))
+        if checkout is not None:
+            row += (cpu(BEFORE, summary.load), report.format_change(summary.before_ratio))
+        ratio = summary.treq_ratio
+        verdict = "-" if ratio is None else "OK" if ratio >= MIN_TREQ_RATIO else "UNDER"
+        row += (
+            cpu(TREQ, summary.load),
+            "-" if ratio is None else f"{ratio:.2f}x",
+            verdict,
+        )
+        rows.append(row)
+    title = "CPU µs PER FAN-OUT REQUEST, same run (medians; ratios: medians of same-round ratios)"
+    if checkout is not None:
+        title += f"; before: --before {checkout.rev} = {checkout.short}"
+    return title + "\n" + report.render(header, rows, left=1)
 
 
 def headroom_line(loads: Sequence[LoadSummary]) -> str:
@@ -431,7 +574,7 @@ def headroom_line(loads: Sequence[LoadSummary]) -> str:
         for s in loads
         if s.backend_headroom is not None and math.isfinite(s.backend_headroom)
     ]
-    return f"backend headroom (capacity req/s / ({FAN_OUT} x edgegw req/s), same round): " + (
+    return f"backend headroom (capacity req/s / ({FAN_OUT} x edgegw-api req/s), same round): " + (
         ", ".join(parts) or "-"
     )
 
@@ -447,10 +590,13 @@ def run(settings: Settings) -> int:
     busy = warn_if_busy()
     started_at = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     fan = fan_out(settings)
+    checkout: Checkout | None = None
     with scratch("edgegw-bench-api-", settings.keep_tmp) as tmp, ExitStack() as stack:
-        say(f"bench: starting the backend and edgegw in {tmp}")
+        say(f"bench: starting the backend, edgegw and the treq fan-out in {tmp}")
         try:
-            targets = start(stack, tmp, fan)
+            if settings.before is not None:
+                checkout = stack.enter_context(worktree(tmp, settings.before))
+            targets = start(stack, tmp, fan, settings, checkout)
         except StartupError as e:
             say(f"bench: {e}")
             return 1
@@ -462,6 +608,8 @@ def run(settings: Settings) -> int:
     loads = [summarize_load(samples, load_label(load)) for load in settings.loads]
     print()
     print(table(runner, summaries, loads))
+    print()
+    print(cpu_table(runner, summaries, loads, checkout))
     print()
     print(headroom_line(loads))
     print()
@@ -508,6 +656,10 @@ def run(settings: Settings) -> int:
                 for s in summaries
             ],
             "added": [attrs.asdict(s) for s in loads],
+            "min_treq_ratio": MIN_TREQ_RATIO,
+            "before": None
+            if checkout is None
+            else {"rev": checkout.rev, "commit": checkout.commit, "target": BEFORE},
             "notes": notes(settings, fan),
         },
     )

@@ -12,7 +12,7 @@ from typing import Any
 import attrs
 import yaml
 
-from bench.processes import Process, venv_bin
+from bench.processes import REPO_ROOT, Process, venv_bin
 
 
 @attrs.frozen
@@ -131,9 +131,11 @@ def write_config(
     return directory
 
 
-def check(directory: Path) -> str | None:
+def check(
+    directory: Path, env: Mapping[str, str] | None = None, cwd: Path = REPO_ROOT
+) -> str | None:
     """
-    Run C{edgegw check DIRECTORY}.
+    Run C{edgegw check DIRECTORY} (with C{env} and in C{cwd}: see L{start}).
 
     @return: L{None} when the configuration is usable, otherwise the reason edgegw gives
         (for example that a handler type is not available in this version).
@@ -144,6 +146,8 @@ def check(directory: Path) -> str | None:
         text=True,
         timeout=60,
         check=False,
+        env=None if env is None else dict(env),
+        cwd=cwd,
     )
     if done.returncode == 0:
         return None
@@ -173,10 +177,18 @@ def _without_location(problem: str) -> str:
     return rest or problem
 
 
-def start(directory: Path, log: Path, name: str = "edgegw") -> Process:
+def start(
+    directory: Path,
+    log: Path,
+    name: str = "edgegw",
+    env: Mapping[str, str] | None = None,
+    cwd: Path = REPO_ROOT,
+) -> Process:
     """
     Start C{twistd -n --pidfile= edgegw --config DIRECTORY} (one process), its log
-    (the JSON access log included) going to C{log}.
+    (the JSON access log included) going to C{log}; with the environment C{env} (the
+    harness's by default) in C{cwd}: another revision's edgegw runs with C{PYTHONPATH}
+    set to its worktree (L{bench.before}).
     """
     argv = [venv_bin("twistd"), "-n", "--pidfile=", "edgegw", "--config", str(directory)]
-    return Process(name, argv, log)
+    return Process(name, argv, log, env, cwd)

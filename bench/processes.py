@@ -16,7 +16,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -68,15 +68,25 @@ class Process:
 
     @ivar name: A short label for messages.
     @ivar log: The file receiving the process's stdout and stderr.
+    @param env: Its whole environment; the harness's own by default.
+    @param cwd: Its working directory; the repository root by default.
     """
 
-    def __init__(self, name: str, argv: Sequence[str], log: Path) -> None:
+    def __init__(
+        self,
+        name: str,
+        argv: Sequence[str],
+        log: Path,
+        env: Mapping[str, str] | None = None,
+        cwd: Path = REPO_ROOT,
+    ) -> None:
         self.name = name
         self.log = log
         with log.open("ab") as out:
             self._popen = subprocess.Popen(
                 list(argv),
-                cwd=REPO_ROOT,
+                cwd=cwd,
+                env=None if env is None else dict(env),
                 stdin=subprocess.DEVNULL,
                 stdout=out,
                 stderr=subprocess.STDOUT,

@@ -131,6 +131,27 @@ def per_round(
     return statistics.median(values) if values else None
 
 
+def cpu_ratio(samples: Sequence[Sample], target: str, ref: str, payload: str) -> float | None:
+    """
+    The median over rounds of C{target}'s CPU µs per request over C{ref}'s in the same
+    round, at C{payload} (a payload, or an api load); L{None} without a pair.
+    """
+
+    def ratio(mine: Sample, other: Sample) -> float | None:
+        cpu, ref_cpu = mine.cpu_us_per_request, other.cpu_us_per_request
+        if cpu is None or ref_cpu is None or ref_cpu <= 0:
+            return None
+        return round(cpu / ref_cpu, 4)
+
+    mine = [s for s in samples if s.target == target and s.payload == payload]
+    return per_round(mine, samples, ref, ratio)
+
+
+def format_change(ratio: float | None) -> str:
+    """A ratio as a signed change in percent (C{1.026}: C{+2.6%}), C{-} for L{None}."""
+    return "-" if ratio is None else f"{(ratio - 1) * 100:+.1f}%"
+
+
 def _ratio(samples: Sequence[Sample], all_samples: Sequence[Sample], ref: str) -> float | None:
     return per_round(
         samples,

@@ -6,6 +6,8 @@ The targets of C{python -m bench proxy}: what runs behind each URL that wrk load
   - c. C{agent-proxy}: L{bench.agent_proxy}, a minimal Twisted Agent reverse proxy.
   - d. C{edgegw-proxy}: edgegw's C{reverse-proxy} route, with its whole per-route chain.
   - e. C{edgegw-static}: edgegw's C{static} route serving the same two files.
+  - f. C{edgegw-before} (with C{--before REV} only): d's configuration on edgegw at
+    revision REV (L{bench.before}), measured right after d in every round.
 """
 
 from __future__ import annotations
@@ -21,7 +23,16 @@ from typing import Any
 import attrs
 
 from bench import gateway, nginx
-from bench.processes import Process, StartupError, children, free_port, started, tail
+from bench.before import Checkout
+from bench.processes import (
+    REPO_ROOT,
+    Process,
+    StartupError,
+    children,
+    free_port,
+    started,
+    tail,
+)
 from bench.tools import Tools
 
 
@@ -117,7 +128,20 @@ TARGETS = {
     "d": ("edgegw-proxy", "edgegw reverse-proxy route, full per-route chain (1 process)"),
     "e": ("edgegw-static", "edgegw static route serving the same files (1 process)"),
 }
-"""Letter to (name, description) of every target, in round order."""
+"""Letter to (name, description) of every target C{--targets} can name, in round order."""
+
+BEFORE = "f"
+"""The letter of C{--before}'s target: d's configuration on another revision of edgegw."""
+ROUND_ORDER = "abcdfe"
+"""The order of the targets in a round: with C{--before}, f right after d."""
+
+
+def before_target(checkout: Checkout) -> tuple[str, str]:
+    """The name and description of C{--before}'s target, edgegw at C{checkout}."""
+    return (
+        "edgegw-before",
+        f"edgegw at {checkout.short} (--before {checkout.rev}), d's route and chain (1 process)",
+    )
 
 
 def write_payloads(www: Path) -> None:
@@ -219,20 +243,26 @@ def start_edgegw(
     target: Target,
     routes: Sequence[gateway.RouteConfig],
     resources: Sequence[Mapping[str, Any]] = (),
+    checkout: Checkout | None = None,
 ) -> None:
     """
     Write an edgegw configuration for C{target} (C{routes} and C{resources} in
     C{tmp/label}), check it with C{edgegw check}, and start edgegw on C{target.port}
     (its log in C{tmp/label.log}; stopped when C{stack} closes). When the check refuses
     the configuration or edgegw does not start, C{target.unavailable} says why instead.
+
+    @param checkout: Another revision of edgegw to check and run the configuration
+        with (C{--before}), instead of the working tree's.
     """
     directory = gateway.write_config(tmp / label, target.port, routes, resources)
-    target.unavailable = gateway.check(directory)
+    env = None if checkout is None else checkout.env
+    cwd = REPO_ROOT if checkout is None else checkout.path
+    target.unavailable = gateway.check(directory, env, cwd)
     if target.unavailable is not None:
         return
     try:
         process = stack.enter_context(
-            started(gateway.start(directory, tmp / f"{label}.log", label))
+            started(gateway.start(directory, tmp / f"{label}.log", label, env, cwd))
         )
         target.process = process
         process.wait_for_port(target.port)
@@ -243,12 +273,18 @@ def start_edgegw(
 
 
 def start_targets(
-    stack: ExitStack, tools: Tools, tmp: Path, keys: str, connections: int
+    stack: ExitStack,
+    tools: Tools,
+    tmp: Path,
+    keys: str,
+    connections: int,
+    checkout: Checkout | None = None,
 ) -> list[Target]:
     """
-    Start the backend and the selected targets (letters in C{keys}); every process is
-    stopped when C{stack} closes. A target that cannot run is returned with
-    C{unavailable} set instead of raising.
+    Start the backend and the selected targets (letters in C{keys}; with a C{checkout},
+    also L{BEFORE}, edgegw at that revision with d's configuration), in round order;
+    every process is stopped when C{stack} closes. A target that cannot run is returned
+    with C{unavailable} set instead of raising.
 
     @raise StartupError: If the backend itself does not start: nothing can be measured.
     """
@@ -286,24 +322,33 @@ def start_targets(
         process.wait_for_port(target.port)
         target.pids = [process.pid]
 
-    def edgegw(route: gateway.RouteConfig, label: str) -> Callable[[Target], None]:
+    def edgegw(
+        route: gateway.RouteConfig, label: str, at: Checkout | None = None
+    ) -> Callable[[Target], None]:
         def start(target: Target) -> None:
-            start_edgegw(stack, tmp, label, target, [route])
+            start_edgegw(stack, tmp, label, target, [route], checkout=at)
 
         return start
 
+    proxy_route = gateway.reverse_proxy("backend", "/", upstream)
     starters: dict[str, Callable[[Target], None]] = {
         "b": nginx_proxy,
         "c": agent_proxy,
-        "d": edgegw(gateway.reverse_proxy("backend", "/", upstream), "edgegw-proxy"),
+        "d": edgegw(proxy_route, "edgegw-proxy"),
         "e": edgegw(gateway.static("files", "/", tmp / "www"), "edgegw-static"),
     }
+    names = dict(TARGETS)
+    if checkout is not None:
+        starters[BEFORE] = edgegw(proxy_route, "edgegw-before", checkout)
+        names[BEFORE] = before_target(checkout)
     targets = []
-    for key in sorted(keys):
+    for key in ROUND_ORDER:
+        if key not in keys and not (key == BEFORE and checkout is not None):
+            continue
         if key == "a":
             targets.append(backend)
             continue
-        target = Target(key, *TARGETS[key], port=free_port())
+        target = Target(key, *names[key], port=free_port())
         try:
             starters[key](target)
         except StartupError as e:
