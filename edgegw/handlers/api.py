@@ -28,7 +28,6 @@ from treq.client import HTTPClient
 from twisted.internet.defer import CancelledError, Deferred
 from twisted.internet.interfaces import IDelayedCall, IReactorTime
 from twisted.python.failure import Failure
-from twisted.web.http_headers import Headers
 from twisted.web.server import Request
 
 from edgegw.chain.exchange import Exchange, exchange_of
@@ -180,52 +179,49 @@ class ApiHandler(TerminalResource):
 
     # -- one call --------------------------------------------------------------------------
 
-    def _headers(self, exchange: Exchange) -> Headers:
+    def _headers(self, exchange: Exchange) -> list[tuple[bytes, bytes]]:
         request = exchange.request
         incoming = request.requestHeaders
-        headers = Headers()
-        add = headers.addRawHeader
-        add(b"Accept", _JSON)
+        headers: list[tuple[bytes, bytes]] = [(b"Accept", _JSON)]
         for name in _COPIED:
             values = incoming.getRawHeaders(name)
             if values:
-                add(name, values[0])
+                headers.append((name, values[0]))
         # The projection stage's trusted identity headers (inbound X-User-* were stripped).
         if exchange.principal is not None:
             for name, values in incoming.getAllRawHeaders():
                 if name.lower().startswith(b"x-user-"):
-                    for value in values:
-                        add(name, value)
+                    headers.extend((name, value) for value in values)
         peer = getattr(request.getClientAddress(), "host", "")
         chain = incoming.getRawHeaders(b"x-forwarded-for")
         forwarded_for = peer.encode("ascii", "replace")
         if chain:
             forwarded_for = b", ".join([*chain, forwarded_for])
-        add(b"X-Forwarded-For", forwarded_for)
+        headers.append((b"X-Forwarded-For", forwarded_for))
         return headers
 
     async def _call(
         self,
         backend: _Backend,
         exchange: Exchange,
-        headers: Headers,
+        headers: list[tuple[bytes, bytes]],
         target: bytes,
         fan_out: _FanOut,
     ) -> _Outcome:
         principal = exchange.principal
         if backend.spec.forward_access_token and principal is not None and principal.access_token:
-            headers = headers.copy()
-            headers.addRawHeader(
-                b"Authorization", b"Bearer " + principal.access_token.encode("ascii")
-            )
-        agent = self.agent.call(exchange, backend.spec.group)
+            token = b"Bearer " + principal.access_token.encode("ascii")
+            headers = [*headers, (b"Authorization", token)]
+        # The request's headers ride with the call's agent as the byte pairs the pool
+        # writes: a Twisted Headers object here would be copied by treq's content-decoder
+        # wrapper and flattened again by the agent, for nothing.
+        agent = self.agent.call(exchange, backend.spec.group, headers)
         http = HTTPClient(agent, cookiejar=_NO_COOKIES)  # type: ignore[arg-type]
         outcome = _Outcome()
         try:
             response = await http.request(
                 backend.method,
                 PreparedURL(backend.origin + target.decode("ascii")),
-                headers=headers,
                 cookies=_NO_COOKIES,
                 allow_redirects=False,
                 unbuffered=True,

@@ -22,6 +22,7 @@ Policy the agent applies to every call, below treq's own wrappers:
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from http.cookiejar import CookieJar
 from typing import Any, Final
 
@@ -65,6 +66,11 @@ _IDENTITY: Final = (b"Accept-Encoding", b"identity")
 # Upstream URLs come from the configuration (and the IdP's discovery document), so a
 # few distinct origins; the bound only keeps a hostile document from growing the map.
 _MAX_ORIGINS: Final = 256
+
+
+# One failure object for every completed body: building a Failure captures a traceback
+# and costs microseconds per call, and body protocols only check its type.
+_BODY_DONE: Final = Failure(ResponseDone())
 
 
 class ContentCodingError(UpstreamProtocolError):
@@ -226,7 +232,7 @@ class AgentResponse:
     def _done(self, result: None, protocol: IProtocol) -> None:
         if self._record is not None:
             self._record.end(self.code)
-        protocol.connectionLost(Failure(ResponseDone()))
+        protocol.connectionLost(_BODY_DONE)
 
     def _failed(self, reason: Failure, protocol: IProtocol) -> None:
         if self._record is not None:
@@ -277,11 +283,20 @@ class UpstreamAgent:
         self._tracer = tracer
         self._origins: dict[bytes, Upstream] = {}
 
-    def call(self, context: CallContext | None, name: str) -> UpstreamCallAgent:
+    def call(
+        self,
+        context: CallContext | None,
+        name: str,
+        headers: list[tuple[bytes, bytes]] | None = None,
+    ) -> UpstreamCallAgent:
         """
         An agent for one call made for C{context} (a request), recorded under C{name}.
+
+        @param headers: Header fields the caller has already computed as byte pairs
+            (sent before any given to C{request}): a per-request header set needs no
+            Twisted C{Headers} object, which treq would copy and the agent flatten again.
         """
-        return UpstreamCallAgent(self, context, name)
+        return UpstreamCallAgent(self, context, name, headers)
 
     def request(
         self,
@@ -293,7 +308,7 @@ class UpstreamAgent:
         """
         Send one request; its record ends with the response body (or the failure).
         """
-        return self.send(None, "upstream", method, uri, headers, bodyProducer, True)[0]
+        return self.send(None, "upstream", method, uri, headers, bodyProducer, True, ())[0]
 
     def send(
         self,
@@ -304,12 +319,16 @@ class UpstreamAgent:
         headers: Headers | None,
         body: IBodyProducer | None,
         auto_end: bool,
+        prepared: Sequence[tuple[bytes, bytes]],
+        holder: UpstreamCallAgent | None = None,
     ) -> tuple[Deferred[IResponse], UpstreamCall | None]:
         """
         Send one request on the pool.
 
         @param auto_end: End the call's record with the body or failure; otherwise the
             caller ends it with its own verdict.
+        @param prepared: Header fields to send before C{headers}' (see L{call}).
+        @param holder: The call agent to give the response to (so that it can abort it).
         @return: The response Deferred, and the call's record (L{None} when the request
             could not even be started: a URL that is not http(s) with a host).
         """
@@ -335,7 +354,7 @@ class UpstreamAgent:
         target = uri[path_start:].partition(b"#")[0]
         if target[:1] != b"/":
             target = b"/" + target
-        outgoing = [(b"Host", upstream.authority), _IDENTITY]
+        outgoing = [(b"Host", upstream.authority), _IDENTITY, *prepared]
         if headers is not None:
             append = outgoing.append
             for field, values in headers.getAllRawHeaders():
@@ -350,14 +369,18 @@ class UpstreamAgent:
         response: Deferred[IResponse] = pending.addCallbacks(
             _received,
             _not_received,
-            callbackArgs=(sent, record, auto_end),
+            callbackArgs=(sent, record, auto_end, holder),
             errbackArgs=(record, auto_end),
         )
         return response, record
 
 
 def _received(
-    response: UpstreamResponse, sent: _SentRequest, record: UpstreamCall, auto_end: bool
+    response: UpstreamResponse,
+    sent: _SentRequest,
+    record: UpstreamCall,
+    auto_end: bool,
+    holder: UpstreamCallAgent | None,
 ) -> IResponse:
     codings = [value for name, value in response.headers if name.lower() == b"content-encoding"]
     if codings and any(
@@ -370,7 +393,10 @@ def _received(
         if auto_end:
             record.end(response.code, describe_error(error))
         raise error
-    return AgentResponse(response, sent, record if auto_end else None)
+    received = AgentResponse(response, sent, record if auto_end else None)
+    if holder is not None:
+        holder._received = received
+    return received
 
 
 def _not_received(reason: Failure, record: UpstreamCall, auto_end: bool) -> Failure:
@@ -390,10 +416,17 @@ class UpstreamCallAgent:
     @ivar record: The call's record once the request was sent (L{None} before).
     """
 
-    def __init__(self, agent: UpstreamAgent, context: CallContext | None, name: str) -> None:
+    def __init__(
+        self,
+        agent: UpstreamAgent,
+        context: CallContext | None,
+        name: str,
+        headers: list[tuple[bytes, bytes]] | None = None,
+    ) -> None:
         self._agent = agent
         self._context = context
         self._name = name
+        self._headers = headers or ()
         self._sent = False
         self._received: AgentResponse | None = None
         self.record: UpstreamCall | None = None
@@ -412,13 +445,16 @@ class UpstreamCallAgent:
             raise RuntimeError("an UpstreamCallAgent sends one request")
         self._sent = True
         response, self.record = self._agent.send(
-            self._context, self._name, method, uri, headers, bodyProducer, False
+            self._context,
+            self._name,
+            method,
+            uri,
+            headers,
+            bodyProducer,
+            False,
+            self._headers,
+            self,
         )
-        return response.addCallback(self._keep)
-
-    def _keep(self, response: IResponse) -> IResponse:
-        if isinstance(response, AgentResponse):
-            self._received = response
         return response
 
     def abort(self) -> None:
