@@ -1,30 +1,33 @@
 """
 The daemon as operators run it: C{twistd -n edgegw --config PATH}, C{--check}, the
-C{edgegw check} command, and graceful shutdown.
+C{edgegw check} command, the service tree the plugin builds, and graceful shutdown.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
 import sys
-from typing import Any
+from typing import Any, cast
 
+from twisted.application.service import IService
 from twisted.internet import reactor
-from twisted.internet.defer import Deferred, inlineCallbacks
+from twisted.internet.defer import Deferred, inlineCallbacks, maybeDeferred
 from twisted.internet.error import ConnectionRefusedError, ProcessTerminated
 from twisted.internet.protocol import ProcessProtocol
 from twisted.internet.utils import getProcessOutputAndValue
 from twisted.python.failure import Failure
 from twisted.trial.unittest import TestCase
+from twisted.web.server import NOT_DONE_YET, Request
 
-from edgegw.chain.exchange import Exchange
 from edgegw.config.parse import load_config
-from edgegw.gateway import build_gateway
-from edgegw.service import GatewayService
+from edgegw.service import GatewayService, build_service
+from tests.support.backends import SiteBackend
 from tests.support.configs import GATEWAY, write_tree
 from tests.support.processes import http_get, kill, port_of, raw_exchange
+from twisted.plugins.edgegw_plugin import edgegw
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 EXAMPLE = os.path.join(ROOT, "etc", "edgegw")
@@ -155,74 +158,232 @@ class ServeExampleTests(TestCase):
         self.assertNotIn(b"Traceback", protocol.output)
 
 
+class HeldBackend:
+    """
+    A real backend on 127.0.0.1:0 that holds every request until the test answers it.
+    """
+
+    def __init__(self, test: TestCase) -> None:
+        self._arrivals: list[Deferred[Request]] = []
+        self.site = SiteBackend(self._hold).start()
+        test.addCleanup(self.site.stop)
+
+    @property
+    def url(self) -> str:
+        """
+        The backend's base URL.
+        """
+        return f"http://127.0.0.1:{self.site.port}"
+
+    def arrival(self) -> Deferred[Request]:
+        """
+        Fire with the next request that arrives, held.
+        """
+        arrival: Deferred[Request] = Deferred()
+        self._arrivals.append(arrival)
+        return arrival
+
+    def _hold(self, request: Request) -> int:
+        arrivals, self._arrivals = self._arrivals, []
+        for arrival in arrivals:
+            arrival.callback(request)
+        return NOT_DONE_YET
+
+    @staticmethod
+    def answer(request: Request, body: bytes, close: bool = False) -> None:
+        """
+        Answer a held request: 200 with C{body} (and C{Connection: close} if told).
+        """
+        request.setHeader(b"Content-Length", b"%d" % len(body))
+        if close:
+            request.setHeader(b"Connection", b"close")
+        request.write(body)
+        request.finish()
+
+
+def write_config(
+    test: TestCase,
+    upstream: str,
+    drain: str,
+    access_log: str | None = None,
+    telemetry: bool = False,
+) -> str:
+    """
+    A configuration directory: the gateway on 127.0.0.1:0 with C{drainTimeout: drain},
+    one reverse-proxy route C{/} to C{upstream}, and optionally an access-log file and a
+    Telemetry resource (no exporter).
+    """
+    gateway = GATEWAY + f"  drainTimeout: {drain}\n"
+    if access_log is not None:
+        gateway += f'  accessLog: {{output: "{access_log}"}}\n'
+    documents = [
+        gateway,
+        "kind: Route\nmetadata: {name: slow}\n"
+        f'spec: {{match: /, handler: {{type: reverse-proxy, upstream: "{upstream}"}}}}\n',
+    ]
+    if telemetry:
+        documents.append("kind: Telemetry\nmetadata: {name: t}\nspec: {service: {name: edge}}\n")
+    return write_tree(test.mktemp(), {"gateway.yaml": "---\n".join(documents)})
+
+
+def stop_if_running(service: IService) -> Any:
+    """
+    Stop C{service} unless it has stopped (a cleanup for tests that fail half-way).
+    """
+    return service.stopService() if service.running else None
+
+
+async def refused(port: int) -> BaseException:
+    """
+    What a new connection to 127.0.0.1:C{port} gets (the test expects a refusal).
+    """
+    outcome = await http_get(f"http://127.0.0.1:{port}/").addErrback(lambda f: f.value)
+    return cast(BaseException, outcome)
+
+
 class DrainTests(TestCase):
     """
-    Graceful shutdown: stop accepting, let in-flight requests finish, bounded.
+    Graceful shutdown: stop accepting, let in-flight requests finish, bounded. The
+    gateway is built through L{build_service} from a configuration whose route goes to a
+    real backend that answers when the test says so.
     """
 
-    def service(self, drain: str) -> tuple[GatewayService, list[Deferred[None]]]:
-        root = write_tree(
-            self.mktemp(),
-            {
-                "a.yaml": GATEWAY.replace(
-                    'listen: "127.0.0.1:0"', f'listen: "127.0.0.1:0"\n  drainTimeout: {drain}'
-                )
-                + "---\nkind: Route\nmetadata: {name: r}\n"
-                + "spec: {match: /, handler: {type: health}}\n"
-            },
-        )
-        gateway = build_gateway(load_config(root, {}), reactor)
-        gates: list[Deferred[None]] = []
-        runner = gateway.site.resource.dispatcher.mux.route("GET", "", "/").target
-        inner = runner._handler
-
-        async def gated(exchange: Exchange) -> None:
-            gate: Deferred[None] = Deferred()
-            gates.append(gate)
-            await gate
-            await inner(exchange)
-
-        runner._handler = gated
-        service = GatewayService(gateway, reactor)
+    def start(self, drain: str) -> tuple[GatewayService, HeldBackend]:
+        backend = HeldBackend(self)
+        root = write_config(self, backend.url, drain)
+        service = build_service(load_config(root, {}), reactor)
         service.privilegedStartService()
         service.startService()
-        return service, gates
+        self.addCleanup(stop_if_running, service)
+        return service, backend
 
-    @inlineCallbacks
-    def test_in_flight_request_finishes_before_stop(self) -> Any:
-        service, gates = self.service("5s")
-        assert service.port is not None
+    async def test_in_flight_request_finishes_before_stop(self) -> None:
+        service, backend = self.start("5s")
         port = port_of(service)
+        arrived = backend.arrival()
         # A keep-alive client: the gateway itself must decide to close the connection.
-        pending = raw_exchange(port, b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
-        while not gates:
-            yield deferLater(0.01)
+        pending = raw_exchange(port, b"GET /slow HTTP/1.1\r\nHost: x\r\n\r\n")
+        held = await arrived
         stopped = service.stopService()
         self.assertNoResult(stopped)
-        gates[0].callback(None)
-        raw = yield pending
+        self.assertEqual(service.gateway.inflight.count, 1)
+        backend.answer(held, b"slow answer")
+        raw = await pending
         self.assertTrue(raw.startswith(b"HTTP/1.1 200 OK\r\n"), raw)
         self.assertIn(b"\r\nConnection: close\r\n", raw)
-        self.assertTrue(raw.endswith(b'{"status":"ok"}'), raw)
-        yield stopped
-        refused = yield http_get(f"http://127.0.0.1:{port}/").addErrback(lambda f: f.value)
-        self.assertIsInstance(refused, ConnectionRefusedError)
+        self.assertTrue(raw.endswith(b"\r\n\r\nslow answer"), raw)
+        await stopped
+        self.assertIsInstance(await refused(port), ConnectionRefusedError)
 
-    @inlineCallbacks
-    def test_drain_is_bounded(self) -> Any:
-        service, gates = self.service("200ms")
-        assert service.port is not None
-        url = f"http://127.0.0.1:{port_of(service)}/"
-        pending = http_get(url).addErrback(lambda f: None)
-        while not gates:
-            yield deferLater(0.01)
-        yield service.stopService()
+    async def test_drain_is_bounded(self) -> None:
+        service, backend = self.start("200ms")
+        arrived = backend.arrival()
+        pending = raw_exchange(port_of(service), b"GET /slow HTTP/1.1\r\nHost: x\r\n\r\n")
+        held = await arrived
+        # Stopping completes although the request is still in flight upstream.
+        await service.stopService()
         self.assertEqual(service.gateway.inflight.count, 1)
-        gates[0].callback(None)
-        yield pending
+        self.assertFalse(held.finished)
+        backend.answer(held, b"late answer", close=True)
+        raw = await pending
+        self.assertIn(b"\r\nConnection: close\r\n", raw)
+        self.assertEqual(service.gateway.inflight.count, 0)
 
 
-def deferLater(seconds: float) -> Deferred[None]:
-    from twisted.internet import task
+class ServiceTreeTests(TestCase):
+    """
+    The service tree that twistd runs, as the plugin builds it.
+    """
 
-    return task.deferLater(reactor, seconds, lambda: None)
+    async def test_plugin_tree_and_stop_order(self) -> None:
+        backend = HeldBackend(self)
+        access_log = os.path.abspath(self.mktemp())
+        root = write_config(self, backend.url, "5s", access_log=access_log, telemetry=True)
+        options = edgegw.options()
+        options.parseOptions(["--config", root])
+        service = edgegw.makeService(options)
+        assert isinstance(service, GatewayService)
+        children = list(service)
+        self.assertEqual(
+            [child.name for child in children],
+            ["listener", "access-log", "upstream-pool", "telemetry"],
+        )
+
+        events: list[str] = []
+        stops = {child.name: record_stop(child, events) for child in children}
+        service.privilegedStartService()
+        service.startService()
+        self.addCleanup(stop_if_running, service)
+        self.assertTrue(all(child.running for child in children))
+        port = port_of(service)
+
+        arrived = backend.arrival()
+        pending = raw_exchange(port, b"GET /slow HTTP/1.1\r\nHost: x\r\n\r\n")
+        held = await arrived
+        # Asked before stopping, so that it is told before the service's own drain.
+        service.gateway.inflight.drained().addCallback(
+            lambda _: events.append("in-flight request finished")
+        )
+        stopping = service.stopService()
+        await stops["listener"]
+        self.assertIsInstance(await refused(port), ConnectionRefusedError)
+        events.append("new connection refused")
+        self.assertNoResult(stopping)
+        self.assertEqual(service.gateway.inflight.count, 1)
+
+        backend.answer(held, b"slow answer")
+        raw = await pending
+        await stopping
+        self.assertEqual(
+            events,
+            [
+                "listener stopping",
+                "listener stopped",
+                "new connection refused",
+                "in-flight request finished",
+                "telemetry stopping",
+                "telemetry stopped",
+                "upstream-pool stopping",
+                "upstream-pool stopped",
+                "access-log stopping",
+                "access-log stopped",
+            ],
+        )
+        self.assertFalse(any(child.running for child in children))
+        self.assertTrue(raw.startswith(b"HTTP/1.1 200 OK\r\n"), raw)
+        self.assertIn(b"\r\nConnection: close\r\n", raw)
+        self.assertTrue(raw.endswith(b"\r\n\r\nslow answer"), raw)
+        # The access log was flushed on stop, after the drain: the line is there.
+        with open(access_log, "rb") as lines:
+            records = [json.loads(line) for line in lines]
+        self.assertEqual(
+            [(r["method"], r["path"], r["status"], r["route"]) for r in records],
+            [("GET", "/slow", 200, "/")],
+        )
+        # The upstream pool closed the connection the answer left idle.
+        await backend.site.all_lost()
+        self.assertEqual(backend.site.channels, [])
+
+
+def record_stop(child: IService, events: list[str]) -> Deferred[None]:
+    """
+    Wrap C{child.stopService} (on the instance) so that it notes in C{events} when it
+    is called and when it has finished; return a Deferred that fires then.
+    """
+    original = child.stopService
+    name = child.name
+    finished: Deferred[None] = Deferred()
+
+    def stop() -> Deferred[Any]:
+        events.append(f"{name} stopping")
+        stopped: Deferred[Any] = maybeDeferred(original)
+
+        def done(result: object) -> object:
+            events.append(f"{name} stopped")
+            finished.callback(None)
+            return result
+
+        return stopped.addCallback(done)
+
+    setattr(child, "stopService", stop)  # noqa: B010
+    return finished

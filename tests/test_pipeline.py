@@ -272,27 +272,27 @@ class ProjectionTests(SynchronousTestCase):
         self.assertNotIn(b"X-User-Nothing", seen)
 
     def test_explicit_claims_map(self) -> None:
-        seen: dict[bytes, list[bytes]] = {}
+        seen: list[dict[bytes, list[bytes]]] = []
 
-        class FakeRequest:
-            class requestHeaders:  # noqa: N801
-                @staticmethod
-                def getAllRawHeaders() -> list[Any]:
-                    return []
-
-                @staticmethod
-                def setRawHeaders(name: bytes, values: list[bytes]) -> None:
-                    seen[name] = values
-
-        exchange = Exchange(FakeRequest(), None, {}, 0.0)  # type: ignore[arg-type]
-        exchange.principal = Principal("s", {"email": "e@x", "name": "N"}, ())
+        async def set_principal(exchange: Exchange, next: Handler) -> None:
+            exchange.principal = Principal("s", {"email": "e@x", "name": "N"}, ())
+            await next(exchange)
 
         async def terminal(exchange: Exchange) -> None:
-            pass
+            headers = exchange.request.requestHeaders
+            seen.append({name: list(values) for name, values in headers.getAllRawHeaders()})
+            await ok_terminal(exchange)
 
         stage = projection(b"X-User-Groups", {"email": "X-Mail"})
-        Deferred.fromCoroutine(stage(exchange, terminal))  # type: ignore[arg-type]
-        self.assertEqual(seen, {b"X-User-Id": [b"s"], b"X-Mail": [b"e@x"]})
+        client = Harness(self, terminal, stages=[set_principal, stage]).client
+        response = client.request("GET", "/", {"X-User-Name": "forged"})
+        self.assertEqual(response.status, 200)
+        # Only the subject and the mapped claim: no header for the unmapped claim, none
+        # for the empty groups, and the forged X-User-* header is gone.
+        self.assertEqual(
+            seen,
+            [{b"Host": [b"gateway.test"], b"X-User-Id": [b"s"], b"X-Mail": [b"e@x"]}],
+        )
 
 
 class CancellationTests(SynchronousTestCase):
