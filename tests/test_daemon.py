@@ -5,6 +5,7 @@ C{edgegw check} command, the service tree the plugin builds, and graceful shutdo
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import re
@@ -301,6 +302,9 @@ class ServiceTreeTests(TestCase):
         root = write_config(self, backend.url, "5s", access_log=access_log, telemetry=True)
         options = edgegw.options()
         options.parseOptions(["--config", root])
+        # makeService tunes the garbage collector for the daemon; not for this process.
+        self.addCleanup(gc.set_threshold, *gc.get_threshold())
+        self.addCleanup(gc.unfreeze)
         service = edgegw.makeService(options)
         assert isinstance(service, GatewayService)
         children = list(service)
