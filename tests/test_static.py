@@ -981,13 +981,6 @@ class StaticRouteTests(TestCase):
         self.assertLess(record["bytes"], 256 * 1024 * 1024)
         self.assertIs(record.get("client_gone"), True)
 
-    test_client_disconnect_through_the_route_chain.todo = (  # type: ignore[attr-defined]
-        "gateway bug: the transport stops the file producer before the request learns "
-        "that its connection is lost, so respond() returns normally, the access log "
-        "records a plain 200 without client_gone, and RouteRunner then calls finish() "
-        "with the producer still registered (Twisted logs 'Producer was not unregistered')"
-    )
-
 
 class BareResourceTests(TestCase):
     """

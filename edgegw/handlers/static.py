@@ -678,8 +678,12 @@ class _FileProducer:
     The producer owns the descriptor and closes it on every way out: the last chunk, a
     short read, the transport stopping it (client gone), or cancellation of L{done}.
 
-    @ivar done: Fires with L{None} when the response is finished or the client went
-        away; cancelling it detaches the producer and closes the file.
+    @ivar done: Fires with L{None} when the response is finished; cancelling it
+        detaches the producer and closes the file. When the client goes away it is left
+        to whoever serves the request to cancel it (the route runner, or the terminal's
+        own C{render}, both on the request's finish notification), so that the work
+        ends as a cancellation, with the request already marked disconnected; should
+        nobody cancel it, it fires once the request's connection is gone.
     """
 
     def __init__(self, request: _Response, fd: int, offset: int, length: int, name: str) -> None:
@@ -728,12 +732,19 @@ class _FileProducer:
 
     def stopProducing(self) -> None:
         """
-        The consumer is gone (the client disconnected): close the file and report.
+        The consumer is gone (the client disconnected): close the file.
+
+        The transport stops its producer before the request hears that the connection
+        is lost: finishing L{done} here would end the response as if it were complete.
         """
         if self._fd < 0:
             return
         self._close()
-        self.done.callback(None)
+        self._request.notifyFinish().addBoth(self._gone)
+
+    def _gone(self, result: object) -> None:
+        if not self.done.called:
+            self.done.callback(None)
 
     def _cancel(self, done: Deferred[None]) -> None:
         """
