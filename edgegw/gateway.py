@@ -9,7 +9,7 @@ C{--check} catches everything startup would.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 import attrs
 from opentelemetry.sdk.trace import SpanProcessor
@@ -22,7 +22,7 @@ from edgegw.chain.access_log import AccessLog
 from edgegw.chain.access_writer import LineWriter
 from edgegw.chain.authz import authz
 from edgegw.chain.pipeline import InFlight, IRouteTarget, RouteRunner, Stage, compose
-from edgegw.chain.projection import groups_header_name, projection
+from edgegw.chain.projection import USER_PREFIX, groups_header_name, projection
 from edgegw.chain.recover import recover
 from edgegw.chain.request_id import request_id
 from edgegw.chain.route import CompiledRoute
@@ -125,6 +125,7 @@ def build_gateway(
         client, reactor, tracer=telemetry.tracer if telemetry is not None else None
     )
     context = _TerminalContext(config, client, agent, reactor)
+    projected = projected_header_names(routes, groups_as)
     for effective in routes:
         terminal = _terminal(effective, context, problems)
         if terminal is None or not set(effective.access.authorize) <= set(policies):
@@ -137,7 +138,7 @@ def build_gateway(
         )
         mux.register(
             effective.spec.match,
-            route_runner(route, terminal, inflight, access.stage, groups_as, policies),
+            route_runner(route, terminal, inflight, access.stage, groups_as, policies, projected),
         )
         compiled.append(route)
     problems.raise_if_any()
@@ -196,6 +197,20 @@ class GatewaySite(Site):
         pass
 
 
+def projected_header_names(routes: Sequence[EffectiveRoute], groups_as: str) -> frozenset[bytes]:
+    """
+    The identity headers some route projects under a name outside C{X-User-*} (an
+    explicit claim map, a custom groups header), lowercased: a client must not be able
+    to send them to any backend, whatever route it goes through.
+    """
+    names: set[bytes] = set()
+    for effective in routes:
+        spec = effective.access.projection
+        names.add(groups_header_name(spec.groups_header, groups_as).lower())
+        names.update(header.lower().encode("ascii") for header in (spec.claims or {}).values())
+    return frozenset(name for name in names if not name.startswith(USER_PREFIX))
+
+
 def route_runner(
     route: CompiledRoute,
     terminal: IResource,
@@ -203,9 +218,13 @@ def route_runner(
     log_stage: Stage,
     groups_as: str,
     policies: Mapping[str, CompiledPolicy] | None = None,
+    projected: frozenset[bytes] = frozenset(),
 ) -> RouteRunner:
     """
     Compose one route's per-route chain, ending in rendering its terminal Resource.
+
+    @param projected: Lowercased names of every identity header any route projects
+        outside C{X-User-*} (the projection stage strips them from every request).
 
     Stages that have nothing to do on a route are left out rather than passed through:
     the session and auth-gate stages join the chain only where identity is configured,
@@ -224,6 +243,7 @@ def route_runner(
         projection(
             groups_header_name(projection_spec.groups_header, groups_as),
             projection_spec.claims,
+            projected,
         )
     )
     return RouteRunner(route, compose(stages, render_stage(terminal)), inflight)

@@ -776,3 +776,41 @@ class ReviewRegressionTests(ProxyTestCase):
         port = self.gateway("forwardAccessToken: true\n")
         await self.get(port, "/x", "Authorization: Bearer client-made-this-up\r\n")
         self.assertEqual(self.backend.header(0, "authorization"), [])
+
+
+class ProjectedHeaderForgeryTests(ProxyTestCase):
+    """
+    Identity headers projected under names outside X-User-* (an explicit claim map, a
+    custom groups header) are the gateway's to set: a client's own copy never reaches a
+    backend, on the projecting route or any other.
+    """
+
+    async def test_custom_projection_names_stripped_everywhere(self) -> None:
+        upstream = f"http://127.0.0.1:{port_of(self.backend_port)}"
+        root = write_tree(
+            self.mktemp(),
+            {
+                "a.yaml": GATEWAY + "---\nkind: Route\nmetadata: {name: projecting}\nspec:\n"
+                '  match: "/p/"\n'
+                "  access: {projection: {session: {claims: {email: X-Mail}, "
+                "groups: {header: X-Teams}}}}\n"
+                f'  handler: {{type: reverse-proxy, upstream: "{upstream}"}}\n'
+                "---\nkind: Route\nmetadata: {name: plain}\nspec:\n"
+                '  match: "/other/"\n'
+                f'  handler: {{type: reverse-proxy, upstream: "{upstream}"}}\n'
+            },
+        )
+        client = UpstreamClient(reactor)
+        built = build_gateway(load_config(root, {}), reactor, client)
+        listening = listen_local(built.site)
+        self.addCleanup(listening.stopListening)
+        self.addCleanup(client.close)
+        forged = "X-Mail: boss@corp\r\nx-teams: admins\r\nX-User-Id: root\r\nX-Other: kept\r\n"
+        for target in ("/p/x", "/other/x"):
+            status, _, _ = await self.get(port_of(listening), target, forged)
+            self.assertEqual(status, 200)
+        for index in (0, 1):
+            self.assertEqual(self.backend.header(index, "x-mail"), [])
+            self.assertEqual(self.backend.header(index, "x-teams"), [])
+            self.assertEqual(self.backend.header(index, "x-user-id"), [])
+            self.assertEqual(self.backend.header(index, "x-other"), ["kept"])

@@ -59,14 +59,17 @@ def render_claim(value: ClaimValue) -> str | None:
     return encode_value(str(value))
 
 
-def strip_user_headers(exchange: Exchange) -> None:
+def strip_user_headers(exchange: Exchange, projected: frozenset[bytes] = frozenset()) -> None:
     """
-    Remove every inbound C{X-User-*} header.
+    Remove every inbound C{X-User-*} header, and every header named in C{projected}
+    (lowercased identity header names outside C{X-User-*} that some route projects).
     """
     headers = exchange.request.requestHeaders
-    doomed = [
-        name for name, _ in headers.getAllRawHeaders() if name.lower().startswith(USER_PREFIX)
-    ]
+    doomed = []
+    for name, _ in headers.getAllRawHeaders():
+        lower = name.lower()
+        if lower.startswith(USER_PREFIX) or lower in projected:
+            doomed.append(name)
     for name in doomed:
         headers.removeHeader(name)
 
@@ -74,6 +77,7 @@ def strip_user_headers(exchange: Exchange) -> None:
 def projection(
     groups_header: bytes,
     claims: Mapping[str, str] | None,
+    projected: frozenset[bytes] = frozenset(),
 ) -> Stage:
     """
     Make the projection stage for one route.
@@ -82,6 +86,8 @@ def projection(
         access block or C{identity.groups.as}).
     @param claims: The explicit claim-to-header map, or L{None} for every passport claim
         under its default header name.
+    @param projected: Lowercased identity header names outside C{X-User-*} that any
+        route projects: stripped from every inbound request, like C{X-User-*}.
     """
     explicit = (
         tuple((claim, header.encode("ascii")) for claim, header in claims.items())
@@ -107,7 +113,7 @@ def projection(
                 set_header(header, [rendered.encode("ascii")])
 
     async def project(exchange: Exchange, next: Handler) -> None:
-        strip_user_headers(exchange)
+        strip_user_headers(exchange, projected)
         if exchange.principal is not None:
             inject(exchange.principal, exchange)
         await next(exchange)

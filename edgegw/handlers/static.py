@@ -182,6 +182,9 @@ class _Response(Protocol):
     def write(self, data: bytes) -> None:
         """Write body bytes (the headers first, on the first call)."""
 
+    def notifyFinish(self) -> Deferred[None]:
+        """Fire when the response is finished, or fail when the connection is lost."""
+
     def finish(self) -> None:
         """Complete the response."""
 
