@@ -43,6 +43,15 @@ class LineWriterTests(SynchronousTestCase):
         self.assertGreaterEqual(len(self.read()), FLUSH_BYTES)
         self.assertEqual(self.clock.getDelayedCalls(), [])
 
+    def test_line_after_close_is_written_at_once(self) -> None:
+        self.writer.write(b'{"a":1}')
+        self.writer.close()
+        # A request that outlived the shutdown drain: its line is neither lost nor left
+        # waiting on a timer.
+        self.writer.write(b'{"late":true}')
+        self.assertEqual(self.read(), b'{"a":1}\n{"late":true}\n')
+        self.assertEqual(self.clock.getDelayedCalls(), [])
+
     def test_reopened_after_rotation(self) -> None:
         self.writer.write(b"before")
         self.writer.flush()

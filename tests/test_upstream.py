@@ -674,6 +674,31 @@ class PoolTests(UpstreamTestCase):
         while backend.closed < 1:
             await backend.next_lost()
 
+    async def test_connection_released_after_close_is_not_kept(self) -> None:
+        held: list[Request] = []
+        arrived: Deferred[None] = Deferred()
+
+        def hold(request: Request) -> int:
+            held.append(request)
+            arrived.callback(None)
+            return NOT_DONE_YET
+
+        backend = self.site(hold)
+        client = self.client()
+        upstream = backend.upstream()
+        pending = ensureDeferred(self.fetch(client, upstream))
+        await arrived
+        await client.close()
+        # The request outlived the pool's shutdown (a drain that timed out): when it is
+        # done its connection is closed, not pooled with an idle sweep left running.
+        lost = backend.next_lost()
+        held[0].write(b"late")
+        held[0].finish()
+        _response, body = await pending
+        self.assertEqual(body, b"late")
+        self.assertEqual(client.idle_connections(upstream), 0)
+        await lost
+
     async def test_idle_timeout(self) -> None:
         backend = self.site()
         client = self.client(idle_timeout=0.05)

@@ -35,6 +35,7 @@ class LineWriter:
         self._lines: list[bytes] = []
         self._size = 0
         self._flush_call: IDelayedCall | None = None
+        self._closed = False
         self._fd = 1 if output == "-" else self._open()
 
     def _open(self) -> int:
@@ -43,7 +44,13 @@ class LineWriter:
     def write(self, line: bytes) -> None:
         """
         Queue one line (without its newline).
+
+        After L{close} (a request that outlived the shutdown drain), the line is written
+        at once: no timer is left behind, and the line is not lost.
         """
+        if self._closed:
+            self._write_late(line + b"\n")
+            return
         self._lines.append(line)
         self._size += len(line) + 1
         if self._size >= FLUSH_BYTES:
@@ -105,6 +112,22 @@ class LineWriter:
         Flush, and close the file (standard output stays open).
         """
         self.flush()
-        if self.output != "-":
+        self._closed = True
+        if self.output != "-" and self._fd >= 0:
             os.close(self._fd)
             self._fd = -1
+
+    def _write_late(self, data: bytes) -> None:
+        try:
+            fd = 1 if self.output == "-" else self._open()
+            try:
+                os.write(fd, data)
+            finally:
+                if fd != 1:
+                    os.close(fd)
+        except OSError as e:
+            _log.error(
+                "cannot write the access log to {output}: {error}",
+                output=self.output,
+                error=e.strerror,
+            )

@@ -204,6 +204,7 @@ class UpstreamClient:
         self._idle: dict[Upstream, list[UpstreamConnection]] = {}
         self._connectors: dict[Upstream, _Connector] = {}
         self._sweep: IDelayedCall | None = None
+        self._closed = False
 
     def request(
         self,
@@ -256,10 +257,12 @@ class UpstreamClient:
     def close(self) -> Deferred[None]:
         """
         Close every idle pooled connection; exchanges in flight finish, and their
-        connections go back to the pool as usual.
+        connections are then closed instead of kept (the pool is shutting down: nothing
+        may be left holding a socket or a timer).
 
         @return: Fires once the idle connections are closed.
         """
+        self._closed = True
         if self._sweep is not None:
             if self._sweep.active():
                 self._sweep.cancel()
@@ -343,6 +346,9 @@ class UpstreamClient:
     # -- the pool ----------------------------------------------------------------------
 
     def _release(self, upstream: Upstream, connection: UpstreamConnection) -> None:
+        if self._closed:
+            connection.close()
+            return
         idle = self._idle.get(upstream)
         if idle is None:
             idle = self._idle[upstream] = []
