@@ -6,22 +6,41 @@ VENV := .venv
 BIN := $(VENV)/bin
 CONFIG ?= etc/edgegw
 STAMP := $(VENV)/.installed
+# A second virtualenv with the oldest versions setup.py's ranges allow (Twisted, treq and the
+# rest: tests/constraints-oldest.txt); .venv gets the newest. `make test` runs the trial
+# suite in both, so that a range claims only versions the suite has passed on.
+OLDEST := .venv-oldest
+OLDEST_CONSTRAINTS := tests/constraints-oldest.txt
+OLDEST_STAMP := $(OLDEST)/.installed
 
-.PHONY: run test check lint typecheck layers unit venv clean bench
+.PHONY: run test check lint typecheck layers unit unit-oldest venv clean bench
 
-$(STAMP): setup.py pyproject.toml
-	@# Stock Debian ships python3 without venv/ensurepip: install it when root.
-	@if ! $(PYTHON) -c "import ensurepip, venv" 2>/dev/null; then \
+# Stock Debian ships python3 without venv/ensurepip: install it when root.
+define need_venv
+@if ! $(PYTHON) -c "import ensurepip, venv" 2>/dev/null; then \
 		if [ "$$(id -u)" = 0 ]; then \
 			apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q python3-venv; \
 		else \
 			echo "edgegw needs python3-venv: run 'sudo apt-get install python3-venv' first"; exit 1; \
 		fi; \
 	fi
+endef
+
+$(STAMP): setup.py pyproject.toml
+	$(need_venv)
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q -e '.[test]' --config-settings editable_mode=compat
 	touch $(STAMP)
+
+# After .venv (order only): both editable installs write edgegw.egg-info here.
+$(OLDEST_STAMP): setup.py pyproject.toml $(OLDEST_CONSTRAINTS) | $(STAMP)
+	$(need_venv)
+	$(PYTHON) -m venv $(OLDEST)
+	$(OLDEST)/bin/pip install -q --upgrade pip
+	$(OLDEST)/bin/pip install -q --constraint $(OLDEST_CONSTRAINTS) -e '.[test]' \
+		--config-settings editable_mode=compat
+	touch $(OLDEST_STAMP)
 
 venv: $(STAMP)
 
@@ -47,8 +66,12 @@ layers: $(STAMP)
 unit: $(STAMP)
 	$(BIN)/trial --jobs=2 tests
 
-## Set up and pass the whole suite: lint, types, layers, tests.
-test: lint typecheck layers unit
+## The trial suite again, on the oldest versions the dependency ranges allow.
+unit-oldest: $(OLDEST_STAMP)
+	$(OLDEST)/bin/trial --jobs=2 --temp-directory=_trial_temp_oldest tests
+
+## Set up and pass the whole suite: lint, types, layers, tests (newest and oldest versions).
+test: lint typecheck layers unit unit-oldest
 
 ## Benchmarks (never part of the tests): wrk against the backend, nginx, an Agent proxy
 ## and edgegw, interleaved; then the proxy's memory figures. Installs wrk and nginx as root.
@@ -60,4 +83,4 @@ bench: $(STAMP)
 	$(BIN)/python -m bench telemetry
 
 clean:
-	rm -rf $(VENV) _trial_temp* build *.egg-info .mypy_cache .ruff_cache
+	rm -rf $(VENV) $(OLDEST) _trial_temp* build *.egg-info .mypy_cache .ruff_cache

@@ -1,6 +1,10 @@
 """
 Streaming request bodies: the gateway's Site request and channel classes.
 
+Uses private Twisted names (C{_cleanup}, C{_respondToBadRequestAndDisconnect},
+C{_networkProducer}, ...): each one, why, and what breaks if Twisted changes it is listed
+in docs/architecture.md, "Twisted private names we rely on".
+
 Twisted's L{twisted.web.server.Request} collects the whole request body in
 C{request.content} and renders only once the last byte has arrived. A reverse proxy
 must instead start on a request as soon as its head is in, and pass the body on as it
