@@ -124,7 +124,7 @@ class BareTerminalTests(SynchronousTestCase):
 
     def test_answers_later(self) -> None:
         terminal = Scripted()
-        client = MemoryClient(Site(terminal))
+        client = MemoryClient(Site(terminal, reactor=Clock()))
         client.send(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
         self.assertEqual(client.transport.value(), b"")
         terminal.release.callback(b"done")
@@ -133,7 +133,7 @@ class BareTerminalTests(SynchronousTestCase):
     def test_failure_is_a_logged_500(self) -> None:
         events = capture_log(self)
         terminal = Scripted()
-        client = MemoryClient(Site(terminal))
+        client = MemoryClient(Site(terminal, reactor=Clock()))
         client.send(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
         terminal.release.callback(b"fail")
         raw = client.transport.value()
@@ -147,7 +147,7 @@ class BareTerminalTests(SynchronousTestCase):
     def test_failure_after_the_head_aborts(self) -> None:
         capture_log(self)
         terminal = Scripted()
-        client = MemoryClient(Site(terminal))
+        client = MemoryClient(Site(terminal, reactor=Clock()))
         client.send(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
         terminal.release.callback(b"fail late")
         self.assertEqual(len(self.flushLoggedErrors(ZeroDivisionError)), 1)
@@ -156,7 +156,7 @@ class BareTerminalTests(SynchronousTestCase):
 
     def test_client_gone_cancels(self) -> None:
         terminal = Scripted()
-        client = MemoryClient(Site(terminal))
+        client = MemoryClient(Site(terminal, reactor=Clock()))
         client.send(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
         client.channel.connectionLost(Exception("gone"))
         self.assertTrue(terminal.cancelled)
