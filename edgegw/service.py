@@ -193,6 +193,7 @@ class GatewayService(MultiService):
         for name, child in children:
             child.setName(name)
             child.setServiceParent(self)
+        self._stop_waiters: list[Deferred[None]] | None = None
 
     @property
     def port(self) -> IListeningPort | None:
@@ -218,17 +219,34 @@ class GatewayService(MultiService):
         """
         Stop listening, drain the requests in flight, then stop the other children in
         reverse start order, one after another.
+
+        Asked again while stopping, it answers when the same stop is done; a service
+        that never started (or a child that is not running) has nothing to stop.
         """
+        if self._stop_waiters is not None:
+            waiter: Deferred[None] = Deferred()
+            self._stop_waiters.append(waiter)
+            return waiter
+        self._stop_waiters = []
         Service.stopService(self)
         # From now on every response closes its connection, those in flight included.
         drained = self._drain()
-        stopping: Deferred[Any] = maybeDeferred(self.listener.stopService)
+        stopping: Deferred[Any] = _stop_child(None, self.listener)
         stopping.addCallback(lambda _: drained)
         for child in reversed(list(self)):
             if child is not self.listener:
                 stopping.addCallback(_stop_child, child)
-        stopping.addCallback(lambda _: None)
+        stopping.addBoth(self._stopped)
         return stopping
+
+    def _stopped(self, result: Any) -> Any:
+        waiters, self._stop_waiters = self._stop_waiters or [], None
+        for waiter in waiters:
+            if isinstance(result, Failure):
+                waiter.errback(result)
+            else:
+                waiter.callback(None)
+        return None if not isinstance(result, Failure) else result
 
     def _drain(self) -> Deferred[None]:
         inflight = self.gateway.inflight

@@ -15,8 +15,9 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import SpanKind
 from treq.client import HTTPClient
 from twisted.internet import reactor
-from twisted.internet.defer import CancelledError, Deferred
-from twisted.trial.unittest import TestCase
+from twisted.internet.defer import CancelledError, Deferred, TimeoutError, ensureDeferred
+from twisted.internet.testing import MemoryReactorClock
+from twisted.trial.unittest import SynchronousTestCase, TestCase
 from twisted.web.server import NOT_DONE_YET, Request
 
 from edgegw.upstream.agent import (
@@ -27,7 +28,7 @@ from edgegw.upstream.agent import (
 )
 from edgegw.upstream.pool import Upstream, UpstreamClient
 from edgegw.upstream.shared import BodyTooLargeError, NotJSONError, read_body, read_json
-from tests.support.backends import RecordedRequest, SiteBackend
+from tests.support.backends import RawBackend, RecordedRequest, SiteBackend, scripted
 
 
 def respond(request: Request) -> bytes | int:
@@ -46,6 +47,15 @@ def respond(request: Request) -> bytes | int:
         return b"x" * 5000
     if path == b"/empty":
         return b""
+    if path == b"/nothing":
+        request.setResponseCode(204)
+        return b""
+    if path == b"/chunked-big":
+        # No Content-Length: chunked, so only reading finds out how large it is.
+        request.write(b"x" * 3000)
+        request.write(b"y" * 3000)
+        request.finish()
+        return NOT_DONE_YET
     if path == b"/stream":
         # The head and a little body now, the rest never: the caller has to give up.
         request.write(b"partial")
@@ -118,6 +128,36 @@ class AgentTests(TestCase):
             await read_body(response, 100)
         self.assertEqual(self.pool.idle_connections(self.upstream), 0)
 
+    async def test_body_over_the_cap_while_reading_is_too_large(self) -> None:
+        errors: list[Any] = []
+        observer = errors.append
+        from twisted.logger import globalLogPublisher
+
+        globalLogPublisher.addObserver(observer)  # type: ignore[arg-type]
+        self.addCleanup(globalLogPublisher.removeObserver, observer)  # type: ignore[arg-type]
+        lost = self.backend.next_lost()
+        response = await self.get("/chunked-big")
+        with self.assertRaises(BodyTooLargeError):
+            await read_body(response, 4000)
+        await lost
+        self.assertEqual(self.pool.idle_connections(self.upstream), 0)
+        # Dropping the connection inside treq's collector ended nothing twice.
+        self.assertEqual([e for e in errors if e.get("isError")], [])
+
+    async def test_declared_body_over_the_cap_drops_the_connection(self) -> None:
+        backend = RawBackend(
+            scripted(b"HTTP/1.1 200 OK\r\nContent-Length: 20000000\r\n\r\npartial")
+        ).start()
+        self.addCleanup(lambda: ensureDeferred(backend.stop()))
+        lost = backend.next_lost()
+        response = await self.http.request(
+            "GET", f"http://127.0.0.1:{backend.port}/", unbuffered=True
+        )
+        with self.assertRaises(BodyTooLargeError):
+            await read_body(response, 1000)
+        # Not left open and paused with nobody to close it.
+        await lost
+
     async def test_empty_and_non_json_bodies(self) -> None:
         with self.assertRaises(NotJSONError):
             await read_json(await self.get("/empty"), 100)
@@ -134,7 +174,7 @@ class AgentTests(TestCase):
         call = self.agent.call(context, "slow")
         http = HTTPClient(call, cookiejar=NullCookieJar())  # type: ignore[arg-type]
         response = await http.request("GET", self.origin + "/stream", unbuffered=True)
-        reading = Deferred.fromCoroutine(read_body(response, 1000))
+        reading = read_body(response, 1000)
         reading.cancel()
         call.abort()
         call.end(response.code, "cancelled")
@@ -158,6 +198,48 @@ class AgentTests(TestCase):
         self.assertEqual(records[0]["error"], "body is not JSON")
         with self.assertRaises(RuntimeError):
             call.request(b"GET", (self.origin + "/plain").encode("ascii"))
+
+    async def test_caller_headers_cannot_frame_or_redirect_the_request(self) -> None:
+        call = self.agent.call(
+            None,
+            "x",
+            [(b"Host", b"evil.test"), (b"Content-Length", b"0"), (b"X-Ok", b"1")],
+        )
+        http = HTTPClient(call, cookiejar=NullCookieJar())  # type: ignore[arg-type]
+        response = await http.request(
+            "POST", self.origin + "/plain", data=b"hello", unbuffered=True
+        )
+        await treq.content(response)
+        last = self.last()
+        self.assertEqual(
+            [v for n, v in last.headers if n.lower() == b"host"], [self.origin[7:].encode()]
+        )
+        self.assertEqual([v for n, v in last.headers if n.lower() == b"content-length"], [b"5"])
+        self.assertEqual((last.body, last.header(b"x-ok")), (b"hello", b"1"))
+
+    async def test_refused_coding_is_recorded_with_its_status(self) -> None:
+        records: list[dict[str, Any]] = []
+        call = self.agent.call(_Context(records), "zipped")
+        http = HTTPClient(call, cookiejar=NullCookieJar())  # type: ignore[arg-type]
+        with self.assertRaises(ContentCodingError):
+            await http.request("GET", self.origin + "/gzip", unbuffered=True)
+        call.end(None, "caller's later verdict")
+        self.assertEqual(len(records), 1)
+        self.assertEqual(records[0]["status"], 200)
+        self.assertIn("ContentCodingError", records[0]["error"])
+
+    async def test_bodiless_response_ends_its_span_at_once(self) -> None:
+        exporter = InMemorySpanExporter()
+        provider = TracerProvider()
+        provider.add_span_processor(SimpleSpanProcessor(exporter))
+        agent = UpstreamAgent(self.pool, reactor, tracer=provider.get_tracer("test"))
+        response = await treq.request(
+            "GET", self.origin + "/nothing", agent=agent, unbuffered=True, allow_redirects=False
+        )
+        # treq never asks for the body of a response with no body.
+        self.assertEqual(await treq.content(response), b"")
+        [span] = exporter.get_finished_spans()
+        self.assertEqual(span.attributes["http.response.status_code"], 204)  # type: ignore[index]
 
     async def test_call_outside_a_request_has_its_own_span(self) -> None:
         exporter = InMemorySpanExporter()
@@ -188,3 +270,28 @@ class _Context:
 
     def add_call(self, record: dict[str, Any]) -> None:
         self.records.append(record)
+
+
+class ConnectingCancelTests(SynchronousTestCase):
+    """
+    A call cancelled while its TCP connection is still being set up is a cancellation
+    (and, under a deadline, a timeout): not an ordinary connection failure.
+    """
+
+    def request(self, clock: MemoryReactorClock) -> Deferred[Any]:
+        client = UpstreamClient(clock)
+        upstream = Upstream("http", "127.0.0.1", 8080)
+        return client.request(upstream, b"GET", b"/", [(b"Host", upstream.authority)])
+
+    def test_cancel_while_connecting(self) -> None:
+        clock = MemoryReactorClock()
+        pending = self.request(clock)
+        pending.cancel()
+        self.failureResultOf(pending, CancelledError)
+
+    def test_deadline_while_connecting_is_a_timeout(self) -> None:
+        clock = MemoryReactorClock()
+        pending = self.request(clock)
+        pending.addTimeout(1.0, clock)
+        clock.advance(1.0)
+        self.failureResultOf(pending, TimeoutError)

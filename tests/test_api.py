@@ -310,6 +310,12 @@ class Backends(Resource):
         if path == b"/gzip":
             request.setHeader(b"content-encoding", b"gzip")
             return gzip.compress(b'{"a":1}')
+        if path == b"/declared-huge":
+            # Declares more than the cap, sends a little, then holds the connection.
+            request.setHeader(b"content-length", b"20000000")
+            request.write(b"[0,")
+            self.held.append(request)
+            return NOT_DONE_YET
         if path == b"/huge":
             # Chunked, so that only reading it shows the size: 11 MiB of JSON-ish bytes.
             request.write(b"[" + b"0," * (5 * 1024 * 1024))
@@ -490,6 +496,28 @@ class CallRecordTests(LiveTests):
         self.assertEqual((calls["broken"]["status"], calls["broken"]["error"]), (500, "status 500"))
         self.assertEqual(calls["odd"]["error"], "body is not JSON")
         self.assertIsInstance(calls["ok"]["ms"], float)
+
+    async def test_oversized_bodies_drop_the_backend_connection(self) -> None:
+        from tests.test_pipeline import capture_log
+
+        events = capture_log(self)
+        port = self.gateway(
+            """\
+            - {group: ok, upstream: "UP", path: "/json/ok"}
+            - {group: declared, upstream: "UP", path: "/declared-huge", required: false}
+            - {group: read, upstream: "UP", path: "/huge", required: false}
+            """
+        )
+        lost = [self.site_backend.next_lost(), self.site_backend.next_lost()]
+        status, headers, _ = await self.get(port, "/a/1")
+        self.assertEqual((status, headers["x-gw-partial"]), (200, ["declared,read"]))
+        # Neither connection is left open and paused with nobody to close it.
+        for connection_lost in lost:
+            await connection_lost
+        records = [e["access"] for e in events if e.get("log_namespace") == "edgegw.access"]
+        calls = {call["name"]: call for call in records[0]["upstream_calls"]}
+        self.assertEqual(calls["declared"]["error"], "body of 20000000 bytes")
+        self.assertEqual(calls["read"]["error"], f"body over {10 * 1024 * 1024} bytes")
 
 
 class ReviewRegressionTests(LiveTests):

@@ -296,6 +296,41 @@ class ServiceTreeTests(TestCase):
     The service tree that twistd runs, as the plugin builds it.
     """
 
+    async def test_stop_before_start_stops_nothing(self) -> None:
+        root = write_config(self, "http://127.0.0.1:9", "1s")
+        service = build_service(load_config(root, {}), reactor)
+        events: list[str] = []
+        for child in service:
+            record_stop(child, events)
+        await service.stopService()
+        self.assertEqual(events, [])
+
+    async def test_stop_asked_twice_is_one_stop(self) -> None:
+        backend = HeldBackend(self)
+        root = write_config(self, backend.url, "5s")
+        service = build_service(load_config(root, {}), reactor)
+        service.privilegedStartService()
+        service.startService()
+        self.addCleanup(stop_if_running, service)
+        events: list[str] = []
+        for child in service:
+            record_stop(child, events)
+        arrived = backend.arrival()
+        pending = raw_exchange(port_of(service), b"GET /slow HTTP/1.1\r\nHost: x\r\n\r\n")
+        held = await arrived
+        first = service.stopService()
+        second = service.stopService()
+        self.assertNoResult(first)
+        self.assertNoResult(second)
+        backend.answer(held, b"done")
+        await pending
+        await first
+        await second
+        self.assertEqual(
+            [event for event in events if event.endswith(" stopped")],
+            ["listener stopped", "upstream-pool stopped", "access-log stopped"],
+        )
+
     async def test_plugin_tree_and_stop_order(self) -> None:
         backend = HeldBackend(self)
         access_log = os.path.abspath(self.mktemp())

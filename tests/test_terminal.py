@@ -90,7 +90,7 @@ def capture_log(test: SynchronousTestCase) -> list[dict[str, Any]]:
 
 def gateway_with(
     test: SynchronousTestCase, routes: dict[str, Any], plain: dict[str, Resource]
-) -> tuple[MemoryClient, list[dict[str, Any]]]:
+) -> tuple[MemoryClient, list[dict[str, Any]], InFlight]:
     """
     The real edge and mux: each pattern in C{routes} runs its terminal through a route
     chain; each in C{plain} is a Resource mounted without one.
@@ -112,9 +112,9 @@ def gateway_with(
         route = CompiledRoute(effective.spec.name, pattern, effective, "test terminal")
         mux.register(pattern, route_runner(route, terminal, inflight, access.stage, "groups"))
     for pattern, resource in plain.items():
-        mux.register(pattern, ResourceTarget(pattern, resource, access))
+        mux.register(pattern, ResourceTarget(pattern, resource, access, inflight))
     site = edge_site(GatewaySpec(), MuxDispatcher(mux), Clock(), access)
-    return MemoryClient(site), logged
+    return MemoryClient(site), logged, inflight
 
 
 class BareTerminalTests(SynchronousTestCase):
@@ -174,7 +174,7 @@ class ChainTerminalTests(SynchronousTestCase):
 
     def test_terminal_reads_the_route_exchange(self) -> None:
         terminal = Scripted()
-        client, logged = gateway_with(self, {"/t/": terminal}, {})
+        client, logged, _ = gateway_with(self, {"/t/": terminal}, {})
         client.send(b"GET /t/x HTTP/1.1\r\nHost: x\r\n\r\n")
         terminal.release.callback(b"route")
         self.assertEqual(terminal.routes, ["/t/"])
@@ -183,7 +183,7 @@ class ChainTerminalTests(SynchronousTestCase):
     def test_failure_goes_through_the_route_stages(self) -> None:
         capture_log(self)
         terminal = Scripted()
-        client, logged = gateway_with(self, {"/": terminal}, {})
+        client, logged, _ = gateway_with(self, {"/": terminal}, {})
         client.send(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
         terminal.release.callback(b"fail")
         self.assertTrue(client.transport.value().startswith(b"HTTP/1.1 500 "))
@@ -192,7 +192,7 @@ class ChainTerminalTests(SynchronousTestCase):
 
     def test_client_gone_cancels_terminal_before_the_line_is_logged(self) -> None:
         terminal = Scripted()
-        client, logged = gateway_with(self, {"/": terminal}, {})
+        client, logged, _ = gateway_with(self, {"/": terminal}, {})
         client.send(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
         client.channel.connectionLost(Exception("gone"))
         self.assertTrue(terminal.cancelled)
@@ -200,7 +200,7 @@ class ChainTerminalTests(SynchronousTestCase):
 
     def test_plain_resource_ends_a_chain(self) -> None:
         later = Plain(later=True)
-        client, logged = gateway_with(self, {"/now": Plain(), "/later": later}, {})
+        client, logged, _ = gateway_with(self, {"/now": Plain(), "/later": later}, {})
         client.send(b"GET /now HTTP/1.1\r\nHost: x\r\n\r\n")
         self.assertTrue(client.transport.value().endswith(b"plain answer"))
         self.assertIn(b"X-Request-Id:", client.transport.value())
@@ -216,16 +216,19 @@ class ChainTerminalTests(SynchronousTestCase):
 class ResourceTargetTests(SynchronousTestCase):
     def test_resource_answering_later_is_logged_once(self) -> None:
         later = Plain(later=True)
-        client, logged = gateway_with(self, {}, {"/callback": later})
+        client, logged, inflight = gateway_with(self, {}, {"/callback": later})
         client.send(b"GET /callback HTTP/1.1\r\nHost: x\r\n\r\n")
         self.assertEqual(logged, [])
+        # In flight like a route's request: a shutdown drain waits for it.
+        self.assertEqual(inflight.count, 1)
         later.pending[0].write(b"welcome")
         later.pending[0].finish()
         self.assertIn(b"welcome", client.transport.value())
         self.assertEqual([(r["route"], r["status"]) for r in logged], [("/callback", 200)])
+        self.assertEqual(inflight.count, 0)
 
     def test_plain_resource_skips_the_route_chain(self) -> None:
-        client, logged = gateway_with(self, {"/routed": Plain()}, {"/login": Plain()})
+        client, logged, _ = gateway_with(self, {"/routed": Plain()}, {"/login": Plain()})
         client.send(b"GET /login HTTP/1.1\r\nHost: x\r\n\r\n")
         raw = client.transport.value()
         self.assertTrue(raw.endswith(b"plain answer"))

@@ -11,7 +11,7 @@ from twisted.web.server import NOT_DONE_YET, Request
 from zope.interface import implementer
 
 from edgegw.chain.access_log import AccessLog
-from edgegw.chain.pipeline import IRouteTarget
+from edgegw.chain.pipeline import InFlight, IRouteTarget
 
 
 @implementer(IRouteTarget)
@@ -19,20 +19,25 @@ class ResourceTarget:
     """
     A Resource rendered as Twisted would, with no per-route stages: the gateway's own
     endpoints (login, logout and the like) are mounted this way. Its answers are still
-    logged, one access-log line each with the pattern as the route.
+    logged, one access-log line each with the pattern as the route, and counted in
+    flight like a route's (a shutdown waits for them and closes their connections).
     """
 
-    def __init__(self, pattern: str, resource: IResource, access: AccessLog) -> None:
+    def __init__(
+        self, pattern: str, resource: IResource, access: AccessLog, inflight: InFlight
+    ) -> None:
         self.pattern = pattern
         self.resource = resource
         self.access = access
+        self.inflight = inflight
 
     def serve(self, request: Request, params: dict[str, str]) -> int:
         """
         Render the resource; answer what it returned, or let it answer later.
         """
         started = monotonic()
-        request.notifyFinish().addBoth(self._log, request, started)
+        self.inflight.started(request)
+        request.notifyFinish().addBoth(self._done, request, started)
         body = self.resource.render(request)
         if body is not NOT_DONE_YET and not request.finished:
             # As Twisted's Request.render answers a resource's bytes.
@@ -41,5 +46,6 @@ class ResourceTarget:
             request.finish()
         return NOT_DONE_YET
 
-    def _log(self, result: object, request: Request, started: float) -> None:
+    def _done(self, result: object, request: Request, started: float) -> None:
+        self.inflight.finished(request)
         self.access.edge(request, started, self.pattern)

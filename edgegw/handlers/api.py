@@ -240,6 +240,9 @@ class ApiHandler(TerminalResource):
             outcome.reason = str(e)
         except Exception as e:
             outcome.reason = describe_error(e)
+        if not outcome.ok:
+            # Whatever failed, the connection is not left open (a no-op once it is done).
+            agent.abort()
         agent.end(outcome.status, None if outcome.ok else outcome.reason)
         return outcome
 
@@ -268,6 +271,9 @@ class ApiHandler(TerminalResource):
         self._answer(request, outcomes)
 
     def _answer(self, request: Request, outcomes: Sequence[_Outcome | None]) -> None:
+        if request._disconnected:
+            # The client went away while the last calls settled: nobody to answer.
+            return
         merged: dict[str, Any] = {}
         partial: list[str] = []
         for backend, outcome in zip(self.backends, outcomes, strict=True):

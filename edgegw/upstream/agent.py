@@ -87,7 +87,8 @@ class PreparedURL(EncodedURL):
     treq turns every URL it is given into a hyperlink URL and back (C{to_uri().to_text()}),
     which re-encodes the host label by label with IDNA on every call: about 25 µs, half of
     treq's own cost per call. This URL is its own URI form and its own text, so that work
-    is skipped; nothing else of hyperlink's URL is used by treq on this path.
+    is skipped; nothing else of hyperlink's URL is used by treq on this path (so it is
+    for C{HTTPClient.request} without C{params}: treq would rebuild a URL for those).
     """
 
     def __init__(self, text: str) -> None:
@@ -108,6 +109,15 @@ class PreparedURL(EncodedURL):
 
     def __repr__(self) -> str:
         return f"PreparedURL({self._prepared!r})"
+
+    def __str__(self, with_password: bool = False) -> str:
+        return self._prepared
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, PreparedURL) and other._prepared == self._prepared
+
+    def __hash__(self) -> int:
+        return hash(self._prepared)
 
 
 class NullCookieJar(CookieJar):
@@ -174,13 +184,34 @@ class _BodyTransport:
 
 class _ProtocolSink:
     """
-    Feeds body bytes to a protocol's C{dataReceived}.
+    Feeds body bytes to a protocol's C{dataReceived}, and its end to C{connectionLost}
+    exactly once, never from inside C{dataReceived}: a protocol that drops the
+    connection while handling data (treq's collector past a size cap) finishes that
+    call before it hears of the end, as with Twisted's own responses.
     """
 
-    __slots__ = ("write",)
+    __slots__ = ("_busy", "_lost", "protocol")
 
     def __init__(self, protocol: IProtocol) -> None:
-        self.write = protocol.dataReceived
+        self.protocol = protocol
+        self._busy = False
+        self._lost: Failure | None = None
+
+    def write(self, data: bytes) -> None:
+        self._busy = True
+        try:
+            self.protocol.dataReceived(data)
+        finally:
+            self._busy = False
+            lost, self._lost = self._lost, None
+            if lost is not None:
+                self.protocol.connectionLost(lost)
+
+    def lose(self, reason: Failure) -> None:
+        if self._busy:
+            self._lost = reason
+        else:
+            self.protocol.connectionLost(reason)
 
 
 @implementer(IResponse)
@@ -224,20 +255,19 @@ class AgentResponse:
         """
         response = self._response
         protocol.makeConnection(_BodyTransport(response))  # type: ignore[arg-type]
-        delivered = response.deliver(_ProtocolSink(protocol))
-        delivered.addCallbacks(
-            self._done, self._failed, callbackArgs=(protocol,), errbackArgs=(protocol,)
-        )
+        sink = _ProtocolSink(protocol)
+        delivered = response.deliver(sink)
+        delivered.addCallbacks(self._done, self._failed, callbackArgs=(sink,), errbackArgs=(sink,))
 
-    def _done(self, result: None, protocol: IProtocol) -> None:
+    def _done(self, result: None, sink: _ProtocolSink) -> None:
         if self._record is not None:
             self._record.end(self.code)
-        protocol.connectionLost(_BODY_DONE)
+        sink.lose(_BODY_DONE)
 
-    def _failed(self, reason: Failure, protocol: IProtocol) -> None:
+    def _failed(self, reason: Failure, sink: _ProtocolSink) -> None:
         if self._record is not None:
             self._record.end(self.code, "body: " + describe_error(reason.value))
-        protocol.connectionLost(Failure(ResponseFailed([reason])))
+        sink.lose(Failure(ResponseFailed([reason])))
 
     def setPreviousResponse(self, response: IResponse) -> None:
         """
@@ -247,9 +277,12 @@ class AgentResponse:
 
     def abort(self) -> None:
         """
-        Drop the upstream connection now.
+        Drop the upstream connection now (a record this response ends is ended as
+        aborted, unless the body already ended it).
         """
         self._response.abort()
+        if self._record is not None:
+            self._record.end(self.code, "aborted")
 
 
 @implementer(IAgent)
@@ -295,7 +328,13 @@ class UpstreamAgent:
         @param headers: Header fields the caller has already computed as byte pairs
             (sent before any given to C{request}): a per-request header set needs no
             Twisted C{Headers} object, which treq would copy and the agent flatten again.
+            Framing, C{Host} and hop-by-hop fields among them are dropped, as from
+            C{request}'s.
         """
+        if headers:
+            headers = [
+                (field, value) for field, value in headers if field.lower() not in _NOT_FORWARDED
+            ]
         return UpstreamCallAgent(self, context, name, headers)
 
     def request(
@@ -390,9 +429,14 @@ def _received(
     ):
         response.abort()
         error = ContentCodingError(f"content coding {b', '.join(codings)[:100]!r} not asked for")
-        if auto_end:
-            record.end(response.code, describe_error(error))
+        # The agent's own verdict: the record says so, with the status that came.
+        record.end(response.code, describe_error(error))
         raise error
+    if auto_end and not response.has_body:
+        # Nothing to deliver (HEAD, 204, 304, Content-Length: 0): treq never asks for
+        # the body of such a response, so the call ends here.
+        record.end(response.code)
+        auto_end = False
     received = AgentResponse(response, sent, record if auto_end else None)
     if holder is not None:
         holder._received = received

@@ -27,7 +27,7 @@ from twisted.internet.endpoints import (
     TCP6ClientEndpoint,
     wrapClientTLS,
 )
-from twisted.internet.error import ConnectionAborted, ConnectionClosed
+from twisted.internet.error import ConnectingCancelledError, ConnectionAborted, ConnectionClosed
 from twisted.internet.interfaces import (
     IDelayedCall,
     IOpenSSLClientConnectionCreator,
@@ -173,6 +173,15 @@ def _send(
     return connection.send(head, head_request, body, length, upgrade)
 
 
+def _connect_cancelled(reason: Failure) -> Failure:
+    # An endpoint cancelled while connecting fails with ConnectingCancelledError: to the
+    # caller that cancelled (a deadline, a client gone) it is a cancellation like any
+    # other, which addTimeout turns into a timeout.
+    if reason.check(ConnectingCancelledError):
+        return Failure(CancelledError())
+    return reason
+
+
 class UpstreamClient:
     """
     The gateway's HTTP/1.1 client for upstreams, with a persistent connection pool.
@@ -295,6 +304,7 @@ class UpstreamClient:
         if connector is None:
             connector = self._connectors[upstream] = self._connector(upstream)
         connecting: Deferred[IProtocol] = connector.endpoint.connect(connector.factory)
+        connecting.addErrback(_connect_cancelled)
         return connecting.addCallback(_send, head, head_request, body, length, upgrade)
 
     def _connector(self, upstream: Upstream) -> _Connector:

@@ -9,6 +9,9 @@ import json
 from typing import Any
 
 import treq
+from twisted.internet.defer import Deferred, fail
+from twisted.internet.protocol import Protocol
+from twisted.python.failure import Failure
 from twisted.web.iweb import IResponse
 
 
@@ -37,40 +40,81 @@ def join_path(prefix: bytes, path: bytes) -> bytes:
     return prefix + path
 
 
-async def read_body(response: IResponse, limit: int) -> bytes:
+def read_body(response: IResponse, limit: int) -> Deferred[bytes]:
     """
     Read C{response}'s whole body with treq's streaming C{collect}, never buffering more
-    than C{limit} bytes: past it the connection is dropped.
+    than C{limit} bytes: past it the upstream connection is dropped.
 
-    @raise BodyTooLargeError: The declared or received length is over C{limit}.
+    @return: Fires with the body; fails with L{BodyTooLargeError} when the declared or
+        received length is over C{limit}, or with the upstream's failure.
     """
     length = response.length
     if isinstance(length, int) and length > limit:
-        raise BodyTooLargeError(f"body of {length} bytes")
-    chunks: list[bytes] = []
-    size = 0
-
-    def collect(data: bytes) -> None:
-        nonlocal size
-        size += len(data)
-        if size > limit:
-            # Raising here makes treq drop the connection: nothing past the cap is read.
-            chunks.clear()
-            raise BodyTooLargeError(f"body over {limit} bytes")
-        chunks.append(data)
-
-    await treq.collect(response, collect)
-    return b"".join(chunks)
+        # Nothing of it is read: the connection must still be dropped, or it would stay
+        # open, paused, with nobody to close it.
+        response.deliverBody(_Refuse())
+        return fail(BodyTooLargeError(f"body of {length} bytes"))
+    collector = _CappedCollector(limit)
+    collecting: Deferred[None] = treq.collect(response, collector.collect)
+    return collecting.addCallbacks(collector.body, collector.failed)
 
 
-async def read_json(response: IResponse, limit: int) -> Any:
+class _CappedCollector:
+    """
+    Keeps body pieces up to a cap; past it, raises (treq then drops the connection).
+    """
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.chunks: list[bytes] = []
+        self.size = 0
+        self.too_large = False
+
+    def collect(self, data: bytes) -> None:
+        self.size += len(data)
+        if self.size > self.limit:
+            self.too_large = True
+            self.chunks = []
+            raise BodyTooLargeError(f"body over {self.limit} bytes")
+        self.chunks.append(data)
+
+    def body(self, result: None) -> bytes:
+        return b"".join(self.chunks)
+
+    def failed(self, reason: Failure) -> Failure:
+        if self.too_large and not reason.check(BodyTooLargeError):
+            # Dropping the connection at the cap can surface as the connection's own
+            # failure: the cause is the size.
+            return Failure(BodyTooLargeError(f"body over {self.limit} bytes"))
+        return reason
+
+
+class _Refuse(Protocol):
+    """
+    A body protocol that drops the connection as soon as it is given it.
+    """
+
+    def connectionMade(self) -> None:
+        transport: Any = self.transport
+        transport.stopProducing()
+
+
+def read_json(response: IResponse, limit: int) -> Deferred[Any]:
     """
     Read and parse C{response}'s JSON body (at most C{limit} bytes).
 
-    @raise BodyTooLargeError: The body is over C{limit}.
-    @raise NotJSONError: The body is empty or not JSON.
+    @return: Fires with the parsed value; fails with L{BodyTooLargeError} when the body
+        is over C{limit}, L{NotJSONError} when it is empty or not JSON.
     """
-    body = await read_body(response, limit)
+    return read_body(response, limit).addCallback(parse_json)
+
+
+def parse_json(body: bytes) -> Any:
+    """
+    Parse a JSON body.
+
+    @raise NotJSONError: It is empty or not JSON.
+    """
     if not body:
         raise NotJSONError("empty body")
     try:
