@@ -17,7 +17,7 @@ from twisted.internet.abstract import FileDescriptor
 from twisted.internet.address import IPv4Address
 from twisted.internet.defer import CancelledError, Deferred
 from twisted.internet.error import ConnectionDone, ConnectionLost
-from twisted.internet.interfaces import IConsumer, IPushProducer, IReactorTime
+from twisted.internet.interfaces import IConsumer, IDelayedCall, IPushProducer, IReactorTime
 from twisted.internet.protocol import ClientFactory, Protocol, connectionDone
 from twisted.internet.task import Clock
 from twisted.internet.testing import StringTransport
@@ -1026,6 +1026,7 @@ class SlowConsumer:
         self.body = body
         self.digest = sha256()
         self.count = 0
+        self._resume: IDelayedCall | None = None
 
     def registerProducer(self, producer: object, streaming: bool) -> None:
         raise AssertionError("never called for a body producer")
@@ -1037,7 +1038,20 @@ class SlowConsumer:
         self.digest.update(data)
         self.count += len(data)
         self.body.pauseProducing()
-        reactor.callLater(0.001, self.body.resumeProducing)
+        self._resume = reactor.callLater(0.001, self._resumed)
+
+    def _resumed(self) -> None:
+        self._resume = None
+        self.body.resumeProducing()
+
+    def done(self) -> None:
+        """
+        The whole body has been written: resume nothing more. (The last write, like
+        every other, scheduled a resume; left pending, it would outlive the test.)
+        """
+        if self._resume is not None:
+            self._resume.cancel()
+            self._resume = None
 
 
 class RecordingRequest(GatewayRequest):
@@ -1048,21 +1062,57 @@ class RecordingRequest(GatewayRequest):
         self.most_buffered = max(self.most_buffered, self.body.buffered)
 
 
+class TrackedChannel(GatewayChannel):
+    """
+    A gateway connection that records when it is gone, in C{lost} (one L{Deferred}
+    per connection accepted, set per site).
+    """
+
+    lost: list[Deferred[None]]
+
+    def connectionMade(self) -> None:
+        self._gone: Deferred[None] = Deferred()
+        self.lost.append(self._gone)
+        super().connectionMade()
+
+    def connectionLost(self, reason: Failure = connectionDone) -> None:
+        super().connectionLost(reason)
+        self._gone.callback(None)
+
+
 class RealSocketTests(TestCase):
     timeout = 120
+    server_lost: list[Deferred[None]]
 
     def serve(self, answer: Answer, request_factory: type[GatewayRequest]) -> int:
+        lost: list[Deferred[None]] = []
+
+        class Channel(TrackedChannel):
+            pass
+
+        Channel.lost = lost
+        self.server_lost = lost
         site = gateway_site(Handler(answer))
         site.requestFactory = request_factory
+        site.protocol = Channel  # type: ignore[assignment]
         port = reactor.listenTCP(0, site, interface="127.0.0.1")
         self.addCleanup(port.stopListening)
         return int(port.getHost().port)
 
     async def upload(self, port: int, uploader: Uploader) -> None:
+        """
+        Run C{uploader} against the gateway on C{port} until both sides have closed:
+        the client seeing the end of the connection does not mean the gateway is done
+        with it (after an early refusal it lingers, reading what is still in flight,
+        with its idle timeout and linger timer pending, until the client's close
+        reaches it).
+        """
         factory = ClientFactory.forProtocol(lambda: uploader)
         connector = reactor.connectTCP("127.0.0.1", port, factory)
         self.addCleanup(connector.disconnect)
         await uploader.closed
+        self.assertEqual(len(self.server_lost), 1)
+        await self.server_lost[0]
 
     async def test_slow_consumer_backpressure(self) -> None:
         total = 10 * 1024 * 1024
@@ -1075,6 +1125,7 @@ class RealSocketTests(TestCase):
             consumer = SlowConsumer(request.body)
 
             def respond(_: object) -> None:
+                consumer.done()
                 assert request.content is not None
                 content_sizes.append(request.content.seek(0, 2))
                 request.write(b"%d %s" % (consumer.count, consumer.digest.hexdigest().encode()))

@@ -1262,3 +1262,5 @@ class BareLineFeedTests(UpstreamTestCase):
         with self.assertRaises(UpstreamProtocolError) as raised:
             await client.request(backend.upstream(), b"GET", b"/", [(b"Host", b"x")])
         self.assertIn("CRLF", str(raised.exception))
+        # The client dropped the connection: the backend sees it close.
+        await backend.all_lost()

@@ -8,6 +8,7 @@ L{StringTransport}, so everything the gateway does synchronously is observable a
 from __future__ import annotations
 
 import attrs
+from twisted.internet import reactor as _global_reactor
 from twisted.internet.address import IPv4Address
 from twisted.internet.testing import StringTransport
 from twisted.web.http import HTTPChannel
@@ -76,10 +77,18 @@ class MemoryClient:
     """
     One client connection to C{site}, in memory.
 
+    C{site} must run on a test clock (C{Site(resource, reactor=Clock())}): the
+    connection is never closed, so on the global reactor its channel's idle timeout
+    would stay pending there, where no synchronous test looks, and fail whichever
+    real-reactor test runs next in the same process.
+
     @param peer: The client's address, as the gateway sees it.
+    @raise ValueError: C{site} runs on the global reactor.
     """
 
     def __init__(self, site: Site, peer: str = "192.0.2.10") -> None:
+        if site.reactor is _global_reactor:
+            raise ValueError("MemoryClient needs a Site on a test clock, not the global reactor")
         self.transport = StringTransport(peerAddress=IPv4Address("TCP", peer, 40000))
         self.channel: HTTPChannel = site.buildProtocol(IPv4Address("TCP", peer, 40000))
         self.channel.makeConnection(self.transport)
