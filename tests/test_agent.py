@@ -123,9 +123,11 @@ class AgentTests(TestCase):
         self.assertEqual(self.last().header(b"host"), self.origin[7:].encode("ascii"))
 
     async def test_body_over_the_cap_stops_reading(self) -> None:
+        lost = self.backend.next_lost()
         response = await self.get("/big")
         with self.assertRaises(BodyTooLargeError):
             await read_body(response, 100)
+        await lost
         self.assertEqual(self.pool.idle_connections(self.upstream), 0)
 
     async def test_body_over_the_cap_while_reading_is_too_large(self) -> None:
