@@ -25,6 +25,7 @@ from edgegw.handlers.api import ApiHandler, UnsafeWildcardError, fill_path, pars
 from edgegw.identity.principal import Principal
 from edgegw.upstream.agent import UpstreamAgent
 from edgegw.upstream.pool import Upstream, UpstreamClient
+from edgegw.upstream.shared import NotJSONError, parse_json
 from tests.support.backends import SiteBackend
 from tests.support.configs import GATEWAY, load_text, write_tree
 from tests.support.memory import MemoryClient
@@ -285,12 +286,17 @@ class Backends(Resource):
         self.seen: list[tuple[bytes, dict[bytes, Sequence[bytes]]]] = []
         self.held: list[Request] = []
         self.lost: list[bytes] = []
+        # Path -> a 200 body given as it is (application/json).
+        self.bodies: dict[bytes, bytes] = {}
 
     def render(self, request: Request) -> bytes | int:
         path = request.path
         self.seen.append(
             (request.uri, {k.lower(): v for k, v in request.requestHeaders.getAllRawHeaders()})
         )
+        if path in self.bodies:
+            request.setHeader(b"content-type", b"application/json")
+            return self.bodies[path]
         if path.startswith(b"/json"):
             request.setHeader(b"set-cookie", b"tracking=user-a")
             return json.dumps(
@@ -330,7 +336,11 @@ class Backends(Resource):
         return b"{}"
 
 
-class LiveTests(TestCase):
+class LiveTestCase(TestCase):
+    """
+    Real backends (L{Backends}) and gateways over real sockets.
+    """
+
     def setUp(self) -> None:
         self.backends = Backends()
         # A tracked backend: stopping it drops (and waits for) every connection the
@@ -365,6 +375,8 @@ class LiveTests(TestCase):
         await client.close()
         return parse(data)
 
+
+class LiveTests(LiveTestCase):
     async def test_merge_placeholders_query_and_method(self) -> None:
         port = self.gateway(
             """\
@@ -476,7 +488,7 @@ class LiveTests(TestCase):
         self.assertEqual(self.backends.lost, [b"/slow"])
 
 
-class CallRecordTests(LiveTests):
+class CallRecordTests(LiveTestCase):
     async def test_each_call_in_the_access_log(self) -> None:
         from tests.test_pipeline import capture_log
 
@@ -520,7 +532,7 @@ class CallRecordTests(LiveTests):
         self.assertEqual(calls["read"]["error"], f"body over {10 * 1024 * 1024} bytes")
 
 
-class ReviewRegressionTests(LiveTests):
+class ReviewRegressionTests(LiveTestCase):
     async def test_path_literals_validated_at_load(self) -> None:
         from tests.support.configs import problems_of
 
@@ -573,3 +585,140 @@ class ReviewRegressionTests(LiveTests):
         self.assertEqual(calls["slow"]["error"], "cancelled")
         while not self.backends.lost:
             await deferLater(reactor, 0.01, lambda: None)
+
+
+def strict_json(body: bytes) -> Any:
+    """
+    C{body} parsed as strict JSON: UTF-8, no NaN or infinities.
+    """
+
+    def refuse(name: str) -> Any:
+        raise ValueError(name)
+
+    return json.loads(body.decode("utf-8"), parse_constant=refuse)
+
+
+class StrictJsonTests(LiveTestCase):
+    """
+    Issue 10, point 6: a backend body that the gateway could not write back as valid JSON
+    (NaN, infinities, a number that overflows to infinity, a lone surrogate, bytes that
+    are not UTF-8) is a failed call: required, 502; optional, left out and named in
+    X-Gw-Partial. Never a 500, never invalid JSON served as application/json.
+    """
+
+    HOSTILE = {
+        b"/nan": b'{"v": NaN}',
+        b"/infinity": b'{"v": Infinity}',
+        b"/negative-infinity": b'{"v": [-Infinity]}',
+        b"/overflow": b'{"v": 1e999}',
+        b"/negative-overflow": b'{"v": -1.5e400}',
+        b"/lone-surrogate": b'{"v": "\\ud800"}',
+        b"/lone-low-surrogate-key": b'{"\\udc00x": 1}',
+        b"/reversed-pair": b'["\\ude00\\ud83d"]',
+        b"/encoded-surrogate": b'{"v": "\xed\xa0\x80"}',
+        b"/latin-1": b'{"v": "caf\xe9"}',
+        b"/utf-16": '{"v": 1}'.encode("utf-16"),
+    }
+
+    async def test_hostile_json_is_a_failed_call(self) -> None:
+        self.backends.bodies.update(self.HOSTILE)
+        self.backends.bodies[b"/fine"] = b'{"v": 1}'
+        for path in self.HOSTILE:
+            kind = path.decode()
+            port = self.gateway(
+                f"""\
+                - {{group: ok, upstream: "UP", path: "/fine"}}
+                - {{group: bad, upstream: "UP", path: "{kind}", required: false}}
+                """
+            )
+            status, headers, body = await self.get(port, "/a/1")
+            self.assertEqual((status, headers.get("x-gw-partial")), (200, ["bad"]), kind)
+            self.assertEqual(headers["content-type"], ["application/json"], kind)
+            self.assertEqual(strict_json(body), {"ok": {"v": 1}}, kind)
+            port = self.gateway(
+                f"""\
+                - {{group: bad, upstream: "UP", path: "{kind}"}}
+                - {{group: ok, upstream: "UP", path: "/fine"}}
+                """
+            )
+            status, _, body = await self.get(port, "/a/1")
+            self.assertEqual((status, body), (502, b"bad gateway\n"), kind)
+        # Every hostile backend was called (twice): the refusal is the gateway's reading.
+        called = [uri for uri, _ in self.backends.seen]
+        for path in self.HOSTILE:
+            self.assertEqual(called.count(path), 2, path)
+
+    async def test_deep_nesting_is_a_failed_call(self) -> None:
+        # Around the interpreter's recursion limit, a body parses but the merged answer
+        # (one level deeper, elsewhere on the stack) cannot be written: whichever step
+        # refuses it, the call fails like any other and the answer is never a 500.
+        self.backends.bodies[b"/fine"] = b"{}"
+        port = self.gateway(
+            """\
+            - {group: ok, upstream: "UP", path: "/fine"}
+            - {group: deep, upstream: "UP", path: "/deep", required: false}
+            """
+        )
+        required = self.gateway('- {group: deep, upstream: "UP", path: "/deep"}\n')
+        for depth in range(940, 1000, 2):
+            self.backends.bodies[b"/deep"] = b"[" * depth + b"]" * depth
+            status, headers, body = await self.get(port, "/a/1")
+            self.assertEqual((status, headers.get("x-gw-partial")), (200, ["deep"]), depth)
+            self.assertEqual(strict_json(body), {"ok": {}})
+            status, _, body = await self.get(required, "/a/1")
+            self.assertEqual((status, body), (502, b"bad gateway\n"), depth)
+
+    async def test_valid_json_passes_exactly(self) -> None:
+        self.backends.bodies[b"/valid"] = (
+            b'{"pair": "\\ud83d\\ude00", "escaped": "\\\\ud800", "raw": "caf\xc3\xa9",'
+            b' "big": 123456789012345678901234567890, "tiny": 1e-400,'
+            b' "largest": 1.7976931348623157e308, "negative": -2.5E3}'
+        )
+        port = self.gateway('- {group: x, upstream: "UP", path: "/valid"}\n')
+        status, headers, body = await self.get(port, "/a/1")
+        self.assertEqual(status, 200)
+        self.assertNotIn("x-gw-partial", headers)
+        self.assertEqual(
+            strict_json(body),
+            {
+                "x": {
+                    "pair": "\U0001f600",
+                    "escaped": "\\ud800",
+                    "raw": "caf\u00e9",
+                    "big": 123456789012345678901234567890,
+                    "tiny": 0.0,
+                    "largest": 1.7976931348623157e308,
+                    "negative": -2500.0,
+                }
+            },
+        )
+
+
+class ParseJsonTests(SynchronousTestCase):
+    """
+    L{parse_json} on its own: what it refuses, and that whatever it returns can be
+    written back as strict JSON in UTF-8.
+    """
+
+    def test_refused(self) -> None:
+        for body in (
+            *StrictJsonTests.HOSTILE.values(),
+            b"",
+            b"\xef\xbb\xbf{}",
+            b"[1, 2",
+            b"[" * 100_000 + b"]" * 100_000,
+            b'["\\ud83d"]',
+        ):
+            self.assertRaises(NotJSONError, parse_json, body)
+
+    def test_accepted_values_write_back(self) -> None:
+        for body, expected in (
+            (b'"\\ud83d\\ude00"', "\U0001f600"),
+            (b'["\\\\ud800"]', ["\\ud800"]),
+            (b"1e308", 1e308),
+            (b"-0.0", -0.0),
+            (b"12345678901234567890123", 12345678901234567890123),
+        ):
+            value = parse_json(body)
+            self.assertEqual(value, expected)
+            json.dumps(value, allow_nan=False, ensure_ascii=False).encode("utf-8")

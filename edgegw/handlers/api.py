@@ -9,8 +9,9 @@ least of all to another user's request), nothing is decompressed (the agent asks
 C{identity} and fails a call answered with any other coding), and a body is read with
 treq's streaming C{collect} up to L{MAX_BACKEND_BODY} bytes at most.
 
-A call fails on a connection error, a non-2xx status, a 2xx body that is not JSON (empty
-included) or is too large, or the overall C{timeout}. A failed required backend answers
+A call fails on a connection error, a non-2xx status, a 2xx body that is not strict JSON
+(empty included; see L{parse_json<edgegw.upstream.shared.parse_json>}) or is too large,
+or the overall C{timeout}. A failed required backend answers
 the request at once (502, or 504 when it timed out) and cancels the calls still running;
 a failed optional backend is left out and named in C{X-Gw-Partial}.
 """
@@ -45,6 +46,9 @@ MAX_BACKEND_BODY = 10 * 1024 * 1024
 PARTIAL_HEADER = b"X-Gw-Partial"
 _PLACEHOLDER = re.compile(r"\{([^{}]*)\}")
 _JSON = b"application/json"
+# Built once (json.dumps with options builds an encoder per call); allow_nan=False: never
+# serve invalid JSON as application/json, whatever reached the merge.
+_encode_json = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode
 # Request headers a backend call copies from the client's request; everything else
 # (Cookie above all) stays behind.
 _COPIED = (b"x-request-id", b"accept-language", b"user-agent")
@@ -288,7 +292,16 @@ class ApiHandler(TerminalResource):
                     write_text(request, 502, b"bad gateway\n")
                 return
             partial.append(backend.spec.group)
-        body = json.dumps(merged, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+        try:
+            body = _encode_json(merged).encode("utf-8")
+        except (ValueError, RecursionError):
+            # A value parse_json let through that cannot be written out here: nested
+            # deeper than this point of the stack allows. That call failed after all.
+            if _refuse_unwritable(outcomes):
+                self._answer(request, outcomes)
+            else:
+                write_text(request, 502, b"bad gateway\n")
+            return
         headers = request.responseHeaders
         headers.setRawHeaders(b"content-type", [_JSON])
         headers.setRawHeaders(b"content-length", [b"%d" % len(body)])
@@ -297,6 +310,24 @@ class ApiHandler(TerminalResource):
             headers.setRawHeaders(PARTIAL_HEADER, [",".join(partial).encode("utf-8")])
         request.write(body)
         request.finish()
+
+
+def _refuse_unwritable(outcomes: Sequence[_Outcome | None]) -> bool:
+    """
+    Mark the successful outcomes whose value cannot be written as JSON as failed.
+
+    @return: Whether any was.
+    """
+    refused = False
+    for outcome in outcomes:
+        if outcome is not None and outcome.ok:
+            try:
+                _encode_json(outcome.value)
+            except (ValueError, RecursionError):
+                outcome.ok = False
+                outcome.reason = "body cannot be written back as JSON"
+                refused = True
+    return refused
 
 
 class _FanOut:

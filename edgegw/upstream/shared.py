@@ -1,11 +1,13 @@
 """
 What the callers of upstreams share: building a target under an upstream's base path,
-and reading a size-capped JSON body through treq.
+and reading a size-capped JSON body through treq, parsed strictly.
 """
 
 from __future__ import annotations
 
 import json
+import re
+import sys
 from typing import Any
 
 import treq
@@ -109,15 +111,63 @@ def read_json(response: IResponse, limit: int) -> Deferred[Any]:
     return read_body(response, limit).addCallback(parse_json)
 
 
+_LARGEST_FLOAT = sys.float_info.max
+# A \u escape of a UTF-16 surrogate (D800-DFFF). A lone one parses into a string that
+# cannot be encoded again; only a body that has such an escape needs the encode check
+# (and an escaped backslash before the "u" merely makes the check run for nothing).
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
+
+
+class _NumberOutOfRangeError(ValueError):
+    """
+    A number literal beyond the largest double (C{1e999}): it would become C{Infinity}.
+    """
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if -_LARGEST_FLOAT <= value <= _LARGEST_FLOAT:
+        return value
+    raise _NumberOutOfRangeError(text[:40])
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+# One decoder, built once (json.loads would build one per call with these hooks). The C
+# scanner calls the hooks only for float literals and for NaN/Infinity/-Infinity.
+_decode = json.JSONDecoder(parse_float=_finite_float, parse_constant=_no_constant).decode
+_encode_unchecked = json.JSONEncoder(ensure_ascii=False, check_circular=False).encode
+
+
 def parse_json(body: bytes) -> Any:
     """
-    Parse a JSON body.
+    Parse a JSON body strictly (RFC 8259): UTF-8 text (no byte-order mark, no encoded
+    surrogates), no C{NaN}/C{Infinity}/C{-Infinity}, no number beyond the largest double
+    (it would turn into C{Infinity}), no string with a lone surrogate (C{"\\ud800"}: it
+    could not be written out again). What it returns can always be written back as
+    valid JSON in UTF-8.
 
-    @raise NotJSONError: It is empty or not JSON.
+    @raise NotJSONError: It is empty or not such JSON.
     """
     if not body:
         raise NotJSONError("empty body")
     try:
-        return json.loads(body)
-    except ValueError:
+        text = body.decode("utf-8")
+    except UnicodeDecodeError:
+        raise NotJSONError("body is not UTF-8") from None
+    try:
+        value = _decode(text)
+    except _NumberOutOfRangeError as e:
+        raise NotJSONError(f"number out of range: {e}") from None
+    except (ValueError, RecursionError):
         raise NotJSONError("body is not JSON") from None
+    if _SURROGATE_ESCAPE.search(body) is not None:
+        # Surrogate pairs were joined by the parser; a lone surrogate was not, and
+        # encoding to UTF-8 refuses it (at C speed, and only for such bodies).
+        try:
+            _encode_unchecked(value).encode("utf-8")
+        except UnicodeEncodeError:
+            raise NotJSONError("lone surrogate in a string") from None
+    return value
