@@ -814,3 +814,114 @@ class ProjectedHeaderForgeryTests(ProxyTestCase):
             self.assertEqual(self.backend.header(index, "x-teams"), [])
             self.assertEqual(self.backend.header(index, "x-user-id"), [])
             self.assertEqual(self.backend.header(index, "x-other"), ["kept"])
+
+
+class UpstreamFramingTests(ProxyTestCase):
+    """
+    Issue 10, point 10: the client gets one Content-Length of the gateway's own reading
+    of the upstream's framing, never the upstream's fields as received; none on a
+    response without a body.
+    """
+
+    RESPONSES = {
+        b"/twice": b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\nContent-Length: 5\r\n\r\nhello",
+        b"/list": b"HTTP/1.1 200 OK\r\nContent-Length: 5, 5\r\n\r\nhello",
+        b"/differ": b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\nContent-Length: 6\r\n\r\nhello!",
+        b"/differ-list": b"HTTP/1.1 200 OK\r\nContent-Length: 5, 6\r\n\r\nhello!",
+        b"/204": b"HTTP/1.1 204 No Content\r\nContent-Length: 5\r\nX-A: 1\r\n\r\n",
+        b"/304": b'HTTP/1.1 304 Not Modified\r\nContent-Length: 5\r\nETag: "e"\r\n\r\n',
+        b"/head": b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\nContent-Length: 5\r\n\r\n",
+        b"/101": (
+            b"HTTP/1.1 101 Switching Protocols\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n"
+            b"Content-Length: 5\r\n\r\n"
+        ),
+    }
+
+    def setUp(self) -> None:
+        super().setUp()
+        from tests.support.backends import RawBackend
+
+        def respond(request: Any, connection: Any) -> None:
+            target = request.request_line.split(b" ")[1]
+            connection.write(self.RESPONSES[target])
+            connection.close()
+
+        self.raw = RawBackend(respond).start()
+        self.addCleanup(lambda: ensureDeferred(self.raw.stop()))
+        self.port = self.gateway(upstream_port=self.raw.port)
+
+    async def exchange(self, request: bytes) -> tuple[bytes, bytes]:
+        """
+        Send one raw request; the raw response head (lowercased) and body.
+        """
+        client = await connect(self.port)
+        client.send(request)
+        await client.closed
+        head, _, body = client.received.partition(b"\r\n\r\n")
+        return head.lower(), body
+
+    def upstream_targets(self) -> list[bytes]:
+        return [
+            request.request_line
+            for connection in self.raw.connections
+            for request in connection.requests
+        ]
+
+    async def test_repeated_content_length_relayed_once(self) -> None:
+        for target in (b"/twice", b"/list"):
+            head, body = await self.exchange(
+                b"GET %s HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n" % target
+            )
+            self.assertTrue(head.startswith(b"http/1.1 200 "), head)
+            self.assertEqual(head.count(b"\r\ncontent-length:"), 1, head)
+            self.assertIn(b"\r\ncontent-length: 5", head)
+            self.assertNotIn(b"transfer-encoding", head)
+            self.assertEqual(body, b"hello")
+        self.assertEqual(self.upstream_targets(), [b"GET /twice HTTP/1.1", b"GET /list HTTP/1.1"])
+
+    async def test_differing_content_lengths_are_502(self) -> None:
+        for target in (b"/differ", b"/differ-list"):
+            head, body = await self.exchange(
+                b"GET %s HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n" % target
+            )
+            self.assertTrue(head.startswith(b"http/1.1 502 "), head)
+            self.assertEqual(body, b"bad gateway\n")
+        self.assertEqual(
+            self.upstream_targets(), [b"GET /differ HTTP/1.1", b"GET /differ-list HTTP/1.1"]
+        )
+
+    async def test_no_content_length_without_a_body(self) -> None:
+        for target, status in ((b"/204", b"204"), (b"/304", b"304")):
+            head, body = await self.exchange(
+                b"GET %s HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n" % target
+            )
+            self.assertTrue(head.startswith(b"http/1.1 " + status), head)
+            self.assertNotIn(b"content-length", head)
+            self.assertNotIn(b"transfer-encoding", head)
+            self.assertEqual(body, b"")
+        head, _ = await self.exchange(b"GET /204 HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        self.assertIn(b"\r\nx-a: 1", head)
+        self.assertEqual(
+            self.upstream_targets(),
+            [b"GET /204 HTTP/1.1", b"GET /304 HTTP/1.1", b"GET /204 HTTP/1.1"],
+        )
+
+    async def test_head_gets_the_declared_length_once(self) -> None:
+        head, body = await self.exchange(
+            b"HEAD /head HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+        )
+        self.assertTrue(head.startswith(b"http/1.1 200 "), head)
+        self.assertEqual(head.count(b"\r\ncontent-length:"), 1, head)
+        self.assertIn(b"\r\ncontent-length: 5", head)
+        self.assertEqual(body, b"")
+        self.assertEqual(self.upstream_targets(), [b"HEAD /head HTTP/1.1"])
+
+    async def test_no_content_length_on_101(self) -> None:
+        head, _ = await self.exchange(
+            b"GET /101 HTTP/1.1\r\nHost: x\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n"
+            b"Sec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n"
+        )
+        self.assertTrue(head.startswith(b"http/1.1 101 "), head)
+        self.assertNotIn(b"content-length", head)
+        [request] = self.raw.connections[0].requests
+        self.assertIn(b"\r\nupgrade: websocket\r\n", request.head.lower())

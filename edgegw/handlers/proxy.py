@@ -107,8 +107,9 @@ class ProxyHandler(TerminalResource):
         if not spec.forward_cookies:
             drop.add(b"cookie")
         self.drop_request = frozenset(drop)
-        # The gateway writes its own Server and Date with every response head.
-        self.skip_response = HOP_BY_HOP | gateway_headers | {b"server", b"date"}
+        # The gateway writes its own Server and Date with every response head, and one
+        # Content-Length of its own reading (relay_head).
+        self.skip_response = HOP_BY_HOP | gateway_headers | {b"server", b"date", b"content-length"}
 
     def describe(self) -> str:
         """
@@ -202,6 +203,10 @@ class ProxyHandler(TerminalResource):
         """
         Copy the upstream's status and end-to-end headers to the client response,
         repeated headers (C{Set-Cookie}) in order.
+
+        C{Content-Length} is the gateway's own: one field with the length the upstream
+        client read (identical repeated values collapsed; differing ones failed the
+        response already), and none on 204 and 304, which have no body.
         """
         request.setResponseCode(response.code, response.phrase or None)
         # Relay the upstream's headers as they are: no Content-Type of Twisted's own
@@ -226,6 +231,9 @@ class ProxyHandler(TerminalResource):
         for lower, values in grouped.items():
             if lower not in named:
                 set_header(lower, values)
+        code = response.code
+        if response.length is not None and code != 204 and code != 304:
+            set_header(b"content-length", [b"%d" % response.length])
 
     # -- the terminal ----------------------------------------------------------------------
 

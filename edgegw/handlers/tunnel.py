@@ -112,7 +112,8 @@ class Tunnel:
         lines = [b"HTTP/1.1 101 " + (response.phrase or b"Switching Protocols")]
         for name, value in response.headers:
             lower = name.lower()
-            if lower in HOP_BY_HOP or lower in tokens:
+            # A 101 has no body: a Content-Length on it could only mislead the client.
+            if lower in HOP_BY_HOP or lower in tokens or lower == b"content-length":
                 continue
             lines.append(name + b": " + value)
         lines.extend(name + b": " + value for name, value in extra)
