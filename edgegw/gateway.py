@@ -124,8 +124,8 @@ def build_gateway(
     agent = UpstreamAgent(
         client, reactor, tracer=telemetry.tracer if telemetry is not None else None
     )
-    context = _TerminalContext(config, client, agent, reactor)
     projected = projected_header_names(routes, groups_as)
+    context = _TerminalContext(config, client, agent, reactor, projected)
     for effective in routes:
         terminal = _terminal(effective, context, problems)
         if terminal is None or not set(effective.access.authorize) <= set(policies):
@@ -257,12 +257,19 @@ class _TerminalContext:
         itself (the proxy does not let an upstream override them).
     @ivar assertion_headers: Lowercased identity-assertion header names (never forwarded
         from a client).
+    @ivar projected: Lowercased identity header names projected outside C{X-User-*}.
     """
 
     def __init__(
-        self, config: Config, client: UpstreamClient, agent: UpstreamAgent, reactor: IReactorTime
+        self,
+        config: Config,
+        client: UpstreamClient,
+        agent: UpstreamAgent,
+        reactor: IReactorTime,
+        projected: frozenset[bytes] = frozenset(),
     ) -> None:
         self.config = config
+        self.projected = projected
         self.client = client
         self.agent = agent
         self.reactor = reactor
@@ -292,6 +299,7 @@ def _terminal(
                 context.reactor,
                 gateway_headers=context.gateway_headers,
                 assertion_headers=context.assertion_headers,
+                identity_headers=context.projected,
             )
     except ValueError as e:
         # What load-time validation let through (an upstream URL the client refuses).

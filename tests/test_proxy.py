@@ -925,3 +925,75 @@ class UpstreamFramingTests(ProxyTestCase):
         self.assertNotIn(b"content-length", head)
         [request] = self.raw.connections[0].requests
         self.assertIn(b"\r\nupgrade: websocket\r\n", request.head.lower())
+
+
+class ConnectionTokenTests(ProxyTestCase):
+    """
+    Issue 10, point 11: a client's Connection header removes the client's own headers,
+    never one the gateway sets (X-Request-Id, X-Forwarded-*, projected identity).
+    """
+
+    async def test_request_id_and_forwarding_headers_survive(self) -> None:
+        port = self.gateway()
+        status, headers, _ = await self.get(
+            port,
+            "/x",
+            "Connection: X-Request-Id, X-Forwarded-For, X-Forwarded-Proto, X-Forwarded-Host,"
+            " X-Custom\r\nX-Request-Id: client-id-1\r\nX-Custom: 1\r\nX-Kept: yes\r\n",
+        )
+        self.assertEqual((status, headers["x-request-id"]), (200, ["client-id-1"]))
+        self.assertEqual(self.backend.header(0, "x-request-id"), ["client-id-1"])
+        self.assertEqual(self.backend.header(0, "x-forwarded-for"), ["127.0.0.1"])
+        self.assertEqual(self.backend.header(0, "x-forwarded-proto"), ["http"])
+        self.assertEqual(self.backend.header(0, "x-forwarded-host"), ["gateway.test"])
+        self.assertEqual(self.backend.header(0, "x-custom"), [])
+        self.assertEqual(self.backend.header(0, "x-kept"), ["yes"])
+        # Without an id of the client's, the backend gets the one the gateway made.
+        status, headers, _ = await self.get(port, "/x", "Connection: x-request-id\r\n")
+        [made] = headers["x-request-id"]
+        self.assertEqual(self.backend.header(1, "x-request-id"), [made])
+
+    async def test_projected_identity_headers_survive(self) -> None:
+        import edgegw.gateway
+        from edgegw.chain.projection import projection as original
+        from edgegw.identity.principal import Principal
+
+        def signed_in(*args: Any, **kwargs: Any) -> Any:
+            # A principal as the session stage will set one, before the real projection.
+            project = original(*args, **kwargs)
+
+            async def stage(exchange: Any, next: Any) -> None:
+                exchange.principal = Principal(
+                    "u1", {"email": "u1@corp"}, groups=("admins",), access_token="tok"
+                )
+                await project(exchange, next)
+
+            return stage
+
+        self.patch(edgegw.gateway, "projection", signed_in)
+        upstream = f"http://127.0.0.1:{port_of(self.backend_port)}"
+        root = write_tree(
+            self.mktemp(),
+            {
+                "a.yaml": GATEWAY + "---\nkind: Route\nmetadata: {name: p}\nspec:\n"
+                '  match: "/"\n'
+                "  access: {projection: {session: {claims: {email: X-Mail}}}}\n"
+                f'  handler: {{type: reverse-proxy, upstream: "{upstream}"}}\n'
+            },
+        )
+        client = UpstreamClient(reactor)
+        built = build_gateway(load_config(root, {}), reactor, client)
+        listening = listen_local(built.site)
+        self.addCleanup(listening.stopListening)
+        self.addCleanup(client.close)
+        status, _, _ = await self.get(
+            port_of(listening),
+            "/x",
+            "Connection: X-User-Id, x-user-groups, X-Mail, X-Custom\r\n"
+            "X-User-Id: forged\r\nX-Mail: forged@evil\r\nX-Custom: 1\r\n",
+        )
+        self.assertEqual(status, 200)
+        self.assertEqual(self.backend.header(0, "x-user-id"), ["u1"])
+        self.assertEqual(self.backend.header(0, "x-user-groups"), ["admins"])
+        self.assertEqual(self.backend.header(0, "x-mail"), ["u1@corp"])
+        self.assertEqual(self.backend.header(0, "x-custom"), [])

@@ -23,6 +23,7 @@ from twisted.web.server import Request
 from zope.interface import implementer
 
 from edgegw.chain.exchange import Exchange, exchange_of
+from edgegw.chain.projection import USER_PREFIX
 from edgegw.chain.respond import abort, write_text
 from edgegw.chain.terminal import TerminalResource
 from edgegw.config.model import ProxyHandlerSpec
@@ -46,6 +47,13 @@ _REPLACED = frozenset(
         b"x-forwarded-proto",
         b"x-forwarded-host",
     }
+)
+# Request headers whose forwarded value is the gateway's (the request-id stage writes
+# X-Request-Id back to the request; X-Forwarded-* are rebuilt below): a client's
+# Connection header cannot name them away. X-User-* and the other projected identity
+# headers are the gateway's too.
+_GATEWAY_SET = frozenset(
+    {b"x-request-id", b"x-forwarded-for", b"x-forwarded-proto", b"x-forwarded-host"}
 )
 
 
@@ -81,6 +89,9 @@ class ProxyHandler(TerminalResource):
         itself (security headers, C{Server}); the upstream's values do not override them.
     @param assertion_headers: Lowercased identity-assertion header names: never forwarded
         from the client, since a backend may only receive assertions the gateway minted.
+    @param identity_headers: Lowercased identity header names that some route projects
+        outside C{X-User-*}: the gateway's to set, so a client's C{Connection} header
+        cannot remove them.
     """
 
     def __init__(
@@ -90,6 +101,7 @@ class ProxyHandler(TerminalResource):
         reactor: IReactorTime,
         gateway_headers: frozenset[bytes] = frozenset(),
         assertion_headers: frozenset[bytes] = frozenset({b"x-gw-identity"}),
+        identity_headers: frozenset[bytes] = frozenset(),
     ) -> None:
         super().__init__()
         self.spec = spec
@@ -107,6 +119,7 @@ class ProxyHandler(TerminalResource):
         if not spec.forward_cookies:
             drop.add(b"cookie")
         self.drop_request = frozenset(drop)
+        self.gateway_set = _GATEWAY_SET | identity_headers
         # The gateway writes its own Server and Date with every response head, and one
         # Content-Length of its own reading (relay_head).
         self.skip_response = HOP_BY_HOP | gateway_headers | {b"server", b"date", b"content-length"}
@@ -155,10 +168,21 @@ class ProxyHandler(TerminalResource):
         """
         The headers to send upstream: the client's, less hop-by-hop and gateway-owned
         ones, plus C{Host} and the C{X-Forwarded-*} set.
+
+        The headers the client's C{Connection} names are removed, except those the
+        gateway sets itself (C{X-Request-Id}, C{X-Forwarded-*}, projected identity
+        headers): the client's hop-by-hop list covers the client's own headers only.
         """
         incoming = request.requestHeaders
         drop = self.drop_request
         named = connection_tokens(incoming.getRawHeaders(b"connection"))
+        if named:
+            gateway_set = self.gateway_set
+            named = frozenset(
+                name
+                for name in named
+                if name not in gateway_set and not name.startswith(USER_PREFIX)
+            )
         out: list[tuple[bytes, bytes]] = []
         append = out.append
         for name, values in incoming.getAllRawHeaders():
