@@ -471,6 +471,70 @@ spec:
                 '"/\\" and must not contain "://"',
             )
 
+    def test_on_deny_redirect_characters_browsers_rewrite(self) -> None:
+        """
+        Browsers drop tabs and newlines, trim spaces and read "\\" as "/": a redirect
+        target with them could leave the origin ("/\\t/evil.example/" is //evil.example/).
+        """
+        bad = {
+            "/\\t/evil.example/": "U+0009 is not allowed in a redirect target",
+            "/\\n/evil.example/": "U+000A",
+            "/ /evil.example/": "a space",
+            "/\\u00a0/evil.example/": "U+00A0",
+            "/\\x7f/x": "U+007F",
+            "/\\\\/evil.example/": "is not a same-origin path",
+            "/a\\\\b": '"\\" is not allowed',
+            "/caf\u00e9": '"\u00e9" (U+00E9)',
+            "/\\u2028x": "U+2028",
+        }
+        docs = "---\n".join(
+            f"""\
+kind: Route
+metadata: {{name: r{i}}}
+spec:
+  match: /p{i}
+  handler: {{type: health}}
+  access: {{onDeny: {{redirect: "{target}"}}}}
+"""
+            for i, target in enumerate(bad)
+        )
+        problems = problems_of(self.mktemp(), docs)
+        self.assertEqual(len(problems), len(bad), problems)
+        for i, (problem, char) in enumerate(zip(problems, bad.values(), strict=True)):
+            self.assertTrue(
+                problem.startswith(
+                    f'document {i + 2}, Route "r{i}": spec.access.onDeny.redirect: '
+                ),
+                problem,
+            )
+            self.assertIn(char, problem)
+        self.assertEqual(
+            problems[0],
+            'document 2, Route "r0": spec.access.onDeny.redirect: "/\\t/evil.example/": U+0009 '
+            "is not allowed in a redirect target (browsers drop or rewrite control characters, "
+            'whitespace, "\\" and non-ASCII characters); percent-encode it ("%09")',
+        )
+        self.assertEqual(problems[7][-10:], '("%C3%A9")')
+
+    def test_every_local_redirect_target_shares_the_check(self) -> None:
+        self.assertProblems(
+            """\
+            kind: Gateway
+            metadata: {name: g}
+            spec:
+              auth: {loginPath: "/in\\tx", logoutPath: "//out"}
+            """,
+            [
+                'document 1, Gateway "g": spec.auth.loginPath: "/in\\tx": U+0009 is not allowed '
+                "in a redirect target (browsers drop or rewrite control characters, whitespace, "
+                '"\\" and non-ASCII characters); percent-encode it ("%09")',
+                'document 1, Gateway "g": spec.auth.logoutPath: "//out" is not a same-origin '
+                'path: it must start with "/", must not start with "//" or "/\\" and must not '
+                'contain "://"',
+            ],
+            gateway=False,
+        )
+
     def test_policy_errors(self) -> None:
         self.assertProblems(
             """\

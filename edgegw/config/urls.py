@@ -10,13 +10,13 @@ import re
 
 from edgegw.config.fields import Node
 from edgegw.config.messages import describe_char, show
+from edgegw.routing.redirects import is_same_origin_path, unsafe_redirect_char
 
 __all__ = [
     "PLACEHOLDER",
     "check_local_path",
     "check_url",
     "encode_path",
-    "is_local_redirect",
     "path_template_problem",
 ]
 
@@ -36,28 +36,29 @@ _DOTTED_NUMBERS = re.compile(r"[0-9.]+\Z")
 _HOST_LABEL = re.compile(r"[A-Za-z0-9_](?:[A-Za-z0-9_\-]{0,61}[A-Za-z0-9_])?\Z")
 
 
-def is_local_redirect(path: str) -> bool:
-    """
-    Whether C{path} is a same-origin path: starts with C{/}, not C{//} or C{/\\}, and
-    contains no C{://}.
-    """
-    return (
-        path.startswith("/")
-        and not path.startswith(("//", "/\\"))
-        and "://" not in path
-        and not any(c in path for c in "\r\n\x00")
-    )
-
-
 def check_local_path(node: Node, key: str, value: str | None) -> None:
     """
-    Report field C{key} of C{node} when its C{value} is not a same-origin path.
+    Report field C{key} of C{node} when its C{value} is not a local redirect target
+    (L{edgegw.routing.redirects}): a same-origin path of printable ASCII characters
+    without spaces or backslashes.
     """
-    if value is not None and not is_local_redirect(value):
+    if value is None:
+        return
+    if not is_same_origin_path(value):
         node.error(
             key,
-            f'"{value}" is not a same-origin path: it must start with "/", must not start '
-            'with "//" or "/\\" and must not contain "://"',
+            f'"{show(value)}" is not a same-origin path: it must start with "/", must not '
+            'start with "//" or "/\\" and must not contain "://"',
+        )
+        return
+    char = unsafe_redirect_char(value)
+    if char is not None:
+        node.error(
+            key,
+            f'"{show(value)}": {describe_char(char)} is not allowed in a redirect target '
+            '(browsers drop or rewrite control characters, whitespace, "\\" and non-ASCII '
+            "characters); "
+            f'percent-encode it ("{_percent_encode(char)}")',
         )
 
 
