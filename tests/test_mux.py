@@ -14,6 +14,7 @@ from typing import Any
 from twisted.trial.unittest import SynchronousTestCase
 
 from edgegw.routing.goquote import go_quote
+from edgegw.routing.hosts import normalise_host
 from edgegw.routing.mux import (
     ConflictError,
     Matched,
@@ -32,6 +33,7 @@ from edgegw.routing.pattern import (
     compare_methods,
     compare_paths,
     compare_patterns,
+    conflicts,
     difference_path,
     parse_pattern,
 )
@@ -508,12 +510,29 @@ class RoutingTests(SynchronousTestCase):
             "[::1]:80": "::1/",
             "[::1]": "[::1]/",
             "::1": "::1/",
-            "EXAMPLE.COM": "/",
+            "EXAMPLE.COM": "example.com/",
+            "example.com.": "example.com/",
+            "Example.Com.:8080": "example.com/",
+            "example.com..": "/",
             "example.com:1:2": "/",
             "[::1]x:80": "/",
         }
         for host, pattern in cases.items():
             self.assertMatch(mux.route("GET", host, "/"), pattern)
+
+    def test_host_patterns_are_case_insensitive(self) -> None:
+        """
+        RFC 9110 section 4.2.3: a host pattern matches every spelling of its host (Go
+        compares bytes), so a policy on C{admin.example/} covers C{ADMIN.example.:80}.
+        """
+        mux = self.mux("Admin.Example./", "/")
+        for host in ("admin.example", "ADMIN.EXAMPLE", "admin.example.", "Admin.example.:80"):
+            self.assertMatch(mux.route("GET", host, "/x"), "Admin.Example./")
+        self.assertMatch(mux.route("GET", "other.example", "/x"), "/")
+        self.assertRaises(ConflictError, mux.register, "admin.example/", "second")
+        self.assertRaises(ConflictError, mux.register, "ADMIN.EXAMPLE./", "second")
+        self.assertTrue(conflicts(parse_pattern("a.example/x"), parse_pattern("A.Example./x")))
+        self.assertFalse(conflicts(parse_pattern("a.example/x"), parse_pattern("b.example/x")))
 
     def test_connect(self) -> None:
         """
@@ -642,6 +661,51 @@ class RoutingTests(SynchronousTestCase):
         self.assertEqual(
             str(raised.exception), 'parsing "/é/{x}/{x}": at offset 8: duplicate wildcard name "x"'
         )
+
+
+class NormaliseHostTests(SynchronousTestCase):
+    def test_normal_forms(self) -> None:
+        cases = {
+            b"": b"",
+            b"example.com": b"example.com",
+            b"Example.COM.": b"example.com",
+            b"example.com.:80": b"example.com:80",
+            b"example.com:": b"example.com",
+            b"127.0.0.1:8080": b"127.0.0.1:8080",
+            b"[::1]": b"[::1]",
+            b"[FE80::A]:443": b"[fe80::a]:443",
+            b"[v1.Fe:x]": b"[v1.fe:x]",
+            b"my_service:80": b"my_service:80",
+            b"a%41": b"a%41",
+            b":80": b":80",
+        }
+        for value, normal in cases.items():
+            self.assertEqual(normalise_host(value), normal, value)
+
+    def test_invalid(self) -> None:
+        for value in (
+            b"a b",
+            b"a@b/c?d",
+            b"a@b",
+            b"a/b",
+            b"a\\b",
+            b"a\tb",
+            b"a:b",
+            b"a:80:80",
+            b"a..b",
+            b".",
+            b"::1",
+            b"[::1",
+            b"[::1]x",
+            b"[::1]:x",
+            b"[zz]",
+            b"[fe80::1%25eth0]",
+            b"a]",
+            b"h\xc3\xa9",
+            b"a%zz",
+            b"a%4",
+        ):
+            self.assertIsNone(normalise_host(value), value)
 
 
 class DifferentialTests(SynchronousTestCase):

@@ -16,6 +16,7 @@ import re
 from collections.abc import Iterable
 
 from edgegw.config.origins import URLError, parse_url, validate_trusted_origin
+from edgegw.routing.hosts import normalise_host
 from edgegw.routing.mux import Mux
 from edgegw.routing.pattern import Pattern
 
@@ -110,7 +111,8 @@ class CrossOriginProtection:
         Apply the cross-origin checks to a request.
 
         @param method: The request method.
-        @param host: The C{Host} header as sent, port included; C{""} when absent.
+        @param host: The C{Host} header, port included, as the edge normalised it
+            (L{normalise_host}); C{""} when absent.
         @param target_path: The escaped request path exactly as on the request line (not
             cleaned), without the query.
         @param sec_fetch_site: The first C{Sec-Fetch-Site} value, or L{None}.
@@ -128,7 +130,7 @@ class CrossOriginProtection:
             return SEC_FETCH_SITE_CROSS
         if not origin:
             return None
-        if host and _origin_host(origin) == host:
+        if host and _same_host(origin, host):
             return None
         if self._exempt(method, host, target_path, origin):
             return None
@@ -138,6 +140,20 @@ class CrossOriginProtection:
         if origin and origin in self._trusted:
             return True
         return self._has_bypass and self._bypass.matches_directly(method, host, target_path)
+
+
+def _same_host(origin: str, host: str) -> bool:
+    """
+    Whether the host of C{origin} is C{host}: as written, or once normalised as the edge
+    normalises C{Host} (a browser on C{http://example.com./} sends that spelling in both).
+    """
+    found = _origin_host(origin)
+    if found is None:
+        return False
+    if found == host:
+        return True
+    normal = normalise_host(found.encode("utf-8", "surrogateescape"))
+    return normal is not None and normal.decode("ascii") == host
 
 
 # A subset of what Go's url.Parse accepts, whose host is the authority as written.

@@ -21,6 +21,7 @@ from edgegw.chain.pipeline import IRouteTarget
 from edgegw.chain.respond import TEXT_PLAIN
 from edgegw.edge.forwarded import ForwardedFilter
 from edgegw.edge.security import SecurityLayer
+from edgegw.routing.hosts import normalise_host
 from edgegw.routing.mux import Matched, MethodNotAllowed, Mux, Redirect
 from edgegw.server.response_head import ResponseHeaders
 from edgegw.telemetry import IRequestTrace
@@ -45,6 +46,9 @@ _BAD_ESCAPE = re.compile(r"%(?![0-9A-Fa-f]{2})")
 # cleaned by the mux), or an encoded backslash. An encoded "/" stays allowed: it is
 # legitimate inside a segment, and the mux keeps it there as Go does.
 _ENCODED_DOTS = re.compile(r"(?:^|/)(?:%2[eE]|\.%2[eE]|%2[eE]\.|%2[eE]%2[eE])(?:/|$)|%5[cC]")
+# Hosts seen, normalised: most requests name one of a few hosts, so this replaces the
+# syntax check with one lookup. Bounded; a host beyond the bound is checked every time.
+_HOST_CACHE_SIZE = 256
 
 
 def _plain(request: Request, status: int, body: bytes) -> bytes:
@@ -103,6 +107,8 @@ class EdgeResource(Resource):
         self.security = security
         self.dispatcher = dispatcher
         self.access = access
+        # raw Host value -> (the host to route by, the value to rewrite Host to or None)
+        self._hosts: dict[bytes, tuple[str, bytes | None]] = {}
 
     def render(self, request: Request) -> bytes | int:
         started = monotonic()
@@ -140,7 +146,15 @@ class EdgeResource(Resource):
         elif len(host_header) != 1:
             return _plain(request, 400, b"bad request\n")
         else:
-            host = host_header[0].decode("latin-1")
+            known = self._hosts.get(host_header[0])
+            if known is None:
+                known = self._host(host_header[0])
+                if known is None:
+                    return _plain(request, 400, b"bad request\n")
+            host, rewrite = known
+            if rewrite is not None:
+                # Forwarded (preserveHost, X-Forwarded-Host) as it was routed.
+                request_headers.setRawHeaders(b"host", [rewrite])
         method = request.method.decode("latin-1")
         # surrogateescape: invalid UTF-8 is matched byte for byte, as Go does, never raises.
         path, _, query = target.decode("utf-8", "surrogateescape").partition("?")
@@ -155,6 +169,19 @@ class EdgeResource(Resource):
         if denied is not None:
             return _plain(request, 403, denied)
         return self.dispatcher.dispatch(request, method, host, path, query)
+
+    def _host(self, value: bytes) -> tuple[str, bytes | None] | None:
+        """
+        The host to route by and the C{Host} value to forward when it differs from
+        C{value}, remembered; L{None} when C{value} is not a valid host.
+        """
+        normal = normalise_host(value)
+        if normal is None:
+            return None
+        known = (normal.decode("ascii"), None if normal == value else normal)
+        if len(self._hosts) < _HOST_CACHE_SIZE:
+            self._hosts[value] = known
+        return known
 
 
 def split_absolute_form(target: bytes) -> tuple[bytes, bytes] | None:

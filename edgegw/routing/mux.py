@@ -14,6 +14,7 @@ from typing import Generic, TypeAlias, TypeVar
 import attrs
 
 from edgegw.routing.goquote import go_quote
+from edgegw.routing.hosts import host_key
 from edgegw.routing.paths import clean_path, redirect_location, split_path, unescape
 from edgegw.routing.pattern import (
     Pattern,
@@ -286,15 +287,16 @@ class Mux(Generic[T]):
             left unchanged.
         """
         parsed = parse_pattern(pattern)
-        same_host = self._by_host.setdefault(parsed.host, [])
+        host = host_key(parsed.host)
+        same_host = self._by_host.setdefault(host, [])
         for existing in same_host:
             if conflicts(parsed, existing):
                 raise ConflictError(parsed, existing)
 
-        if parsed.host:
-            table = self._hosts.get(parsed.host)
+        if host:
+            table = self._hosts.get(host)
             if table is None:
-                table = self._hosts[parsed.host] = _Methods()
+                table = self._hosts[host] = _Methods()
         else:
             table = self._hostless
         if parsed.method:
@@ -364,7 +366,8 @@ class Mux(Generic[T]):
         Look up the routing tree alone: no cleaning, no port stripping, no redirects.
 
         @param method: The request method (case-sensitive).
-        @param host: The host to match host patterns against, used as given.
+        @param host: The host to match host patterns against, lowercase and without a
+            trailing dot (L{host_key}); no port.
         @param path: The escaped path, used as given.
         @return: The most specific match, or L{None}.
         """
@@ -390,13 +393,14 @@ class Mux(Generic[T]):
         """
         Decide what to answer to a request, as Go's C{ServeMux.ServeHTTP} does.
 
-        For any method but C{CONNECT}: the port is stripped from C{host} and the path is
-        cleaned. A path with no exact match whose slash-terminated form matches exactly is
-        redirected there; then an unclean path is redirected to its clean form. Otherwise
-        the most specific pattern for the host wins (host patterns first, then patterns
-        without a host; the exact method, then C{GET} for a C{HEAD} request, then patterns
-        without a method). Without a match, some pattern matching another method gives 405,
-        else 404.
+        For any method but C{CONNECT}: the port is stripped from C{host}, which is then
+        matched case-insensitively and without a trailing dot (RFC 9110 section 4.2.3; Go
+        compares hosts byte for byte), and the path is cleaned. A path with no exact match
+        whose slash-terminated form matches exactly is redirected there; then an unclean
+        path is redirected to its clean form. Otherwise the most specific pattern for the
+        host wins (host patterns first, then patterns without a host; the exact method,
+        then C{GET} for a C{HEAD} request, then patterns without a method). Without a
+        match, some pattern matching another method gives 405, else 404.
 
         C{CONNECT} paths are not cleaned and C{host} keeps its port. As in Go, the
         trailing-slash redirect and the 405 check for C{CONNECT} use C{target_host}.
@@ -416,6 +420,8 @@ class Mux(Generic[T]):
             return self._route_connect(method, host, target_path, query, target_host)
         if ":" in host:
             host = _strip_port(host)
+        if host:
+            host = host_key(host)
         path = target_path
         if path[:1] == "/" and "//" not in path and "/." not in path:
             clean = path

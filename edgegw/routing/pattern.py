@@ -16,6 +16,7 @@ from typing import Literal, TypeAlias
 import attrs
 
 from edgegw.routing.goquote import go_quote
+from edgegw.routing.hosts import host_key
 from edgegw.routing.paths import clean_path, split_path, to_bytes, unescape
 
 __all__ = [
@@ -351,10 +352,11 @@ def compare_patterns(p1: Pattern, p2: Pattern) -> Relationship:
 
 def conflicts(p1: Pattern, p2: Pattern) -> bool:
     """
-    Whether two patterns may not both be registered: they have the same host and match the
-    same requests, or overlap with neither more specific than the other.
+    Whether two patterns may not both be registered: they have the same host (compared as
+    requests are matched: case-insensitively, without a trailing dot) and match the same
+    requests, or overlap with neither more specific than the other.
     """
-    if p1.host != p2.host:
+    if p1.host != p2.host and host_key(p1.host) != host_key(p2.host):
         return False
     return compare_patterns(p1, p2) in ("equivalent", "overlaps")
 

@@ -1,0 +1,201 @@
+"""
+Parser differentials (issue 10) over real sockets: wherever the gateway and a backend
+could read one request differently, the gateway refuses it or forwards the reading it
+routed and authorized.
+
+Each test runs a gateway in front of a recording backend, with a Policy on C{/admin/} and
+on the host C{admin.example}, a public catch-all, and a CSRF bypass pattern
+C{POST /webhooks/}, and checks the exact status the client gets and what the backend
+received (path, C{Host}, C{X-Forwarded-Host}), or that it received nothing.
+"""
+
+from __future__ import annotations
+
+from twisted.internet import reactor
+from twisted.internet.defer import ensureDeferred
+from twisted.trial.unittest import TestCase
+
+from edgegw.config.parse import load_config
+from edgegw.gateway import build_gateway
+from edgegw.upstream.pool import UpstreamClient
+from tests.support.backends import RecordedRequest, SiteBackend
+from tests.support.configs import GATEWAY, write_tree
+from tests.support.processes import listen_local, port_of
+from tests.support.rawclient import connect, response_complete
+
+ROUTES = """\
+---
+kind: Policy
+metadata: {name: admins}
+spec: {require: {groups: [admin]}}
+---
+kind: Route
+metadata: {name: admin}
+spec:
+  match: /admin/
+  handler: {type: reverse-proxy, upstream: "UP", preserveHost: true}
+  access: {auth: public, authorize: [admins]}
+---
+kind: Route
+metadata: {name: admin-host}
+spec:
+  match: admin.example/
+  handler: {type: reverse-proxy, upstream: "UP", preserveHost: true}
+  access: {auth: public, authorize: [admins]}
+---
+kind: Route
+metadata: {name: public}
+spec:
+  match: /
+  handler: {type: reverse-proxy, upstream: "UP", preserveHost: true}
+  access: {auth: public}
+"""
+
+CROSS_SITE = "Sec-Fetch-Site: cross-site\r\nOrigin: https://evil.example\r\n"
+
+
+class DifferentialTestCase(TestCase):
+    """
+    A recording backend and, per test, gateways in front of it.
+    """
+
+    def setUp(self) -> None:
+        self.backend = SiteBackend().start()
+        self.addCleanup(lambda: ensureDeferred(self.backend.stop()))
+
+    def gateway(self, encoded_slashes: str | None = None) -> int:
+        """
+        Start a gateway (C{encodedSlashes} as given, or left to its default); its port.
+        """
+        security = "  security:\n    csrf: {bypassPatterns: [POST /webhooks/]}\n"
+        if encoded_slashes is not None:
+            security += f"    encodedSlashes: {encoded_slashes}\n"
+        upstream = f"http://127.0.0.1:{self.backend.port}"
+        root = write_tree(
+            self.mktemp(), {"a.yaml": GATEWAY + security + ROUTES.replace("UP", upstream)}
+        )
+        client = UpstreamClient(reactor)
+        built = build_gateway(load_config(root, {}), reactor, client)
+        listening = listen_local(built.site)
+        self.addCleanup(listening.stopListening)
+        self.addCleanup(client.close)
+        return port_of(listening)
+
+    async def status(
+        self,
+        port: int,
+        target: str,
+        method: str = "GET",
+        host: str = "gateway.test",
+        headers: str = "",
+    ) -> int:
+        """
+        Send one raw request on a fresh connection; the status of the answer.
+        """
+        client = await connect(port)
+        body = "Content-Length: 0\r\n" if method.upper() == "POST" else ""
+        client.send(
+            f"{method} {target} HTTP/1.1\r\nHost: {host}\r\n{headers}{body}"
+            "Connection: close\r\n\r\n".encode("latin-1")
+        )
+        data = await client.until(response_complete)
+        await client.close()
+        return int(data.split(b" ", 2)[1])
+
+    def received(self) -> list[RecordedRequest]:
+        """
+        What the backend received so far; forgotten afterwards.
+        """
+        seen, self.backend.requests = self.backend.requests, []
+        return seen
+
+    async def assertRefused(self, port: int, target: str, status: int = 400, **kw: str) -> None:
+        """
+        C{target} gets C{status} and nothing reaches the backend.
+        """
+        self.assertEqual(await self.status(port, target, **kw), status, target)
+        self.assertEqual([seen.uri for seen in self.received()], [], target)
+
+    async def assertForwarded(self, port: int, target: str, uri: bytes, **kw: str) -> None:
+        """
+        C{target} gets 200 and the backend receives exactly C{uri}.
+        """
+        self.assertEqual(await self.status(port, target, **kw), 200, target)
+        self.assertEqual([seen.uri for seen in self.received()], [uri], target)
+
+
+class HostTests(DifferentialTestCase):
+    """
+    Point 3: host patterns match every spelling of their host, Host is validated, and
+    the backend gets the normalised value.
+    """
+
+    async def test_spellings_of_a_policy_host_cannot_skip_it(self) -> None:
+        port = self.gateway()
+        for host in (
+            "admin.example",
+            "ADMIN.example",
+            "Admin.Example",
+            "admin.example.",
+            "admin.example:80",
+            "admin.example.:80",
+            "ADMIN.EXAMPLE.:8080",
+            "admin.example:",
+        ):
+            await self.assertRefused(port, "/panel", 403, host=host)
+        for target in (
+            "http://ADMIN.example/panel",
+            "http://admin.example./panel",
+            "https://Admin.Example.:443/panel",
+        ):
+            await self.assertRefused(port, target, 403, host="gateway.test")
+
+    async def test_invalid_host_syntax_refused(self) -> None:
+        port = self.gateway()
+        for host in (
+            "a b",
+            "a@b/c?d",
+            "a@b",
+            "a/b",
+            "a?b",
+            "a#b",
+            "a\tb",
+            "gateway.test:8x",
+            "gateway.test:80:80",
+            "gateway..test",
+            ".",
+            "::1",
+            "[::1",
+            "[::1]x",
+            "[not-ipv6]",
+            "[fe80::1%eth0]",
+            "h\u00e9.test",
+            "a%zzb",
+        ):
+            await self.assertRefused(port, "/public/x", host=host)
+        for target in ("http://a%zz/x", "http://x:y/x", "http://[::1/x"):
+            await self.assertRefused(port, target)
+
+    async def test_backend_gets_the_normalised_host(self) -> None:
+        port = self.gateway()
+        cases = {
+            "gateway.test": b"gateway.test",
+            "Gateway.TEST": b"gateway.test",
+            "gateway.test.": b"gateway.test",
+            "Gateway.Test.:8080": b"gateway.test:8080",
+            "gateway.test:": b"gateway.test",
+            "[::1]:8080": b"[::1]:8080",
+            "[FE80::1]": b"[fe80::1]",
+            "192.0.2.1:80": b"192.0.2.1:80",
+        }
+        for sent, normal in cases.items():
+            self.assertEqual(await self.status(port, "/public/x", host=sent), 200, sent)
+            [seen] = self.received()
+            self.assertEqual(seen.uri, b"/public/x", sent)
+            self.assertEqual(seen.header(b"host"), normal, sent)
+            self.assertEqual(seen.header(b"x-forwarded-host"), normal, sent)
+        await self.assertForwarded(port, "http://Public.Example./x?y", b"/x?y")
+        await self.status(port, "http://Public.Example.:81/x")
+        [seen] = self.received()
+        self.assertEqual(seen.header(b"host"), b"public.example:81")
+        self.assertEqual(seen.header(b"x-forwarded-host"), b"public.example:81")
