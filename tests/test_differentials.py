@@ -124,6 +124,27 @@ class DifferentialTestCase(TestCase):
         self.assertEqual([seen.uri for seen in self.received()], [uri], target)
 
 
+class MethodCaseTests(DifferentialTestCase):
+    """
+    Point 2: a standard method in any other case is 400, not a method no route names.
+    """
+
+    async def test_non_canonical_standard_methods_refused(self) -> None:
+        port = self.gateway()
+        for method in ("get", "Get", "gET", "head", "post", "Put", "patch", "delete", "options"):
+            await self.assertRefused(port, "/admin/users", method=method)
+            await self.assertRefused(port, "/public/x", method=method)
+        for method in ("trace", "Connect"):
+            await self.assertRefused(port, "/public/x", method=method)
+        await self.assertRefused(port, "/admin/users", 403)
+        await self.assertForwarded(port, "/public/x", b"/public/x")
+
+    async def test_other_methods_are_case_sensitive_tokens(self) -> None:
+        port = self.gateway()
+        await self.assertForwarded(port, "/public/x", b"/public/x", method="purge")
+        await self.assertForwarded(port, "/public/x", b"/public/x", method="PURGE")
+
+
 class HostTests(DifferentialTestCase):
     """
     Point 3: host patterns match every spelling of their host, Host is validated, and

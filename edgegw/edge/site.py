@@ -46,6 +46,12 @@ _BAD_ESCAPE = re.compile(r"%(?![0-9A-Fa-f]{2})")
 # cleaned by the mux), or an encoded backslash. An encoded "/" stays allowed: it is
 # legitimate inside a segment, and the mux keeps it there as Go does.
 _ENCODED_DOTS = re.compile(r"(?:^|/)(?:%2[eE]|\.%2[eE]|%2[eE]\.|%2[eE]%2[eE])(?:/|$)|%5[cC]")
+# The standard methods, spelled as registered (RFC 9110 section 18.2). Methods are
+# case-sensitive, but backends that upper-case them would serve "get" as GET after the mux
+# routed it past every "GET ..." pattern (and its policies).
+_STANDARD_METHODS = frozenset(
+    ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS", "TRACE", "CONNECT")
+)
 # Hosts seen, normalised: most requests name one of a few hosts, so this replaces the
 # syntax check with one lookup. Bounded; a host beyond the bound is checked every time.
 _HOST_CACHE_SIZE = 256
@@ -125,6 +131,9 @@ class EdgeResource(Resource):
         headers = request.responseHeaders
         if isinstance(headers, ResponseHeaders):
             headers.fixed = self.security.fixed
+        method = request.method.decode("latin-1")
+        if method not in _STANDARD_METHODS and method.upper() in _STANDARD_METHODS:
+            return _plain(request, 400, b"bad request\n")
         target = request.uri
         if target[:1] != b"/":
             split = split_absolute_form(target)
@@ -155,7 +164,6 @@ class EdgeResource(Resource):
             if rewrite is not None:
                 # Forwarded (preserveHost, X-Forwarded-Host) as it was routed.
                 request_headers.setRawHeaders(b"host", [rewrite])
-        method = request.method.decode("latin-1")
         # surrogateescape: invalid UTF-8 is matched byte for byte, as Go does, never raises.
         path, _, query = target.decode("utf-8", "surrogateescape").partition("?")
         if ("%" in path and (_BAD_ESCAPE.search(path) or _ENCODED_DOTS.search(path))) or (
