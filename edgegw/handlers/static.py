@@ -24,8 +24,11 @@ Responses
 Only C{GET} and C{HEAD} are answered (405 with C{Allow: GET, HEAD} otherwise). Every file
 named like the index (served directly, as a directory index or as the fallback) carries
 C{Cache-Control: no-cache}; other files carry C{cacheControl} when configured. Files
-carry a strong C{ETag} (inode, size and modification time, so it differs between hosts),
-C{Last-Modified} and C{Accept-Ranges: bytes}.
+carry a strong C{ETag}, C{Last-Modified} and C{Accept-Ranges: bytes}. The C{ETag} is the
+same on every host that serves the same file (nothing local such as the inode is in it):
+size and a BLAKE2b hash of the content for files up to L{ETAG_HASH_LIMIT} bytes (hashed
+once per file version and process; a deployment that gives the copies different
+modification times still revalidates), size and modification time for larger ones.
 
 Preconditions follow RFC 9110 section 13.2.2: C{If-Match} and C{If-Unmodified-Since}
 (412), then C{If-None-Match} (weak comparison, C{*}) or else C{If-Modified-Since} (304).
@@ -46,6 +49,7 @@ from __future__ import annotations
 
 import enum
 import functools
+import hashlib
 import mimetypes
 import os
 import stat
@@ -64,10 +68,15 @@ from zope.interface import implementer
 from edgegw.chain.terminal import TerminalResource
 from edgegw.config.model import StaticHandlerSpec
 
-__all__ = ["SMALL_FILE_LIMIT", "StaticHandler"]
+__all__ = ["ETAG_HASH_LIMIT", "SMALL_FILE_LIMIT", "StaticHandler"]
 
 SMALL_FILE_LIMIT: Final = 64 * 1024
 """Bodies up to this many bytes are sent with one read; larger ones are streamed."""
+
+ETAG_HASH_LIMIT: Final = SMALL_FILE_LIMIT
+"""Files up to this many bytes get an C{ETag} from their content's hash."""
+
+_ETAG_CACHE_SIZE: Final = 4096
 
 _CHUNK_SIZE: Final = 64 * 1024
 
@@ -235,6 +244,8 @@ class StaticHandler(TerminalResource):
             spec.cache_control.encode("latin-1") if spec.cache_control is not None else None
         )
         self._types = _content_types()
+        # Content-hash entity tags, keyed by what identifies one version of a file here.
+        self._etags: dict[tuple[int, int, int, int, int], bytes] = {}
         if not os.path.isdir(self._root):
             _log.warn("static directory {dir} does not exist (yet)", dir=spec.dir)
 
@@ -367,6 +378,26 @@ class StaticHandler(TerminalResource):
                 return None
         return path
 
+    def _etag(self, fd: int, info: os.stat_result) -> bytes:
+        """
+        The file's strong entity tag: size and content hash up to L{ETAG_HASH_LIMIT}
+        bytes, else size and modification time.
+        """
+        size = info.st_size
+        if size > ETAG_HASH_LIMIT:
+            return b'"%x-%x"' % (size, info.st_mtime_ns)
+        key = (info.st_dev, info.st_ino, size, info.st_mtime_ns, info.st_ctime_ns)
+        etag = self._etags.get(key)
+        if etag is None:
+            etag = _content_etag(fd, info)
+            if etag is None:
+                # Changing while it was read: this answer's tag cannot be cached.
+                return b'"%x-%x"' % (size, info.st_mtime_ns)
+            if len(self._etags) >= _ETAG_CACHE_SIZE:
+                self._etags.clear()
+            self._etags[key] = etag
+        return etag
+
     def _respond(
         self, request: _Response, fd: int, info: os.stat_result, name: str
     ) -> _FileProducer | None:
@@ -381,7 +412,7 @@ class StaticHandler(TerminalResource):
         """
         size = info.st_size
         modified = info.st_mtime_ns // 1_000_000_000
-        etag = b'"%x-%x-%x"' % (info.st_ino, size, info.st_mtime_ns)
+        etag = self._etag(fd, info)
         headers = request.requestHeaders
 
         if_match = headers.getRawHeaders(b"if-match")
@@ -454,6 +485,26 @@ class StaticHandler(TerminalResource):
         producer = _FileProducer(request, fd, start, length, name)
         request.registerProducer(producer, False)
         return producer
+
+
+def _content_etag(fd: int, info: os.stat_result) -> bytes | None:
+    """
+    C{"size-hash"} for the open file, or L{None} when it changed while being read.
+    """
+    size = info.st_size
+    try:
+        data = _read_span(fd, 0, size)
+        after = os.fstat(fd)
+    except OSError:
+        return None
+    if len(data) != size or (after.st_size, after.st_mtime_ns, after.st_ctime_ns) != (
+        size,
+        info.st_mtime_ns,
+        info.st_ctime_ns,
+    ):
+        return None
+    digest = hashlib.blake2b(data, digest_size=16).hexdigest().encode("ascii")
+    return b'"%x-%s"' % (size, digest)
 
 
 def _open_real(path: str) -> tuple[int, os.stat_result] | None:
