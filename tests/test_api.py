@@ -225,8 +225,10 @@ class PathTemplateTests(SynchronousTestCase):
 
     def test_dot_segments_refused(self) -> None:
         template = parse_template("/users/{id}")
-        for value in (".", ".."):
+        for value in (".", "..", "../admin", "a/..", "a/./b", "..\\admin"):
             self.assertRaises(UnsafeWildcardError, fill_path, template, {"id": value})
+        for value in ("a/b", "...", "..a", "a.."):
+            fill_path(template, {"id": value})
 
 
 class HeaderTests(SynchronousTestCase):
@@ -348,13 +350,15 @@ class LiveTestCase(TestCase):
         self.site_backend = SiteBackend(self.backends.render).start()
         self.addCleanup(self.site_backend.stop)
 
-    def gateway(self, backends: str, match: str = "GET /a/{id}", timeout: str = "") -> int:
+    def gateway(
+        self, backends: str, match: str = "GET /a/{id}", timeout: str = "", gateway_spec: str = ""
+    ) -> int:
         upstream = f"http://127.0.0.1:{self.site_backend.port}"
         body = textwrap.indent(textwrap.dedent(backends).replace("UP", upstream), "      ")
         root = write_tree(
             self.mktemp(),
             {
-                "a.yaml": GATEWAY + "---\nkind: Route\nmetadata: {name: a}\nspec:\n"
+                "a.yaml": GATEWAY + gateway_spec + "---\nkind: Route\nmetadata: {name: a}\nspec:\n"
                 f'  match: "{match}"\n  access: {{auth: public}}\n  handler:\n    type: api\n'
                 + (f"    timeout: {timeout}\n" if timeout else "")
                 + "    backends:\n"
@@ -382,7 +386,8 @@ class LiveTests(LiveTestCase):
             """\
             - {group: first, upstream: "UP", path: "/json/{id}", forwardQuery: true}
             - {group: second, upstream: "UP", path: "/json/b", method: POST}
-            """
+            """,
+            gateway_spec="  security: {encodedSlashes: keep}\n",
         )
         status, headers, body = await self.get(port, "/a/a%2Fb?x=1")
         self.assertEqual(status, 200)
@@ -458,6 +463,24 @@ class LiveTests(LiveTestCase):
         status, _, _ = await self.get(port, "/a/%2e%2e/z")
         self.assertEqual(status, 400)
         self.assertEqual(self.backends.seen, [])
+
+    async def test_wildcards_hiding_dot_segments_behind_slashes(self) -> None:
+        """
+        With encoded slashes kept inside a segment, a wildcard value may hold a C{/}; one
+        that holds a dot segment (C{../admin}) never becomes a backend path.
+        """
+        port = self.gateway(
+            '- {group: x, upstream: "UP", path: "/json/{id}"}\n',
+            match="GET /a/{id}/z",
+            gateway_spec="  security: {encodedSlashes: keep}\n",
+        )
+        for target in ("/a/..%2Fadmin/z", "/a/%2e%2e%2fadmin/z", "/a/x%2F..%2F..%2Fadmin/z"):
+            status, _, _ = await self.get(port, target)
+            self.assertEqual(status, 400, target)
+        self.assertEqual(self.backends.seen, [])
+        status, _, _ = await self.get(port, "/a/x%2Fy/z")
+        self.assertEqual(status, 200)
+        self.assertEqual([seen[0] for seen in self.backends.seen], [b"/json/x%2Fy"])
 
     async def test_backend_cookies_never_reach_another_user(self) -> None:
         port = self.gateway('- {group: x, upstream: "UP", path: "/json/{id}"}\n')

@@ -535,6 +535,30 @@ spec:
             gateway=False,
         )
 
+    def test_encoded_slashes(self) -> None:
+        self.assertEqual(load_text(self.mktemp(), "").gateway.security.encoded_slashes, "reject")
+        for mode in ("reject", "decode", "keep"):
+            config = load_text(
+                self.mktemp(),
+                f"kind: Gateway\nmetadata: {{name: g}}\nspec:\n"
+                f"  security: {{encodedSlashes: {mode}}}\n",
+                gateway=False,
+            )
+            self.assertEqual(config.gateway.security.encoded_slashes, mode)
+        self.assertProblems(
+            """\
+            kind: Gateway
+            metadata: {name: g}
+            spec:
+              security: {encodedSlashes: decoded}
+            """,
+            [
+                'document 1, Gateway "g": spec.security.encodedSlashes: "decoded" is not one '
+                'of "reject", "decode", "keep"; did you mean "decode"?'
+            ],
+            gateway=False,
+        )
+
     def test_policy_errors(self) -> None:
         self.assertProblems(
             """\

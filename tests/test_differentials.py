@@ -124,6 +124,76 @@ class DifferentialTestCase(TestCase):
         self.assertEqual([seen.uri for seen in self.received()], [uri], target)
 
 
+# Dot segments in disguise: 400 whatever encodedSlashes says.
+DOTS = (
+    "/p/..%2Fadmin/users",
+    "/p/..%2fadmin/users",
+    "/p/%2e%2e%2fadmin/users",
+    "/p/%2E%2E%2Fadmin/users",
+    "/p/.%2e%2Fadmin/users",
+    "/admin%2F..%2Fpublic",
+    "/p/%2e/admin",
+    "/p/x%2F.%2F..%2Fadmin",
+    "/p/%2e%2e/admin/users",
+)
+
+
+class EncodedSlashTests(DifferentialTestCase):
+    """
+    Point 1: C{security.encodedSlashes}, and dot segments hidden behind escapes.
+    """
+
+    async def test_reject_is_the_default(self) -> None:
+        port = self.gateway()
+        for target in ("/admin%2Fusers", "/admin%2fusers", "/public/a%2Fb", *DOTS):
+            await self.assertRefused(port, target)
+        await self.assertForwarded(port, "/public/a%41b", b"/public/a%41b")
+        await self.assertRefused(port, "/admin/users", 403)
+
+    async def test_reject(self) -> None:
+        port = self.gateway("reject")
+        for target in ("/admin%2Fusers", "/public/a%2Fb?x=%2F", *DOTS):
+            await self.assertRefused(port, target)
+        await self.assertForwarded(port, "/public/x?a=%2F", b"/public/x?a=%2F")
+
+    async def test_decode_routes_authorizes_and_forwards_the_decoded_path(self) -> None:
+        port = self.gateway("decode")
+        for target in ("/admin%2Fusers", "/admin%2fusers", "/admin%2F%75sers"):
+            await self.assertRefused(port, target, 403)
+        for target in DOTS:
+            await self.assertRefused(port, target)
+        await self.assertForwarded(port, "/public/a%2Fb?q=%2F", b"/public/a/b?q=%2F")
+        await self.assertForwarded(port, "/public/%252F", b"/public/%252F")
+        # Decoded into "//": the mux's clean-path redirect, never the backend.
+        self.assertEqual(await self.status(port, "/public%2F%2Fx"), 301)
+        self.assertEqual(self.received(), [])
+
+    async def test_keep_is_go_semantics_with_its_documented_risk(self) -> None:
+        port = self.gateway("keep")
+        # One segment "admin/users" to the mux: the catch-all, not the policy's route.
+        await self.assertForwarded(port, "/admin%2Fusers", b"/admin%2Fusers")
+        await self.assertForwarded(port, "/public/a%2Fb", b"/public/a%2Fb")
+        for target in DOTS:
+            await self.assertRefused(port, target)
+
+    async def test_csrf_bypass_pattern_reads_the_routed_path(self) -> None:
+        for mode in ("reject", "decode", "keep"):
+            port = self.gateway(mode)
+            for target in ("/webhooks/..%2Ftransfer", "/webhooks/%2e%2e%2ftransfer"):
+                await self.assertRefused(port, target, method="POST", headers=CROSS_SITE)
+            await self.assertForwarded(
+                port, "/webhooks/hook", b"/webhooks/hook", method="POST", headers=CROSS_SITE
+            )
+            await self.assertRefused(port, "/transfer", 403, method="POST", headers=CROSS_SITE)
+        # An encoded slash is read as the routes read it: decoded, the bypass pattern
+        # covers what the backend gets; kept, one segment that the pattern does not cover.
+        decode, keep = self.gateway("decode"), self.gateway("keep")
+        await self.assertForwarded(
+            decode, "/webhooks%2Fhook", b"/webhooks/hook", method="POST", headers=CROSS_SITE
+        )
+        await self.assertRefused(keep, "/webhooks%2Fhook", 403, method="POST", headers=CROSS_SITE)
+
+
 class MethodCaseTests(DifferentialTestCase):
     """
     Point 2: a standard method in any other case is 400, not a method no route names.

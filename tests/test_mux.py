@@ -24,7 +24,13 @@ from edgegw.routing.mux import (
     Redirect,
     RouteResult,
 )
-from edgegw.routing.paths import clean_path, path_segments, split_request_target
+from edgegw.routing.paths import (
+    clean_path,
+    has_dot_segment,
+    path_segments,
+    split_request_target,
+    vet_path,
+)
 from edgegw.routing.pattern import (
     Pattern,
     PatternError,
@@ -661,6 +667,57 @@ class RoutingTests(SynchronousTestCase):
         self.assertEqual(
             str(raised.exception), 'parsing "/é/{x}/{x}": at offset 8: duplicate wildcard name "x"'
         )
+
+
+class VetPathTests(SynchronousTestCase):
+    """
+    What the edge does with escapes before the mux sees a path (C{encodedSlashes}).
+    """
+
+    def test_modes(self) -> None:
+        cases = {
+            # path: (reject, decode, keep); None is 400
+            "/a/b": ("/a/b", "/a/b", "/a/b"),
+            "/a%41/%20": ("/a%41/%20", "/a%41/%20", "/a%41/%20"),
+            "/admin%2Fusers": (None, "/admin/users", "/admin%2Fusers"),
+            "/admin%2fusers": (None, "/admin/users", "/admin%2fusers"),
+            "/a%2F%2Fb": (None, "/a//b", "/a%2F%2Fb"),
+            "/a/%252F": ("/a/%252F", "/a/%252F", "/a/%252F"),
+            "/a.%2e.b/..%41/%2e%2e%2e": (
+                "/a.%2e.b/..%41/%2e%2e%2e",
+                "/a.%2e.b/..%41/%2e%2e%2e",
+                "/a.%2e.b/..%41/%2e%2e%2e",
+            ),
+            "/a/../b": ("/a/../b", "/a/../b", "/a/../b"),
+        }
+        for path, expected in cases.items():
+            got = tuple(vet_path(path, mode) for mode in ("reject", "decode", "keep"))
+            self.assertEqual(got, expected, path)
+
+    def test_dot_segments_in_disguise_refused_in_every_mode(self) -> None:
+        for path in (
+            "/%2e",
+            "/x/%2E%2e/y",
+            "/x/.%2e",
+            "/x/%2e./",
+            "/x/..%2Fy",
+            "/x/%2e%2e%2fy",
+            "/x/a%2F..",
+            "/x/a%2F.%2Fb",
+            "/x%5cy",
+            "/x%5Cy",
+            "/x\\y",
+            "/x/%zz",
+            "/x/%4",
+        ):
+            for mode in ("reject", "decode", "keep"):
+                self.assertIsNone(vet_path(path, mode), (path, mode))
+
+    def test_has_dot_segment(self) -> None:
+        for value in (".", "..", "../a", "a/..", "a/./b", "..\\a", "a\\."):
+            self.assertTrue(has_dot_segment(value), value)
+        for value in ("", "a", "...", ".a", "a..", "a/b", "a.b/c..d"):
+            self.assertFalse(has_dot_segment(value), value)
 
 
 class NormaliseHostTests(SynchronousTestCase):

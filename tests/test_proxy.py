@@ -180,7 +180,12 @@ def parse(data: bytes) -> tuple[int, dict[str, list[str]], bytes]:
 
 class ForwardingTests(ProxyTestCase):
     async def test_path_prefix_strip_and_query(self) -> None:
-        port = self.gateway("stripPrefix: /api\n", route="/api/", upstream_path="/base")
+        port = self.gateway(
+            "stripPrefix: /api\n",
+            route="/api/",
+            upstream_path="/base",
+            gateway_spec="security: {encodedSlashes: keep}\n",
+        )
         status, _, body = await self.get(port, "/api/users/a%2Fb?x=1&y=%20")
         self.assertEqual(status, 200)
         self.assertEqual(json.loads(body)["uri"], "/base/users/a%2Fb?x=1&y=%20")

@@ -61,6 +61,7 @@ class SecuritySpec:
 
     csrf: CsrfSpec = CsrfSpec()
     headers: SecurityHeadersSpec = SecurityHeadersSpec()
+    encoded_slashes: Literal["reject", "decode", "keep"] = "reject"
 
 
 @attrs.frozen

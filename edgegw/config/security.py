@@ -1,15 +1,18 @@
 """
-The Gateway's security block: CSRF protection (trusted origins, bypass patterns) and the
-static security headers.
+The Gateway's security block: CSRF protection (trusted origins, bypass patterns), the
+static security headers and what an encoded slash in a request path gets.
 """
 
 from __future__ import annotations
+
+from typing import Any, cast
 
 from edgegw.config.fields import Node
 from edgegw.config.headers import check_header_value
 from edgegw.config.model import CsrfSpec, HstsSpec, SecurityHeadersSpec, SecuritySpec
 from edgegw.config.origins import TrustedOriginError, validate_trusted_origin
 from edgegw.routing.mux import ConflictError, Mux
+from edgegw.routing.paths import ENCODED_SLASH_MODES
 from edgegw.routing.pattern import PatternError
 
 __all__ = ["read_security"]
@@ -21,6 +24,9 @@ def read_security(node: Node | None) -> SecuritySpec:
     """
     if node is None:
         return SecuritySpec()
+    encoded_slashes = node.string(
+        "encodedSlashes", ENCODED_SLASH_MODES[0], choices=ENCODED_SLASH_MODES
+    )
     csrf = CsrfSpec()
     csrf_node = node.mapping("csrf")
     if csrf_node is not None:
@@ -75,4 +81,4 @@ def read_security(node: Node | None) -> SecuritySpec:
         )
         headers_node.finish()
     node.finish()
-    return SecuritySpec(csrf=csrf, headers=headers)
+    return SecuritySpec(csrf=csrf, headers=headers, encoded_slashes=cast(Any, encoded_slashes))

@@ -45,9 +45,14 @@ def security_headers(spec: SecuritySpec) -> tuple[tuple[bytes, bytes], ...]:
 class SecurityLayer:
     """
     Applies the security headers and the CSRF check to one request.
+
+    @ivar encoded_slashes: C{security.encodedSlashes}, for the edge's path check (which
+        runs before this layer, so that CSRF bypass patterns match the path the routes
+        see).
     """
 
     def __init__(self, spec: SecuritySpec) -> None:
+        self.encoded_slashes = spec.encoded_slashes
         self.headers = security_headers(spec)
         self.fixed = encode_fixed(self.headers)
         csrf = spec.csrf

@@ -8,7 +8,6 @@ traversal each.
 
 from __future__ import annotations
 
-import re
 from time import monotonic
 from typing import Protocol
 
@@ -23,6 +22,7 @@ from edgegw.edge.forwarded import ForwardedFilter
 from edgegw.edge.security import SecurityLayer
 from edgegw.routing.hosts import normalise_host
 from edgegw.routing.mux import Matched, MethodNotAllowed, Mux, Redirect
+from edgegw.routing.paths import to_bytes, vet_path
 from edgegw.server.response_head import ResponseHeaders
 from edgegw.telemetry import IRequestTrace
 
@@ -41,11 +41,6 @@ class Dispatcher(Protocol):
         """
 
 
-_BAD_ESCAPE = re.compile(r"%(?![0-9A-Fa-f]{2})")
-# A segment that is "." or ".." with at least one dot percent-encoded (plain ones are
-# cleaned by the mux), or an encoded backslash. An encoded "/" stays allowed: it is
-# legitimate inside a segment, and the mux keeps it there as Go does.
-_ENCODED_DOTS = re.compile(r"(?:^|/)(?:%2[eE]|\.%2[eE]|%2[eE]\.|%2[eE]%2[eE])(?:/|$)|%5[cC]")
 # The standard methods, spelled as registered (RFC 9110 section 18.2). Methods are
 # case-sensitive, but backends that upper-case them would serve "get" as GET after the mux
 # routed it past every "GET ..." pattern (and its policies).
@@ -113,6 +108,7 @@ class EdgeResource(Resource):
         self.security = security
         self.dispatcher = dispatcher
         self.access = access
+        self.encoded_slashes = security.encoded_slashes
         # raw Host value -> (the host to route by, the value to rewrite Host to or None)
         self._hosts: dict[bytes, tuple[str, bytes | None]] = {}
 
@@ -166,13 +162,16 @@ class EdgeResource(Resource):
                 request_headers.setRawHeaders(b"host", [rewrite])
         # surrogateescape: invalid UTF-8 is matched byte for byte, as Go does, never raises.
         path, _, query = target.decode("utf-8", "surrogateescape").partition("?")
-        if ("%" in path and (_BAD_ESCAPE.search(path) or _ENCODED_DOTS.search(path))) or (
-            "\\" in path
-        ):
-            # Malformed escapes (Go refuses these too); dot segments in disguise and
-            # backslashes, which backends that decode or normalise paths would resolve
-            # past the route (and its policies) that the gateway matched.
-            return _plain(request, 400, b"bad request\n")
+        if "%" in path or "\\" in path:
+            vetted = vet_path(path, self.encoded_slashes)
+            if vetted is None:
+                return _plain(request, 400, b"bad request\n")
+            if vetted is not path:
+                # Decoded slashes: every later layer and the backend read this path.
+                path = vetted
+                _, question, raw_query = target.partition(b"?")
+                request.path = to_bytes(path)
+                request.uri = request.path + question + raw_query
         denied = self.security.apply(request, method, host, path)
         if denied is not None:
             return _plain(request, 403, denied)

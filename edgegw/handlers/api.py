@@ -35,6 +35,7 @@ from edgegw.chain.exchange import Exchange, exchange_of
 from edgegw.chain.respond import write_text
 from edgegw.chain.terminal import TerminalResource
 from edgegw.config.model import ApiBackendSpec, ApiHandlerSpec
+from edgegw.routing.paths import has_dot_segment
 from edgegw.upstream.agent import NullCookieJar, PreparedURL, UpstreamAgent
 from edgegw.upstream.calls import describe_error
 from edgegw.upstream.pool import Upstream
@@ -62,7 +63,8 @@ class BackendCallError(Exception):
 
 class UnsafeWildcardError(ValueError):
     """
-    A path wildcard value that would change a backend path's structure (C{.}, C{..}).
+    A path wildcard value that would change a backend path's structure: a dot segment
+    (C{.}, C{..}), also between the slashes inside the value (C{../admin}, C{a/..}).
     """
 
 
@@ -72,8 +74,9 @@ def fill_path(template: Sequence[str | tuple[str]], params: dict[str, str]) -> b
     wildcard value percent-encoded so that it stays one path segment (C{/}, C{?}, C{#},
     C{%} and everything outside the unreserved set are encoded).
 
-    @raise UnsafeWildcardError: A value is C{.} or C{..}: even encoded, a backend that decodes
-        before normalising would climb the path.
+    @raise UnsafeWildcardError: A value is or contains a dot segment, as the edge refuses
+        in request paths (L{has_dot_segment}): even encoded, a backend that decodes before
+        normalising would climb the path.
     """
     out: list[str] = []
     for part in template:
@@ -81,7 +84,7 @@ def fill_path(template: Sequence[str | tuple[str]], params: dict[str, str]) -> b
             out.append(part)
             continue
         value = params.get(part[0], "")
-        if value in (".", ".."):
+        if has_dot_segment(value):
             raise UnsafeWildcardError(value)
         out.append(quote(value, safe="", encoding="utf-8", errors="surrogateescape"))
     return "".join(out).encode("ascii")

@@ -402,6 +402,9 @@ class Mux(Generic[T]):
         then C{GET} for a C{HEAD} request, then patterns without a method). Without a
         match, some pattern matching another method gives 405, else 404.
 
+        Paths are taken with Go's semantics (an encoded slash stays inside its segment);
+        the edge applies C{encodedSlashes} before the mux sees a path.
+
         C{CONNECT} paths are not cleaned and C{host} keeps its port. As in Go, the
         trailing-slash redirect and the 405 check for C{CONNECT} use C{target_host}.
 

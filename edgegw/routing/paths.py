@@ -11,17 +11,33 @@ UTF-8 and percent-encoded UTF-8 match the same pattern, as they do in Go.
 from __future__ import annotations
 
 import re
+from typing import Literal, TypeAlias
 from urllib.parse import quote, unquote_to_bytes
 
 __all__ = [
+    "ENCODED_SLASH_MODES",
+    "EncodedSlashes",
     "clean_path",
+    "has_dot_segment",
     "path_segments",
     "redirect_location",
     "split_path",
     "split_request_target",
     "to_bytes",
     "unescape",
+    "vet_path",
 ]
+
+EncodedSlashes: TypeAlias = Literal["reject", "decode", "keep"]
+"""
+What a request path with an encoded slash (C{%2F}) gets: refused, decoded into a real
+separator before routing, or kept inside its segment (Go's semantics).
+"""
+
+ENCODED_SLASH_MODES: tuple[EncodedSlashes, ...] = ("reject", "decode", "keep")
+"""
+The values of C{Gateway.spec.security.encodedSlashes}, the default first.
+"""
 
 
 def to_bytes(text: str) -> bytes:
@@ -45,6 +61,51 @@ def unescape(text: str) -> str:
     if "%" not in text or _BAD_ESCAPE.search(text) is not None:
         return text
     return unquote_to_bytes(to_bytes(text)).decode("utf-8", "surrogateescape")
+
+
+def has_dot_segment(value: str) -> bool:
+    """
+    Whether a decoded path, segment or wildcard value has a C{.} or C{..} segment once
+    split at C{/} (and at C{\\}, which some backends read as C{/}).
+    """
+    if "." not in value:
+        return False
+    if "\\" in value:
+        value = value.replace("\\", "/")
+    return any(piece in (".", "..") for piece in value.split("/"))
+
+
+def vet_path(path: str, encoded_slashes: EncodedSlashes) -> str | None:
+    """
+    The escaped path to route, authorize and forward, or L{None} when the request must be
+    refused: a path a backend that decodes or normalises could read as another path than
+    the one the gateway routed.
+
+    Refused in every mode: an invalid escape (Go refuses it too), a backslash (raw or
+    C{%5C}), and a segment that decodes to a dot segment or into pieces one of which is
+    one (C{%2e%2e}, C{..%2F}, C{a%2F..}); plain C{.} and C{..} are left to path cleaning.
+    An encoded slash is then refused (C{reject}), decoded into a separator (C{decode}: the
+    result is what the mux and the backend see), or kept inside its segment (C{keep}).
+
+    @param path: The escaped path, without the query.
+    @return: C{path} itself when nothing changes.
+    """
+    if "\\" in path:
+        return None
+    if "%" not in path:
+        return path
+    if _BAD_ESCAPE.search(path) is not None or "%5c" in path or "%5C" in path:
+        return None
+    slash = "%2f" in path or "%2F" in path
+    if slash and encoded_slashes == "reject":
+        return None
+    if slash or "%2e" in path or "%2E" in path:
+        for seg in path.split("/"):
+            if "%2" in seg and has_dot_segment(unescape(seg)):
+                return None
+    if slash and encoded_slashes == "decode":
+        return path.replace("%2F", "/").replace("%2f", "/")
+    return path
 
 
 def clean_path(path: str) -> str:
