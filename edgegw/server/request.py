@@ -28,6 +28,11 @@ L{GatewayChannel}:
   - Over-long request lines get a 414, over-long header lines and header sections a
     431, where Twisted closes silently or answers 400; folded header lines (obs-fold)
     get a 400 where Twisted unfolds them. Twisted's other 400s are kept.
+  - Framing Twisted would read differently from a backend is refused with 400 and the
+    connection closed, before anything is dispatched: a C{Content-Length} of more than
+    L{MAX_CONTENT_LENGTH_DIGITS} digits, and any C{Transfer-Encoding} other than exactly
+    one C{chunked} on an HTTP/1.1 request. C{Connection} is read as a comma-separated
+    token list (Twisted splits it on spaces).
 
 Use both classes together: C{Site(resource, requestFactory=GatewayRequest)} with
 C{site.protocol = GatewayChannel}.
@@ -35,6 +40,7 @@ C{site.protocol = GatewayChannel}.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from io import BytesIO
 from typing import Final, Protocol, cast
 from urllib.parse import unquote_to_bytes as unquote
@@ -73,9 +79,22 @@ How long a connection closed with part of a request body unread keeps reading (a
 dropping) what the client still sends after the response, before closing for good.
 """
 
+MAX_CONTENT_LENGTH_DIGITS: Final = 15
+"""
+The most digits a request's C{Content-Length} may have (leading zeros included): up to
+10^15 - 1 bytes (about 888 TiB), a value every integer type a backend may parse it into
+(64-bit, signed or not, and IEEE doubles such as JavaScript's numbers) holds exactly.
+A longer one is refused with 400, so that no backend can read a wrapped-around length.
+"""
+
 _CONTINUE: Final = b"HTTP/1.1 100 Continue\r\n\r\n"
 _LINE_RECEIVED: Final = HTTPChannel.lineReceived
 _FOLD_START: Final = (b" ", b"\t")
+_CONTENT_LENGTH: Final = b"content-length:"
+_CONTENT_LENGTH_START: Final = (b"C", b"c")
+# A header line no longer than this cannot hold a Content-Length with too many digits.
+_CONTENT_LENGTH_LONGEST: Final = len(_CONTENT_LENGTH) + MAX_CONTENT_LENGTH_DIGITS
+_BAD_REQUEST: Final = b"400 Bad Request"
 
 
 class BodyDiscardedError(Exception):
@@ -575,6 +594,19 @@ class GatewayRequest(Request):
         super().connectionLost(reason)
 
 
+def _asks_close(values: Sequence[bytes]) -> bool:
+    """
+    Whether C{Connection} field values hold the C{close} token.
+    """
+    for value in values:
+        lowered = value.lower()
+        if b"close" in lowered:
+            for token in lowered.split(b","):
+                if token.strip(b" \t") == b"close":
+                    return True
+    return False
+
+
 class GatewayChannel(HTTPChannel):
     """
     An L{HTTPChannel} that dispatches L{GatewayRequest}s with a body as soon as their
@@ -596,10 +628,20 @@ class GatewayChannel(HTTPChannel):
     _heldTimeOut: float | None = None
 
     def lineReceived(self, line: bytes) -> None:
-        if line[:1] in _FOLD_START:
+        first = line[:1]
+        if first in _FOLD_START:
             # obs-fold (RFC 9112 section 5.2): rejected rather than unfolded, so that
             # no two parsers can disagree about it.
             self._respondToBadRequestAndDisconnect()
+        elif (
+            first in _CONTENT_LENGTH_START
+            and len(line) > _CONTENT_LENGTH_LONGEST
+            and line[:15].lower() == _CONTENT_LENGTH
+            and len(line[15:].strip(b" \t")) > MAX_CONTENT_LENGTH_DIGITS
+        ):
+            # Checked on the raw line: Twisted would parse any number of digits (past
+            # 4300 its int() raises, and the connection drops without an answer).
+            self._refuse(_BAD_REQUEST)
         else:
             _LINE_RECEIVED(self, line)
 
@@ -611,6 +653,15 @@ class GatewayChannel(HTTPChannel):
 
     def allHeadersReceived(self) -> None:
         request = self.requests[-1]
+        codings = request.requestHeaders.getRawHeaders(b"transfer-encoding")
+        if codings is not None and (
+            self._version != b"HTTP/1.1" or len(codings) != 1 or codings[0].lower() != b"chunked"
+        ):
+            # RFC 9112 section 6.1: chunked is the only coding the gateway decodes, and it
+            # must be the only one (Twisted ignores "identity", and decodes chunked
+            # HTTP/1.0 requests); an HTTP/1.0 message with Transfer-Encoding is faulty.
+            self._refuse(_BAD_REQUEST)
+            return
         if self.length == 0 or not isinstance(request, GatewayRequest):
             HTTPChannel.allHeadersReceived(self)
             return
@@ -653,6 +704,20 @@ class GatewayChannel(HTTPChannel):
         self._streaming = None
         self._drain()
 
+    def checkPersistence(self, request: HTTPRequest, version: bytes) -> bool:
+        """
+        Whether the connection stays open after C{request}'s response: HTTP/1.1 without a
+        C{close} token in C{Connection}, whose values are comma-separated token lists
+        with optional whitespace (RFC 9110 section 7.6.1).
+        """
+        if version != b"HTTP/1.1":
+            return False
+        values = request.requestHeaders.getRawHeaders(b"connection")
+        if values is not None and _asks_close(values):
+            request.responseHeaders.setRawHeaders(b"connection", [b"close"])
+            return False
+        return True
+
     def writeHeaders(self, version: bytes, code: bytes, reason: bytes, headers: Headers) -> None:
         request = self._streaming
         if request is not None and self.persistent and request._closeAfterResponse(finishing=False):
@@ -690,9 +755,14 @@ class GatewayChannel(HTTPChannel):
             request.connectionLost(Failure(ConnectionLost("malformed request body")))
             self.loseConnection()
             return
-        HTTPChannel._respondToBadRequestAndDisconnect(self)
+        # Twisted's own answer, with the framing headers every other refusal has.
+        self._refuse(_BAD_REQUEST)
 
     def _refuse(self, status: bytes) -> None:
+        """
+        Answer C{status} and close; nothing else the client sent is read.
+        """
+        self._draining = True
         self._write(b"HTTP/1.1 " + status + b"\r\nConnection: close\r\nContent-Length: 0\r\n\r\n")
         self.loseConnection()
 
