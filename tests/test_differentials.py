@@ -262,6 +262,7 @@ class HostTests(DifferentialTestCase):
             "[fe80::1%eth0]",
             "h\u00e9.test",
             "a%zzb",
+            "%61dmin.example",
         ):
             await self.assertRefused(port, "/public/x", host=host)
         for target in ("http://a%zz/x", "http://x:y/x", "http://[::1/x"):

@@ -733,7 +733,6 @@ class NormaliseHostTests(SynchronousTestCase):
             b"[FE80::A]:443": b"[fe80::a]:443",
             b"[v1.Fe:x]": b"[v1.fe:x]",
             b"my_service:80": b"my_service:80",
-            b"a%41": b"a%41",
             b":80": b":80",
         }
         for value, normal in cases.items():
@@ -761,6 +760,8 @@ class NormaliseHostTests(SynchronousTestCase):
             b"h\xc3\xa9",
             b"a%zz",
             b"a%4",
+            b"a%41",
+            b"%61dmin.example",
         ):
             self.assertIsNone(normalise_host(value), value)
 

@@ -14,10 +14,11 @@ import re
 
 __all__ = ["host_key", "normalise_host"]
 
-# RFC 3986: unreserved, sub-delims, "%" (pct-encoded), ":" (port) and the brackets of an
-# IP literal. Anything else ("a b", "a@b/c?d", non-ASCII) is not a host.
-_HOST_BYTES = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-._~!$&'()*+,;=%:[]"
-_BAD_ESCAPE = re.compile(rb"%(?![0-9A-Fa-f]{2})")
+# RFC 3986: unreserved, sub-delims, ":" (port) and the brackets of an IP literal. Anything
+# else ("a b", "a@b/c?d", non-ASCII) is not a host. Percent-escapes are refused too: a
+# reg-name may have them, but no DNS name does, and "%61dmin.example" would be one more
+# spelling of admin.example for a backend that decodes it.
+_HOST_BYTES = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-._~!$&'()*+,;=:[]"
 _IP_FUTURE = re.compile(rb"[vV][0-9A-Fa-f]+\.[A-Za-z0-9\-._~!$&'()*+,;=:]+")
 
 
@@ -26,9 +27,9 @@ def normalise_host(value: bytes) -> bytes | None:
     A C{Host} value (or the authority of an absolute-form target) in its normal form, or
     L{None} when it is not C{host[:port]} per RFC 3986.
 
-    The host is an IP literal in brackets, an IPv4 address or a reg-name; the port is
-    digits. The normal form is lowercase, without the trailing dot of a name and without
-    an empty port; C{""} stays C{""}.
+    The host is an IP literal in brackets (no zone identifier), an IPv4 address or a
+    reg-name without percent-escapes; the port is digits. The normal form is lowercase,
+    without the trailing dot of a name and without an empty port; C{""} stays C{""}.
     """
     if value.translate(None, _HOST_BYTES):
         return None
@@ -44,8 +45,6 @@ def normalise_host(value: bytes) -> bytes | None:
         else:
             name, port = value[:colon], value[colon:]
         if b"[" in name or b"]" in name or b".." in name:
-            return None
-        if b"%" in name and _BAD_ESCAPE.search(name):
             return None
         name = name.lower()
         if name[-1:] == b".":
@@ -63,9 +62,6 @@ def normalise_host(value: bytes) -> bytes | None:
 def _is_ip_literal(literal: bytes) -> bool:
     if _IP_FUTURE.fullmatch(literal):
         return True
-    if b"%" in literal:
-        # A zone identifier: not part of a URI's host (RFC 6874 would write it "%25").
-        return False
     try:
         ipaddress.IPv6Address(literal.decode("ascii"))
     except ValueError:
