@@ -45,6 +45,7 @@ from edgegw.handlers.health import HealthHandler
 from edgegw.handlers.proxy import ProxyHandler
 from edgegw.handlers.static import StaticHandler
 from edgegw.routing.mux import Mux
+from edgegw.server.limits import LimitedSite
 from edgegw.server.request import GatewayChannel, GatewayRequest
 from edgegw.telemetry import Telemetry
 from edgegw.upstream.agent import UpstreamAgent
@@ -176,17 +177,17 @@ def edge_site(
         dispatcher,
         access or AccessLog(),
     )
-    site = GatewaySite(resource, timeout=IDLE_CONNECTION_TIMEOUT, reactor=reactor)
+    site = GatewaySite(resource, spec.limits, timeout=IDLE_CONNECTION_TIMEOUT, reactor=reactor)
     site.displayTracebacks = False
     site.noisy = False
     return site
 
 
-class GatewaySite(Site):
+class GatewaySite(LimitedSite):
     """
     A Site without Twisted's own combined-format access log (edgegw logs every request
     once, as structured JSON: L{AccessLog}), whose requests stream their bodies
-    (L{GatewayRequest}).
+    (L{GatewayRequest}), with C{Gateway.spec.limits} on every connection.
     """
 
     requestFactory = GatewayRequest  # type: ignore[assignment]

@@ -17,6 +17,7 @@ from twisted.internet.abstract import FileDescriptor
 from twisted.internet.address import IPv4Address
 from twisted.internet.defer import CancelledError, Deferred
 from twisted.internet.error import ConnectionDone, ConnectionLost
+from twisted.internet.error import TimeoutError as ConnectionTimedOut
 from twisted.internet.interfaces import IConsumer, IDelayedCall, IPushProducer, IReactorTime
 from twisted.internet.protocol import ClientFactory, Protocol, connectionDone
 from twisted.internet.task import Clock
@@ -519,11 +520,13 @@ class FlowControlTests(Fixture):
         self.assertFalse(conn.reading)
         self.clock.advance(60)
         self.assertFalse(conn.transport.disconnecting)
-        handler.requests[0].body.startProducing(Collector())
+        produced = Outcome(handler.requests[0].body.startProducing(Collector()))
         self.assertTrue(conn.reading)
         # Reading again: a client that then stalls is timed out as usual.
         self.clock.advance(5)
         self.assertTrue(conn.transport.disconnecting)
+        assert produced.failure is not None
+        self.assertTrue(produced.failure.check(ConnectionTimedOut))
 
     def test_idle_timeout_restored_after_request(self) -> None:
         conn, handler = self.connect(timeout=5)

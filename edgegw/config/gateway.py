@@ -11,6 +11,7 @@ import os
 from edgegw.config.addresses import endpoint_description
 from edgegw.config.fields import Node
 from edgegw.config.identity import read_identity
+from edgegw.config.limits import read_limits
 from edgegw.config.model import AccessLogSpec, AuthSpec, GatewaySpec
 from edgegw.config.security import read_security
 from edgegw.config.session import read_session
@@ -61,6 +62,7 @@ def read_gateway(spec: Node, base_dir: str) -> GatewaySpec:
         state_provider=state,
         drain_timeout=spec.duration("drainTimeout", 30.0) or 0.0,
         access_log=_access_log(spec.mapping("accessLog"), base_dir),
+        limits=read_limits(spec.mapping("limits")),
     )
 
 

@@ -179,6 +179,19 @@ class AccessLogSpec:
 
 
 @attrs.frozen
+class LimitsSpec:
+    """
+    C{Gateway.spec.limits}: how long the gateway waits for slow clients (nginx's defaults).
+
+    @ivar header_timeout: Seconds from the first byte of a request head to its end.
+    @ivar body_timeout: Seconds a request body may go without a byte while it is read.
+    """
+
+    header_timeout: float = 60.0
+    body_timeout: float = 60.0
+
+
+@attrs.frozen
 class GatewaySpec:
     """The one C{Gateway} resource."""
 
@@ -192,6 +205,7 @@ class GatewaySpec:
     state_provider: StateProviderRef | None = None
     drain_timeout: float = DEFAULT_DRAIN_TIMEOUT
     access_log: AccessLogSpec = AccessLogSpec()
+    limits: LimitsSpec = LimitsSpec()
     location: Location | None = attrs.field(default=None, eq=False, repr=False)
 
 

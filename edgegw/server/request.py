@@ -25,6 +25,11 @@ L{GatewayChannel}:
     request done with: C{notifyFinish} fires, the next request on the connection is
     read. Otherwise the connection closes after the response (announced with
     C{Connection: close} when the response head has not been sent yet).
+  - Timers are per connection, never per byte: between requests the idle timeout
+    (the site's); from the first byte of a request head, a fixed deadline for the whole
+    head (C{headerTimeout}: a client trickling one byte at a time is cut at it, with a
+    408); while a body is read, the longest gap between two reads (C{bodyTimeout});
+    none while a request is being answered or its body is held for a slow consumer.
   - Over-long request lines get a 414, over-long header lines and header sections a
     431, where Twisted closes silently or answers 400; folded header lines (obs-fold)
     get a 400 where Twisted unfolds them. Twisted's other 400s are kept.
@@ -48,8 +53,10 @@ from urllib.parse import unquote_to_bytes as unquote
 from twisted.internet.abstract import FileDescriptor
 from twisted.internet.defer import Deferred, fail, succeed
 from twisted.internet.error import ConnectionLost
+from twisted.internet.error import TimeoutError as ConnectionTimedOut
 from twisted.internet.interfaces import IConsumer, IDelayedCall, IPushProducer
 from twisted.internet.protocol import connectionDone
+from twisted.protocols.basic import LineReceiver
 from twisted.python.failure import Failure
 from twisted.web.http import HTTPChannel, parse_qs
 from twisted.web.http import Request as HTTPRequest
@@ -95,6 +102,14 @@ _CONTENT_LENGTH_START: Final = (b"C", b"c")
 # A header line no longer than this cannot hold a Content-Length with too many digits.
 _CONTENT_LENGTH_LONGEST: Final = len(_CONTENT_LENGTH) + MAX_CONTENT_LENGTH_DIGITS
 _BAD_REQUEST: Final = b"400 Bad Request"
+_REQUEST_TIMEOUT: Final = b"408 Request Timeout"
+
+# Where a connection is, for its timer: waiting for a request (the idle timeout), reading
+# a request head (its deadline), reading a body (the gap between reads), answering (none).
+_AWAITING: Final = 0
+_HEAD: Final = 1
+_BODY: Final = 2
+_ANSWERING: Final = 3
 
 
 class BodyDiscardedError(Exception):
@@ -594,6 +609,13 @@ class GatewayRequest(Request):
         super().connectionLost(reason)
 
 
+def _closing_answer(status: bytes) -> bytes:
+    """
+    A whole bodiless response with C{status}, announcing that the connection closes.
+    """
+    return b"HTTP/1.1 " + status + b"\r\nConnection: close\r\nContent-Length: 0\r\n\r\n"
+
+
 def _asks_close(values: Sequence[bytes]) -> bool:
     """
     Whether C{Connection} field values hold the C{close} token.
@@ -621,11 +643,46 @@ class GatewayChannel(HTTPChannel):
     side cannot be shut down alone: there the connection just lingers, then closes.)
     """
 
+    headerTimeout: float | None = None
+    """
+    Seconds from the first byte of a request head to its last (the gateway's site sets
+    it per connection); L{None}: the idle timeout's period.
+    """
+    bodyTimeout: float | None = None
+    """
+    Seconds a request body may go without a byte while the gateway reads it; L{None}: the
+    idle timeout's period.
+    """
+
     _gate: _ReadGate | None = None
     _streaming: GatewayRequest | None = None
+    # Closing: nothing more the client sends is parsed.
     _draining = False
     _lingerCall: IDelayedCall | None = None
     _heldTimeOut: float | None = None
+    _phase = _AWAITING
+    _idleTimeout: float | None = None
+
+    def connectionMade(self) -> None:
+        # The site's idle timeout: the period between requests.
+        self._idleTimeout = self.timeOut
+        HTTPChannel.connectionMade(self)
+
+    def dataReceived(self, data: bytes) -> None:
+        """
+        Twisted renews the idle timeout with every read; here a request head's first byte
+        starts a deadline for the whole head, which later reads do not move (one byte
+        every few seconds would hold the connection for ever), and only a body's reads
+        renew its timer.
+        """
+        phase = self._phase
+        if phase == _AWAITING:
+            self._phase = _HEAD
+            timeout = self.headerTimeout
+            self.setTimeout(self._idleTimeout if timeout is None else timeout)
+        elif phase == _BODY:
+            self.resetTimeout()
+        LineReceiver.dataReceived(self, data)
 
     def lineReceived(self, line: bytes) -> None:
         first = line[:1]
@@ -666,6 +723,9 @@ class GatewayChannel(HTTPChannel):
             HTTPChannel.allHeadersReceived(self)
             return
         self._streaming = request
+        self._phase = _BODY
+        timeout = self.bodyTimeout
+        self.setTimeout(self._idleTimeout if timeout is None else timeout)
         if self._gate is None:
             # Installed with the first body, so that a connection without one pays
             # nothing. Twisted leaves reading paused at this point only while it waits
@@ -682,10 +742,18 @@ class GatewayChannel(HTTPChannel):
     def allContentReceived(self) -> None:
         if self._streaming is not None:
             self._streaming = None
-            # Before Twisted saves the idle timeout for the time the request is handled.
+            # Before Twisted saves the timeout for the time the request is handled.
             self._releaseReading()
         elif self._draining:
             return
+        self._phase = _ANSWERING
+        # Twisted stops the timer while the request is answered, saving the period to
+        # restore afterwards: the idle timeout's, not the head's or the body's.
+        idle = self._idleTimeout
+        if idle:
+            self.timeOut = idle  # type: ignore[assignment]  # a float, as the site sets it
+        else:
+            self.setTimeout(None)
         HTTPChannel.allContentReceived(self)
 
     def rawDataReceived(self, data: bytes) -> None:
@@ -695,6 +763,8 @@ class GatewayChannel(HTTPChannel):
 
     def requestDone(self, request: HTTPRequest) -> None:
         if request is not self._streaming:
+            # Idle until the next request's first byte (perhaps one already read ahead).
+            self._phase = _AWAITING
             HTTPChannel.requestDone(self, request)
             return
         # Answered, not persistent, the body not all read: close (never while persistent).
@@ -729,6 +799,19 @@ class GatewayChannel(HTTPChannel):
         assert transport is not None
         transport.write(serialize_head(version, code, reason, headers))
 
+    def timeoutConnection(self) -> None:
+        """
+        Close on a timeout, telling a client whose request head or body is overdue so
+        (408) when no response has started; a request being answered learns at once.
+        """
+        phase = self._phase
+        if phase == _HEAD:
+            self._draining = True
+            self._write(_closing_answer(_REQUEST_TIMEOUT))
+        elif phase == _BODY and self._streaming is not None:
+            self._abandonStreaming(self._streaming, _REQUEST_TIMEOUT, ConnectionTimedOut)
+        HTTPChannel.timeoutConnection(self)
+
     def connectionLost(self, reason: Failure = connectionDone) -> None:
         if self._lingerCall is not None:
             self._lingerCall.cancel()
@@ -745,14 +828,8 @@ class GatewayChannel(HTTPChannel):
             return
         request = self._streaming
         if request is not None:
-            self._streaming = None
-            # Malformed body framing, with the request already being answered: a 400 only
-            # if the response has not started, and the request learns of it at once.
-            if not request.startedWriting:
-                self._write(b"HTTP/1.1 400 Bad Request\r\n\r\n")
-                request.startedWriting = True
-            self.requests.remove(request)
-            request.connectionLost(Failure(ConnectionLost("malformed request body")))
+            # Malformed body framing, with the request already being answered.
+            self._abandonStreaming(request, _BAD_REQUEST, ConnectionLost)
             self.loseConnection()
             return
         # Twisted's own answer, with the framing headers every other refusal has.
@@ -763,8 +840,25 @@ class GatewayChannel(HTTPChannel):
         Answer C{status} and close; nothing else the client sent is read.
         """
         self._draining = True
-        self._write(b"HTTP/1.1 " + status + b"\r\nConnection: close\r\nContent-Length: 0\r\n\r\n")
+        self._write(_closing_answer(status))
         self.loseConnection()
+
+    def _abandonStreaming(
+        self, request: GatewayRequest, status: bytes, error: type[Exception]
+    ) -> None:
+        """
+        Give up on the body of C{request}, already dispatched: answer C{status} if its
+        response has not started, and fail it at once (its body and C{notifyFinish}),
+        rather than when the connection is gone. The caller closes the connection.
+        """
+        self._streaming = None
+        self._draining = True
+        if not request.startedWriting:
+            self._write(_closing_answer(status))
+            request.startedWriting = True
+        self.requests.remove(request)
+        why = status.decode("ascii").partition(" ")[2].lower()
+        request.connectionLost(Failure(error(why)))
 
     def _write(self, data: bytes) -> None:
         if self.transport is not None:

@@ -1,0 +1,31 @@
+"""
+The Gateway's limits block: deadlines for slow clients.
+"""
+
+from __future__ import annotations
+
+from edgegw.config.fields import Node
+from edgegw.config.model import LimitsSpec
+
+__all__ = ["read_limits"]
+
+_DEFAULTS = LimitsSpec()
+
+
+def read_limits(node: Node | None) -> LimitsSpec:
+    """
+    The limits block, or the defaults when there is none.
+    """
+    if node is None:
+        return _DEFAULTS
+    limits = LimitsSpec(
+        header_timeout=_duration(node, "headerTimeout", _DEFAULTS.header_timeout),
+        body_timeout=_duration(node, "bodyTimeout", _DEFAULTS.body_timeout),
+    )
+    node.finish()
+    return limits
+
+
+def _duration(node: Node, key: str, default: float) -> float:
+    value = node.duration(key, default, positive=True)
+    return default if value is None else value
