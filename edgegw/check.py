@@ -51,7 +51,9 @@ def route_table(routes: Sequence[CompiledRoute]) -> str:
 def check(source: str, out: TextIO = sys.stdout, err: TextIO = sys.stderr) -> int:
     """
     Load the configuration at C{source} and build the gateway's whole service tree, as
-    startup would, without starting it; print the route table or the errors.
+    startup would, without starting it (no socket is bound, no file is created: the
+    access-log file's directory and permissions are checked at load); print the route
+    table or the errors.
 
     @return: The process exit status: 0 when the configuration is usable, 1 otherwise.
     """
@@ -59,7 +61,7 @@ def check(source: str, out: TextIO = sys.stdout, err: TextIO = sys.stderr) -> in
         config = load_config(source)
         service = build_service(config, Clock())
     except ConfigError as e:
-        err.write(f"edgegw: {e.render()}\n")
+        _write(err, f"edgegw: {e.render()}\n")
         return 1
     listen = config.gateway.listen
     if not endpoint_description(listen).startswith("systemd:"):
@@ -69,13 +71,23 @@ def check(source: str, out: TextIO = sys.stdout, err: TextIO = sys.stderr) -> in
             service.listener.build_endpoint()
         except ValueError as e:
             problem = Problem(config.gateway.location, "spec.listen", str(e))
-            err.write(f"edgegw: {ConfigError([problem]).render()}\n")
+            _write(err, f"edgegw: {ConfigError([problem]).render()}\n")
             return 1
     gateway = service.gateway
-    out.write(
+    _write(
+        out,
         f"edgegw: configuration {source} is valid: {len(config.files)} file(s), "
         f"{len(gateway.routes)} route(s), listening on {listen} "
-        f"({endpoint_description(listen)})\n\n"
+        f"({endpoint_description(listen)})\n\n" + route_table(gateway.routes) + "\n",
     )
-    out.write(route_table(gateway.routes) + "\n")
     return 0
+
+
+def _write(stream: TextIO, text: str) -> None:
+    """
+    Write C{text} whatever C{stream}'s encoding (a C locale's ASCII stdout included):
+    what it cannot encode is written as backslash escapes rather than a traceback after
+    half the report.
+    """
+    encoding = getattr(stream, "encoding", None) or "utf-8"
+    stream.write(text.encode(encoding, "backslashreplace").decode(encoding))

@@ -1442,3 +1442,57 @@ class ForwardIdentityTests(SynchronousTestCase):
                 "identity.assertion.issue in the Gateway to mint assertions",
             ],
         )
+
+
+class NotTextTests(SynchronousTestCase):
+    """
+    Issue 10, point 7: a string that is not valid Unicode text (a lone surrogate, from a
+    C{\\ud800} escape or an environment variable that is not UTF-8) is a located load
+    error, wherever it is; nothing downstream ever prints or encodes it.
+    """
+
+    def test_lone_surrogates_refused_where_they_are(self) -> None:
+        self.assertEqual(
+            problems_of(
+                self.mktemp(),
+                """\
+                kind: Route
+                metadata: {name: r, labels: {"team\\udc00": x}}
+                spec:
+                  match: "/\\ud800x"
+                  handler: {type: proxy, upstream: "http://a.test/${BAD}"}
+                """,
+                environ={"BAD": "caf\udce9"},
+            )[:3],
+            [
+                'document 2, Route "r": metadata.labels.team\\udc00: "team\\udc00" is not '
+                "valid Unicode text: U+DC00 is a lone surrogate, which no UTF-8 text can hold",
+                'document 2, Route "r": spec.match: "/\\ud800x" is not valid Unicode text: '
+                "U+D800 is a lone surrogate, which no UTF-8 text can hold",
+                'document 2, Route "r": spec.handler.upstream: "http://a.test/caf\\udce9" is '
+                "not valid Unicode text: U+DCE9 is a lone surrogate, which no UTF-8 text can "
+                "hold",
+            ],
+        )
+
+    def test_characters_beyond_the_basic_plane(self) -> None:
+        # YAML escapes them as \U0001F600 (or they are written as they are); YAML has no
+        # surrogate pairs, so "\ud83d\ude00" is two lone surrogates (PyYAML reads it so).
+        config = load_text(
+            self.mktemp(),
+            """\
+            kind: Route
+            metadata: {name: r}
+            spec: {match: "/\\U0001F600/\U0001f600", handler: {type: health}}
+            """,
+        )
+        self.assertEqual(config.routes[0].match, "/\U0001f600/\U0001f600")
+        [problem] = problems_of(
+            self.mktemp(),
+            """\
+            kind: Route
+            metadata: {name: r}
+            spec: {match: "/\\ud83d\\ude00", handler: {type: health}}
+            """,
+        )
+        self.assertIn("U+D83D is a lone surrogate", problem)

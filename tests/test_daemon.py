@@ -118,6 +118,29 @@ class CommandLineTests(TestCase):
             self.assertNotIn("Traceback", text)
 
     @inlineCallbacks
+    def test_check_refuses_a_pattern_that_is_not_text(self) -> Any:
+        # Issue 10, point 7: "valid", then a UnicodeEncodeError traceback, before.
+        root = write_tree(
+            self.mktemp(),
+            {
+                "a.yaml": GATEWAY + "---\nkind: Route\nmetadata: {name: r}\n"
+                'spec: {match: "/\\ud800x", handler: {type: health}}\n'
+            },
+        )
+        out, err, code = yield getProcessOutputAndValue(
+            os.path.join(BIN, "edgegw"), ["check", root], env=ENV
+        )
+        text = (out + err).decode()
+        self.assertEqual(code, 1, text)
+        self.assertEqual(out, b"")
+        self.assertIn(
+            f'{root}/a.yaml, document 2, Route "r": spec.match: "/\\ud800x" is not valid '
+            "Unicode text: U+D800 is a lone surrogate",
+            text,
+        )
+        self.assertNotIn("Traceback", text)
+
+    @inlineCallbacks
     def test_usage(self) -> Any:
         _, err, code = yield getProcessOutputAndValue(os.path.join(BIN, "edgegw"), [], env=ENV)
         self.assertEqual(code, 2)

@@ -156,6 +156,10 @@ class _Interpolator:
             messages: list[str] = []
             value = interpolate(node, self.environ, messages)
             self.problems.extend((path, message) for message in messages)
+            if not value.isascii() and _lone_surrogate(value) is not None:
+                self.problems.append((path, _not_text(value)))
+                # Readers after this one see printable text (and the load fails anyway).
+                value = _escaped(value)
             return value, 1
         if not isinstance(node, dict | list):
             return node, 1
@@ -171,6 +175,9 @@ class _Interpolator:
         if isinstance(node, dict):
             result = {}
             for key, item in node.items():
+                if isinstance(key, str) and not key.isascii() and _lone_surrogate(key) is not None:
+                    self.problems.append((_join(path, _escaped(key)), _not_text(key)))
+                    key = _escaped(key)
                 result[key], count = self.walk(item, _join(path, key))
                 size += count
                 if size > MAX_NODES:
@@ -190,6 +197,31 @@ class _Interpolator:
 
 def _join(path: str, key: object) -> str:
     return f"{path}.{key}" if path else str(key)
+
+
+def _lone_surrogate(text: str) -> int | None:
+    """
+    The first lone surrogate in C{text} (from a C{"\\ud800"} escape, or from an
+    environment variable that is not UTF-8), or L{None}: such a string is not text, and
+    printing or encoding it fails.
+    """
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        return ord(text[e.start])
+    return None
+
+
+def _escaped(text: str) -> str:
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+def _not_text(text: str) -> str:
+    code = _lone_surrogate(text) or 0
+    return (
+        f'"{_escaped(text)}" is not valid Unicode text: U+{code:04X} is a lone surrogate, '
+        "which no UTF-8 text can hold"
+    )
 
 
 _MERGE_TAG = "tag:yaml.org,2002:merge"
