@@ -6,13 +6,16 @@ from __future__ import annotations
 
 import gc
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from twisted.application.service import IService
 from twisted.python import usage
 
-from edgegw.config.errors import ConfigError
+from edgegw.config.errors import ConfigError, Problem
 from edgegw.config.parse import load_config
+
+if TYPE_CHECKING:
+    from edgegw.gateway import Gateway
 
 DEFAULT_CONFIG = "/etc/edgegw"
 GC_YOUNG_THRESHOLD = 20_000
@@ -55,11 +58,34 @@ def makeService(options: Options | dict[str, Any]) -> IService:
         raise SystemExit(check(source))
     try:
         service = build_service(load_config(source), reactor)
+        open_access_log(service.gateway)
     except ConfigError as e:
         sys.stderr.write(f"edgegw: {e.render()}\n")
         raise SystemExit(1) from None
     tune_garbage_collector()
     return service
+
+
+def open_access_log(gateway: Gateway) -> None:
+    """
+    Open (and create) the access-log file as the daemon starts: building the gateway
+    opens nothing, so that C{edgegw check} leaves no file behind (run as root, it would
+    leave one the service user cannot write).
+
+    @raise ConfigError: The file cannot be opened.
+    """
+    writer = gateway.access_log.writer
+    if writer is None:
+        return
+    try:
+        writer.open()
+    except OSError as e:
+        problem = Problem(
+            gateway.config.gateway.location,
+            "spec.accessLog.output",
+            f"cannot open {writer.output}: {e.strerror or e}",
+        )
+        raise ConfigError([problem]) from None
 
 
 def tune_garbage_collector(young_threshold: int = GC_YOUNG_THRESHOLD) -> None:

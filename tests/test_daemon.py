@@ -141,6 +141,39 @@ class CommandLineTests(TestCase):
         self.assertNotIn("Traceback", text)
 
     @inlineCallbacks
+    def test_check_creates_no_access_log_and_refuses_a_fifo(self) -> Any:
+        # Issue 10, point 7: a FIFO made the check (and ExecStartPre) hang; a file path
+        # was created by the check (as root, for a service that then cannot write it).
+        self.timeout = 30
+        directory = os.path.abspath(self.mktemp())
+        os.makedirs(directory)
+        access_log = os.path.join(directory, "access.log")
+        root = write_tree(
+            self.mktemp(),
+            {
+                "a.yaml": GATEWAY + f'  accessLog: {{output: "{access_log}"}}\n'
+                "---\nkind: Route\nmetadata: {name: r}\n"
+                "spec: {match: /, handler: {type: health}}\n"
+            },
+        )
+        out, err, code = yield getProcessOutputAndValue(
+            os.path.join(BIN, "edgegw"), ["check", root], env=ENV
+        )
+        self.assertEqual(code, 0, err)
+        self.assertIn(b"is valid", out)
+        self.assertFalse(os.path.exists(access_log))
+        os.mkfifo(access_log)
+        out, err, code = yield getProcessOutputAndValue(
+            os.path.join(BIN, "edgegw"), ["check", root], env=ENV
+        )
+        self.assertEqual(code, 1, out)
+        self.assertIn(
+            f'{root}/a.yaml, document 1, Gateway "gw": spec.accessLog.output: {access_log} '
+            'is not a regular file (use "-" for standard output)',
+            err.decode(),
+        )
+
+    @inlineCallbacks
     def test_usage(self) -> Any:
         _, err, code = yield getProcessOutputAndValue(os.path.join(BIN, "edgegw"), [], env=ENV)
         self.assertEqual(code, 2)
@@ -363,8 +396,11 @@ class ServiceTreeTests(TestCase):
         # makeService tunes the garbage collector for the daemon; not for this process.
         self.addCleanup(gc.set_threshold, *gc.get_threshold())
         self.addCleanup(gc.unfreeze)
+        self.assertFalse(os.path.exists(access_log))
         service = edgegw.makeService(options)
         assert isinstance(service, GatewayService)
+        # The daemon creates its access log as it starts (edgegw check does not).
+        self.assertTrue(os.path.isfile(access_log))
         children = list(service)
         self.assertEqual(
             [child.name for child in children],

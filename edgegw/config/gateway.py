@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import ipaddress
 import os
+import stat
 
 from edgegw.config.addresses import endpoint_description
 from edgegw.config.fields import Node
@@ -91,6 +92,10 @@ def _output_problem(path: str) -> str | None:
             return f"the directory of {path} is not a directory"
         return f"the directory of {path} does not exist"
     if os.path.exists(path):
+        if not stat.S_ISREG(os.stat(path).st_mode):
+            # A FIFO would block the check and the daemon until a reader comes; a device
+            # or socket is no log file either.
+            return f'{path} is not a regular file (use "-" for standard output)'
         if not os.access(path, os.W_OK):
             return f"{path} cannot be written: permission denied"
     elif not os.access(directory, os.W_OK | os.X_OK):
