@@ -15,7 +15,6 @@ import attrs
 from opentelemetry.sdk.trace import SpanProcessor
 from twisted.internet.interfaces import IReactorTime
 from twisted.web.resource import IResource
-from twisted.web.server import Site
 
 from edgegw.authz.policy import CompiledPolicy, RoutePolicies, compile_policies
 from edgegw.chain.access_log import AccessLog
@@ -70,7 +69,7 @@ class Gateway:
     """
 
     config: Config
-    site: Site
+    site: GatewaySite
     routes: list[CompiledRoute]
     inflight: InFlight
     upstream_client: UpstreamClient
@@ -156,7 +155,7 @@ def edge_site(
     reactor: IReactorTime,
     access: AccessLog | None = None,
     telemetry: Telemetry | None = None,
-) -> Site:
+) -> GatewaySite:
     """
     The Site: forwarded, security and (with telemetry) tracing layers, per C{spec}, in
     front of C{dispatcher}.
@@ -170,7 +169,13 @@ def edge_site(
         dispatcher,
         access or AccessLog(),
     )
-    site = GatewaySite(resource, spec.limits, timeout=IDLE_CONNECTION_TIMEOUT, reactor=reactor)
+    site = GatewaySite(
+        resource,
+        spec.limits,
+        forwarded.is_trusted,
+        timeout=IDLE_CONNECTION_TIMEOUT,
+        reactor=reactor,
+    )
     site.displayTracebacks = False
     site.noisy = False
     return site

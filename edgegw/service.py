@@ -38,6 +38,7 @@ from zope.interface import implementer
 from edgegw.chain.access_log import AccessLog
 from edgegw.config.model import Config
 from edgegw.gateway import Gateway, build_gateway
+from edgegw.server.limits import LimitedSite
 from edgegw.server.listen import server_endpoint
 from edgegw.telemetry import Telemetry
 from edgegw.upstream.pool import UpstreamClient
@@ -78,7 +79,8 @@ class ListenerService(StreamServerEndpointService):
     when the service starts, not when the tree is built, so that C{edgegw check} can
     build the tree without holding a socket systemd passes in (socket activation). A
     failure to build the endpoint or to bind is printed without a traceback and exits
-    with status 1, before twistd drops privileges.
+    with status 1, before twistd drops privileges. Before binding, the open-file limit is
+    raised to fit the site's connection cap (or the cap lowered to fit the limit).
     """
 
     def __init__(self, listen: str, factory: Any, reactor: Any) -> None:
@@ -112,6 +114,8 @@ class ListenerService(StreamServerEndpointService):
             sys.stderr.write(f"edgegw: cannot listen on {self.listen}: {e}\n")
             raise SystemExit(1) from None
         self._recording = self.endpoint = _RecordingEndpoint(endpoint)
+        if isinstance(self.factory, LimitedSite):
+            self.factory.fit_descriptor_limit()
         super().privilegedStartService()
         failure = self._recording.failure
         if failure is not None:

@@ -6,21 +6,46 @@ reaches it.
 
 from __future__ import annotations
 
+import resource
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
+from twisted.internet import reactor as _reactor
+from twisted.internet.address import IPv4Address, IPv6Address, UNIXAddress
 from twisted.internet.defer import Deferred, ensureDeferred
-from twisted.internet.task import Clock
+from twisted.internet.endpoints import TCP4ClientEndpoint, connectProtocol
+from twisted.internet.error import ConnectionDone
+from twisted.internet.protocol import Factory, connectionDone
+from twisted.internet.task import Clock, deferLater
+from twisted.internet.testing import StringTransport
+from twisted.logger import ILogObserver, Logger
+from twisted.python.failure import Failure
 from twisted.trial.unittest import SynchronousTestCase, TestCase
+from twisted.web.resource import Resource
+from wsproto import ConnectionType, WSConnection
+from wsproto.events import CloseConnection
+from wsproto.events import Request as WSRequest
 
 from edgegw.config.model import LimitsSpec
 from edgegw.gateway import Gateway
+from edgegw.server.limits import (
+    DESCRIPTOR_RESERVE,
+    REFUSAL_LOG_INTERVAL,
+    ClientConnections,
+    LimitedSite,
+    fit_descriptor_limit,
+)
 from edgegw.server.request import GatewayChannel
 from tests.support.backends import RawBackend, RawConnection, RawRequest
 from tests.support.configs import GATEWAY, load_text, problems_of
-from tests.support.gateways import start_gateway
-from tests.support.rawclient import RawClient, connect
+from tests.support.gateways import answer_ok, start_gateway
+from tests.support.memory import parse_responses
+from tests.support.processes import listen_local, port_of
+from tests.support.rawclient import RawClient, connect, response_complete
+from tests.test_proxy import EchoWebSocket
 from tests.test_request import Collector, Fixture, Outcome, head, ok
+
+reactor: Any = _reactor
 
 TIMED_OUT = b"HTTP/1.1 408 Request Timeout\r\nConnection: close\r\nContent-Length: 0\r\n\r\n"
 
@@ -28,36 +53,62 @@ TIMED_OUT = b"HTTP/1.1 408 Request Timeout\r\nConnection: close\r\nContent-Lengt
 class ObservedChannel(GatewayChannel):
     """
     A gateway connection that reports each read it has handled, so that a test moves its
-    clock only once the bytes it sent are in.
+    clock only once the bytes it sent are in, and its end.
     """
 
-    reads: list[Deferred[GatewayChannel]]
+    observer: Observer
 
     def dataReceived(self, data: bytes) -> None:
         super().dataReceived(data)
-        waiting, self.reads[:] = self.reads[:], []
+        self.observer.fire(self.observer.reads, self)
+
+    def connectionLost(self, reason: Failure = connectionDone) -> None:
+        super().connectionLost(reason)
+        self.observer.fire(self.observer.gone, self)
+
+
+class Observer:
+    """
+    Waits for what a gateway's connections do (see L{ObservedChannel}).
+    """
+
+    def __init__(self, gateway: Gateway) -> None:
+        self.reads: list[Deferred[GatewayChannel]] = []
+        self.gone: list[Deferred[GatewayChannel]] = []
+
+        class Channel(ObservedChannel):
+            observer = self
+
+        gateway.site.protocol = Channel
+
+    def next_read(self) -> Deferred[GatewayChannel]:
+        """
+        Fires with the channel once a connection has handled its next read.
+        """
+        read: Deferred[GatewayChannel] = Deferred()
+        self.reads.append(read)
+        return read
+
+    def next_gone(self) -> Deferred[GatewayChannel]:
+        """
+        Fires with the channel once the next connection is gone.
+        """
+        gone: Deferred[GatewayChannel] = Deferred()
+        self.gone.append(gone)
+        return gone
+
+    @staticmethod
+    def fire(waiters: list[Deferred[GatewayChannel]], channel: GatewayChannel) -> None:
+        waiting, waiters[:] = waiters[:], []
         for waiter in waiting:
-            waiter.callback(self)
+            waiter.callback(channel)
 
 
 def observe(gateway: Gateway) -> Callable[[], Deferred[GatewayChannel]]:
     """
     Make C{gateway}'s connections observed; return what gives the next read.
     """
-    reads: list[Deferred[GatewayChannel]] = []
-
-    class Channel(ObservedChannel):
-        pass
-
-    Channel.reads = reads
-    gateway.site.protocol = Channel  # type: ignore[assignment]
-
-    def next_read() -> Deferred[GatewayChannel]:
-        read: Deferred[GatewayChannel] = Deferred()
-        reads.append(read)
-        return read
-
-    return next_read
+    return Observer(gateway).next_read
 
 
 def hold(request: RawRequest, connection: RawConnection) -> None:
@@ -140,6 +191,259 @@ class DeadlineTests(TestCase):
         await self.backend.all_lost()
         self.assertEqual(upstream.requests, [])
         self.assertTrue(upstream.received.startswith(b"POST /x HTTP/1.1\r\n"))
+
+
+async def connect_from(port: int, host: str) -> RawClient:
+    """
+    A connected L{RawClient} to 127.0.0.1:C{port} from the loopback address C{host}.
+    """
+    client = RawClient()
+    endpoint: Any = TCP4ClientEndpoint(reactor, "127.0.0.1", port, bindAddress=(host, 0))
+    await connectProtocol(endpoint, client)
+    return client
+
+
+HEALTH = b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n"
+HEALTH_CLOSE = b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+PROXIED = b"GET /x HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+
+
+async def healthy(client: RawClient, request: bytes = HEALTH_CLOSE) -> int:
+    """
+    Send a health check on C{client}; the status of its complete response.
+    """
+    start = len(client.received)
+    client.send(request)
+    await client.until(lambda data: response_complete(data[start:]))
+    [response] = parse_responses(client.received[start:])
+    return response.status
+
+
+class ConnectionCapTests(TestCase):
+    """
+    Connections beyond the caps are closed at once and nothing of them is read, while
+    /healthz keeps answering.
+    """
+
+    def start(self, gateway_spec: str) -> tuple[Gateway, Clock, Observer, int]:
+        self.backend = RawBackend(answer_ok, on_head=True).start()
+        self.addCleanup(lambda: ensureDeferred(self.backend.stop()))
+        clock = Clock()
+        gateway, port = start_gateway(
+            self, f"http://127.0.0.1:{self.backend.port}", gateway_spec, clock=clock
+        )
+        return gateway, clock, Observer(gateway), port
+
+    async def slow_client(self, port: int, observer: Observer, host: str = "127.0.0.1") -> Any:
+        """
+        A client that has sent part of a request head, holding its connection.
+        """
+        client = await connect_from(port, host)
+        read = observer.next_read()
+        client.send(b"GET /x HTTP/1.1\r\nHost: x\r\nX-Slow: a")
+        await read
+        self.addCleanup(client.close)
+        return client
+
+    async def assert_refused(self, port: int, host: str = "127.0.0.1") -> None:
+        client = await connect_from(port, host)
+        client.send(PROXIED)
+        await client.closed
+        self.assertEqual(client.received, b"")
+
+    async def test_per_address_cap(self) -> None:
+        gateway, _, observer, port = self.start("limits: {maxConnectionsPerAddress: 2}\n")
+        connections = gateway.site.connections
+        slow = [await self.slow_client(port, observer) for _ in range(2)]
+        await self.assert_refused(port)
+        # Another client is served meanwhile.
+        other = await connect_from(port, "127.0.0.2")
+        self.assertEqual(await healthy(other), 200)
+        await other.closed
+        self.assertEqual(self.backend.connections, [])
+        self.assertEqual((connections.refused_over_address, connections.refused_over_total), (1, 0))
+        # A connection of that address gone: it may open another.
+        gone = observer.next_gone()
+        await slow[0].close()
+        await gone
+        again = await connect_from(port, "127.0.0.1")
+        self.assertEqual(await healthy(again), 200)
+        await again.closed
+
+    async def test_process_cap(self) -> None:
+        gateway, clock, observer, port = self.start(
+            "limits: {maxConnections: 3, maxConnectionsPerAddress: 0}\n"
+        )
+        connections = gateway.site.connections
+        checker = await connect(port)
+        self.addCleanup(checker.close)
+        self.assertEqual(await healthy(checker, HEALTH), 200)
+        await self.slow_client(port, observer, "127.0.0.2")
+        await self.slow_client(port, observer, "127.0.0.3")
+        await self.assert_refused(port, "127.0.0.4")
+        self.assertEqual((connections.refused_over_total, connections.count), (1, 3))
+        # The health checker's open connection is still answered.
+        self.assertEqual(await healthy(checker, HEALTH), 200)
+        self.assertEqual(self.backend.connections, [])
+        # The slow clients reach their head deadline: room again.
+        gone = [observer.next_gone(), observer.next_gone()]
+        clock.advance(60)
+        for each in gone:
+            await each
+        fresh = await connect_from(port, "127.0.0.4")
+        self.assertEqual(await healthy(fresh), 200)
+        await fresh.closed
+
+    async def test_tunnel_counts_until_it_ends(self) -> None:
+        ws_port = listen_local(Factory.forProtocol(EchoWebSocket))
+        self.addCleanup(ws_port.stopListening)
+        clock = Clock()
+        gateway, port = start_gateway(
+            self,
+            f"http://127.0.0.1:{port_of(ws_port)}",
+            "limits: {maxConnections: 1}\n",
+            clock=clock,
+        )
+        connections = gateway.site.connections
+        client = await connect(port)
+        ws = WSConnection(ConnectionType.CLIENT)
+        client.send(ws.send(WSRequest(host="gateway.test", target="/ws")))
+        await client.until(b"\r\n\r\n")
+        self.assertTrue(client.received.startswith(b"HTTP/1.1 101 "), client.received)
+        ws.receive_data(client.received)
+        list(ws.events())
+        # The tunnel holds the one connection allowed.
+        await self.assert_refused(port)
+        client.send(ws.send(CloseConnection(code=1000)))
+        await client.closed
+        while connections.count:
+            await deferLater(reactor, 0.01, lambda: None)
+        fresh = await connect(port)
+        self.assertEqual(await healthy(fresh), 200)
+        await fresh.closed
+
+
+class RefusalTests(SynchronousTestCase):
+    """
+    Admission, in memory: keys, exemptions, the refusal log.
+    """
+
+    def site(self, **limits: Any) -> tuple[LimitedSite, Clock]:
+        clock = Clock()
+        site = LimitedSite(
+            Resource(),
+            LimitsSpec(**limits),
+            trusted_peer=lambda host: host == "192.0.2.100",
+            reactor=clock,
+        )
+        site.protocol = GatewayChannel  # type: ignore[assignment]
+        return site, clock
+
+    def test_refused_connection_closed_at_once(self) -> None:
+        site, _ = self.site(max_connections=1)
+        site.buildProtocol(IPv4Address("TCP", "192.0.2.1", 1))
+        refused = site.buildProtocol(IPv4Address("TCP", "192.0.2.2", 1))
+        self.assertNotIsInstance(refused, GatewayChannel)
+        transport = StringTransport()
+        refused.makeConnection(transport)
+        self.assertTrue(transport.disconnecting)
+        self.assertEqual(transport.value(), b"")
+
+    def test_closed_connection_makes_room(self) -> None:
+        site, _ = self.site(max_connections=1)
+        address = IPv4Address("TCP", "192.0.2.1", 1)
+        channel = site.buildProtocol(address)
+        channel.makeConnection(StringTransport())
+        channel.connectionLost(Failure(ConnectionDone()))
+        self.assertEqual(site.connections.count, 0)
+        self.assertIsInstance(site.buildProtocol(address), GatewayChannel)
+
+    def test_address_keys(self) -> None:
+        site, _ = self.site(max_connections_per_address=1)
+
+        def admitted(host: str) -> bool:
+            kind = IPv6Address if ":" in host else IPv4Address
+            return isinstance(site.buildProtocol(kind("TCP", host, 1)), GatewayChannel)
+
+        self.assertTrue(admitted("2001:db8:0:1::1"))
+        # One /64 is one client; an IPv4-mapped address is its IPv4 address.
+        self.assertFalse(admitted("2001:db8:0:1:ffff::2"))
+        self.assertTrue(admitted("2001:db8:0:2::1"))
+        self.assertTrue(admitted("192.0.2.1"))
+        self.assertFalse(admitted("::ffff:192.0.2.1"))
+        # A trusted proxy speaks for many clients: no per-address cap.
+        self.assertTrue(admitted("192.0.2.100"))
+        self.assertTrue(admitted("192.0.2.100"))
+        # Nor for peers without an IP address.
+        self.assertTrue(isinstance(site.buildProtocol(UNIXAddress(None)), GatewayChannel))
+        self.assertTrue(isinstance(site.buildProtocol(UNIXAddress(None)), GatewayChannel))
+        self.assertEqual(site.connections.refused_over_address, 2)
+
+    def test_refusals_logged_once_per_interval(self) -> None:
+        site, clock = self.site(max_connections=1, max_connections_per_address=0)
+        events: list[dict[str, Any]] = []
+        site.connections.log = recording(events)
+        address = IPv4Address("TCP", "192.0.2.1", 1)
+        site.buildProtocol(address)
+        for _ in range(3):
+            site.buildProtocol(address)
+        self.assertEqual([event["total"] for event in events], [1])
+        clock.advance(REFUSAL_LOG_INTERVAL - 1)
+        site.buildProtocol(address)
+        self.assertEqual(len(events), 1)
+        clock.advance(1)
+        site.buildProtocol(address)
+        self.assertEqual([event["total"] for event in events], [1, 4])
+        self.assertEqual(site.connections.refused, 5)
+
+
+def recording(events: list[dict[str, Any]]) -> Logger:
+    """
+    A logger for the limits' namespace whose events go to C{events}.
+    """
+    return Logger(namespace="edgegw.limits", observer=cast(ILogObserver, events.append))
+
+
+class DescriptorLimitTests(SynchronousTestCase):
+    """
+    The open-file limit is raised to fit the connection cap, or the cap lowered.
+    """
+
+    def limits(self, soft: int, hard: int) -> list[tuple[int, int]]:
+        current = [soft, hard]
+        calls: list[tuple[int, int]] = []
+
+        def setrlimit(which: int, values: tuple[int, int]) -> None:
+            calls.append(values)
+            current[0] = values[0]
+
+        self.patch(resource, "getrlimit", lambda which: tuple(current))
+        self.patch(resource, "setrlimit", setrlimit)
+        return calls
+
+    def test_raised_to_fit(self) -> None:
+        calls = self.limits(1024, 65536)
+        self.assertEqual(fit_descriptor_limit(8192), 8192)
+        self.assertEqual(calls, [(2 * 8192 + DESCRIPTOR_RESERVE, 65536)])
+
+    def test_room_already(self) -> None:
+        calls = self.limits(65536, 65536)
+        self.assertEqual(fit_descriptor_limit(8192), 8192)
+        self.assertEqual(calls, [])
+
+    def test_cap_lowered_when_the_hard_limit_is_low(self) -> None:
+        calls = self.limits(1024, 4096)
+        self.assertEqual(fit_descriptor_limit(8192), (4096 - DESCRIPTOR_RESERVE) // 2)
+        self.assertEqual(calls, [(4096, 4096)])
+
+    def test_site_warns_and_lowers_its_cap(self) -> None:
+        self.limits(1024, 1024)
+        site = LimitedSite(Resource(), LimitsSpec(max_connections=8192), reactor=Clock())
+        events: list[dict[str, Any]] = []
+        self.patch(ClientConnections, "log", recording(events))
+        site.fit_descriptor_limit()
+        self.assertEqual(site.connections.max_connections, (1024 - DESCRIPTOR_RESERVE) // 2)
+        self.assertEqual(len(events), 1)
 
 
 class ChannelTimerTests(Fixture, SynchronousTestCase):
@@ -227,6 +531,26 @@ class LimitsConfigTests(TestCase):
         root = self.mktemp()
         config = load_gateway(root, "limits: {headerTimeout: 10s, bodyTimeout: 1m30s}")
         self.assertEqual(config.gateway.limits, LimitsSpec(header_timeout=10, body_timeout=90))
+
+    def test_caps(self) -> None:
+        config = load_gateway(
+            self.mktemp(), "limits: {maxConnections: 100, maxConnectionsPerAddress: 0}"
+        )
+        limits = config.gateway.limits
+        self.assertEqual((limits.max_connections, limits.max_connections_per_address), (100, 0))
+        self.assertEqual(
+            (LimitsSpec().max_connections, LimitsSpec().max_connections_per_address), (8192, 512)
+        )
+        self.assertEqual(
+            gateway_problems(
+                self.mktemp(), 'limits: {maxConnections: -1, maxConnectionsPerAddress: "x"}'
+            ),
+            [
+                'document 1, Gateway "gw": spec.limits.maxConnections: must be at least 0, got -1',
+                'document 1, Gateway "gw": spec.limits.maxConnectionsPerAddress: expected an '
+                "integer, got a string",
+            ],
+        )
 
     def test_errors(self) -> None:
         self.assertEqual(

@@ -1,5 +1,5 @@
 """
-The Gateway's limits block: deadlines for slow clients.
+The Gateway's limits block: deadlines for slow clients, caps on connections.
 """
 
 from __future__ import annotations
@@ -21,6 +21,10 @@ def read_limits(node: Node | None) -> LimitsSpec:
     limits = LimitsSpec(
         header_timeout=_duration(node, "headerTimeout", _DEFAULTS.header_timeout),
         body_timeout=_duration(node, "bodyTimeout", _DEFAULTS.body_timeout),
+        max_connections=node.integer("maxConnections", _DEFAULTS.max_connections, minimum=0),
+        max_connections_per_address=node.integer(
+            "maxConnectionsPerAddress", _DEFAULTS.max_connections_per_address, minimum=0
+        ),
     )
     node.finish()
     return limits

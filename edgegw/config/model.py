@@ -181,14 +181,20 @@ class AccessLogSpec:
 @attrs.frozen
 class LimitsSpec:
     """
-    C{Gateway.spec.limits}: how long the gateway waits for slow clients (nginx's defaults).
+    C{Gateway.spec.limits}: how long the gateway waits for slow clients, and how many
+    connections it keeps open.
 
     @ivar header_timeout: Seconds from the first byte of a request head to its end.
     @ivar body_timeout: Seconds a request body may go without a byte while it is read.
+    @ivar max_connections: The most open client connections (0: no cap).
+    @ivar max_connections_per_address: The most open client connections from one
+        address, trusted proxies exempt (0: no cap).
     """
 
     header_timeout: float = 60.0
     body_timeout: float = 60.0
+    max_connections: int = 8192
+    max_connections_per_address: int = 512
 
 
 @attrs.frozen

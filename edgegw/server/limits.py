@@ -1,43 +1,297 @@
 """
 The client-side limits of C{Gateway.spec.limits}, applied by the Site to each connection
-it accepts: the request head and body deadlines (kept by L{GatewayChannel} itself).
+it accepts: the request head and body deadlines (kept by L{GatewayChannel} itself) and the
+caps on concurrent connections, per process and per client address.
+
+A connection beyond a cap is closed at once, before anything is read from it: no
+channel, no timer, nothing parsed. Refusals are counted, and logged at most once per
+L{REFUSAL_LOG_INTERVAL} (a flood must not flood the log too).
 """
 
 from __future__ import annotations
 
-from typing import Any, cast
+import ipaddress
+import resource
+from collections.abc import Callable
+from typing import Any, Final, cast
 
-from twisted.internet.interfaces import IAddress
+from twisted.internet.interfaces import IAddress, IReactorTime
+from twisted.internet.protocol import Protocol
+from twisted.logger import Logger
 from twisted.web.resource import IResource
 from twisted.web.server import Site
 
 from edgegw.config.model import LimitsSpec
 from edgegw.server.request import GatewayChannel
 
-__all__ = ["LimitedSite"]
+__all__ = [
+    "DESCRIPTOR_RESERVE",
+    "REFUSAL_LOG_INTERVAL",
+    "ClientConnections",
+    "LimitedSite",
+    "address_key",
+    "fit_descriptor_limit",
+]
+
+REFUSAL_LOG_INTERVAL: Final = 10.0
+"""Seconds between two log lines about refused connections."""
+
+DESCRIPTOR_RESERVE: Final = 256
+"""
+File descriptors kept for everything but client connections and the upstream connection
+each may hold (listening sockets, log files, idle pooled connections, DNS).
+"""
+
+_REFUSED: Final = object()
+_IPV4_MAPPED: Final = b"\0" * 10 + b"\xff\xff"
+
+
+def address_key(address: IAddress | None) -> Any:
+    """
+    What connections from one client share, for the per-address cap: the IPv4 address;
+    an IPv6 address's /64 prefix (one host usually controls a whole /64), an IPv4-mapped
+    one as its IPv4 address; L{None} for peers without an IP address (UNIX sockets).
+    """
+    host = getattr(address, "host", None)
+    if not isinstance(host, str):
+        return None
+    if ":" not in host:
+        return host
+    try:
+        packed = ipaddress.IPv6Address(host.partition("%")[0]).packed
+    except ValueError:
+        return host
+    if packed[:12] == _IPV4_MAPPED:
+        return str(ipaddress.IPv4Address(packed[12:]))
+    return packed[:8]
+
+
+class _Refused(Protocol):
+    """
+    A connection beyond a cap: closed as soon as it is made.
+    """
+
+    def connectionMade(self) -> None:
+        transport: Any = self.transport
+        transport.abortConnection()
+
+
+class ClientConnections:
+    """
+    The open client connections of one site, counted per process and per client address
+    (see L{address_key}).
+
+    @ivar max_connections: The most open connections (0: no cap).
+    @ivar max_per_address: The most open connections from one client address (0: no
+        cap); peers that are trusted proxies are exempt (every client behind a load
+        balancer shares its address).
+    @ivar count: Connections open now.
+    @ivar channels: The open connections (a WebSocket tunnel's until the tunnel ends).
+    @ivar refused_over_total: Connections refused because C{max_connections} were open.
+    @ivar refused_over_address: Connections refused because their address had
+        C{max_per_address} open.
+    """
+
+    log = Logger(namespace="edgegw.limits")
+
+    def __init__(
+        self,
+        max_connections: int,
+        max_per_address: int,
+        clock: IReactorTime,
+        trusted_peer: Callable[[str], bool] | None = None,
+    ) -> None:
+        """
+        @param clock: Times the refusal log lines.
+        @param trusted_peer: Whether a peer's host is a trusted proxy.
+        """
+        self.max_connections = max_connections
+        self.max_per_address = max_per_address
+        self.count = 0
+        self.channels: set[GatewayChannel] = set()
+        self.refused_over_total = 0
+        self.refused_over_address = 0
+        self._clock = clock
+        self._trusted_peer = trusted_peer
+        self._per_address: dict[Any, int] = {}
+        self._keys: dict[GatewayChannel, Any] = {}
+        self._next_log = 0.0
+        self._unlogged_total = 0
+        self._unlogged_address = 0
+
+    @property
+    def refused(self) -> int:
+        """
+        Connections refused so far, for either cap.
+        """
+        return self.refused_over_total + self.refused_over_address
+
+    def admit(self, address: IAddress | None) -> Any:
+        """
+        Count a new connection from C{address} in, if the caps allow it.
+
+        @return: What L{opened} needs for it, or the refusal marker.
+        """
+        if self.max_connections and self.count >= self.max_connections:
+            self.refused_over_total += 1
+            self._unlogged_total += 1
+            self._refusal_logged()
+            return _REFUSED
+        key = None
+        if self.max_per_address:
+            key = address_key(address)
+            trusted = self._trusted_peer
+            if key is not None and trusted is not None and trusted(getattr(address, "host", "")):
+                key = None
+            if key is not None:
+                open_now = self._per_address.get(key, 0)
+                if open_now >= self.max_per_address:
+                    self.refused_over_address += 1
+                    self._unlogged_address += 1
+                    self._refusal_logged()
+                    return _REFUSED
+                self._per_address[key] = open_now + 1
+        self.count += 1
+        return key
+
+    def opened(self, channel: GatewayChannel, key: Any) -> None:
+        """
+        C{channel} is the connection L{admit} let in, with C{key}.
+        """
+        self.channels.add(channel)
+        if key is not None:
+            self._keys[channel] = key
+        channel._release = self.lost
+
+    def lost(self, channel: GatewayChannel) -> None:
+        """
+        C{channel} is gone (or its tunnel has ended).
+        """
+        self.channels.discard(channel)
+        self.count -= 1
+        key = self._keys.pop(channel, None)
+        if key is not None:
+            left = self._per_address[key] - 1
+            if left:
+                self._per_address[key] = left
+            else:
+                del self._per_address[key]
+
+    def open_from(self, address: IAddress) -> int:
+        """
+        How many connections from C{address}'s client (see L{address_key}) are counted.
+        """
+        return self._per_address.get(address_key(address), 0)
+
+    def _refusal_logged(self) -> None:
+        now = self._clock.seconds()
+        if now < self._next_log:
+            return
+        self._next_log = now + REFUSAL_LOG_INTERVAL
+        self.log.warn(
+            "refused {total} new connection(s) over limits.maxConnections ({max_connections})"
+            " and {address} over limits.maxConnectionsPerAddress ({max_per_address}) since"
+            " the last report; {count} open",
+            total=self._unlogged_total,
+            address=self._unlogged_address,
+            max_connections=self.max_connections,
+            max_per_address=self.max_per_address,
+            count=self.count,
+        )
+        self._unlogged_total = self._unlogged_address = 0
 
 
 class LimitedSite(Site):
     """
-    A Site of L{GatewayChannel}s that gives each connection the configured deadlines.
+    A Site of L{GatewayChannel}s that admits connections within the caps and gives each
+    the configured deadlines.
 
     @ivar limits: The limits applied.
+    @ivar connections: The open connections, counted against the caps.
     """
 
-    def __init__(self, resource: IResource, limits: LimitsSpec | None = None, **kwargs: Any):
+    def __init__(
+        self,
+        resource: IResource,
+        limits: LimitsSpec | None = None,
+        trusted_peer: Callable[[str], bool] | None = None,
+        **kwargs: Any,
+    ):
         """
         @param limits: The limits; the defaults when not given.
+        @param trusted_peer: Whether a peer's host is a trusted proxy (exempt from the
+            per-address cap).
         @param kwargs: As for L{Site} (C{timeout} is the idle timeout between requests).
         """
         super().__init__(resource, **kwargs)
-        self.limits = limits or LimitsSpec()
+        self.limits = limits = limits or LimitsSpec()
+        self.connections = ClientConnections(
+            limits.max_connections, limits.max_connections_per_address, self.reactor, trusted_peer
+        )
 
     def buildProtocol(self, addr: IAddress | None) -> Any:
         """
-        A L{GatewayChannel} with the limits' deadlines.
+        A L{GatewayChannel} with the limits' deadlines, or a connection closed at once
+        when a cap is reached.
         """
+        connections = self.connections
+        key = connections.admit(addr)
+        if key is _REFUSED:
+            # Not None, which a plain TCP port would close at once too: a TLS port would
+            # wrap None and fail.
+            return _Refused()
         channel = cast(GatewayChannel, Site.buildProtocol(self, addr))
         limits = self.limits
         channel.headerTimeout = limits.header_timeout
         channel.bodyTimeout = limits.body_timeout
+        connections.opened(channel, key)
         return channel
+
+    def fit_descriptor_limit(self) -> None:
+        """
+        Make room for the connection cap in the process's open-file limit (see
+        L{fit_descriptor_limit}), lowering the cap when the limit cannot be raised enough.
+        """
+        connections = self.connections
+        wanted = connections.max_connections
+        fitted = fit_descriptor_limit(wanted)
+        if fitted < wanted:
+            ClientConnections.log.warn(
+                "the open-file limit leaves room for {fitted} client connections, not"
+                " limits.maxConnections ({wanted}): at most {fitted} are accepted",
+                fitted=fitted,
+                wanted=wanted,
+            )
+            connections.max_connections = fitted
+
+
+def fit_descriptor_limit(max_connections: int) -> int:
+    """
+    Raise the soft limit on open files (C{RLIMIT_NOFILE}), up to the hard limit, so that
+    C{max_connections} client connections, each with one upstream connection, and
+    L{DESCRIPTOR_RESERVE} more descriptors fit.
+
+    @return: The connection cap that fits: C{max_connections}, or less when the hard
+        limit is too low (an accept failing for want of a descriptor would leave the
+        listener, health checks included, refusing everyone).
+    """
+    if not max_connections:
+        return max_connections
+    try:
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    except (OSError, ValueError):
+        return max_connections
+    infinity = resource.RLIM_INFINITY
+    needed = 2 * max_connections + DESCRIPTOR_RESERVE
+    if soft != infinity and soft < needed:
+        raised = needed if hard == infinity else min(hard, needed)
+        if raised > soft:
+            try:
+                resource.setrlimit(resource.RLIMIT_NOFILE, (raised, hard))
+            except (OSError, ValueError):
+                pass
+            else:
+                soft = raised
+    if soft == infinity or soft >= needed:
+        return max_connections
+    return max(1, (soft - DESCRIPTOR_RESERVE) // 2)

@@ -45,7 +45,7 @@ C{site.protocol = GatewayChannel}.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from io import BytesIO
 from typing import Final, Protocol, cast
 from urllib.parse import unquote_to_bytes as unquote
@@ -482,6 +482,18 @@ class GatewayRequest(Request):
         except BaseException:
             self.processingFailed(Failure())
 
+    def setResponseCode(self, code: int, message: bytes | None = None) -> None:
+        """
+        Set the status, as L{Request.setResponseCode} does. A 101 means the connection
+        now belongs to a tunnel (the channel never hears of its end): it is released
+        when the request finishes, which the tunnel reports once both sides are closed.
+        """
+        if code == 101:
+            channel = self.channel
+            if isinstance(channel, GatewayChannel) and channel._release is not None:
+                self.notifyFinish().addBoth(lambda ignored: channel._released())
+        Request.setResponseCode(self, code, message)
+
     def gotLength(self, length: int | None) -> None:
         """
         Set up for a body of C{length} bytes (L{None}: chunked).
@@ -662,6 +674,8 @@ class GatewayChannel(HTTPChannel):
     _heldTimeOut: float | None = None
     _phase = _AWAITING
     _idleTimeout: float | None = None
+    # Told when the connection is gone (the site counts it against its caps).
+    _release: Callable[[GatewayChannel], object] | None = None
 
     def connectionMade(self) -> None:
         # The site's idle timeout: the period between requests.
@@ -816,7 +830,14 @@ class GatewayChannel(HTTPChannel):
         if self._lingerCall is not None:
             self._lingerCall.cancel()
             self._lingerCall = None
+        self._released()
         HTTPChannel.connectionLost(self, reason)
+
+    def _released(self) -> None:
+        release = self._release
+        if release is not None:
+            self._release = None
+            release(self)
 
     def _respondToBadRequestAndDisconnect(self) -> None:
         if self._draining:
