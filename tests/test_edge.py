@@ -20,12 +20,22 @@ from edgegw.config.model import (
     SecurityHeadersSpec,
     SecuritySpec,
 )
-from edgegw.edge.forwarded import FORWARDING_HEADERS, ForwardedFilter
+from edgegw.edge.forwarded import ForwardedFilter
 from edgegw.edge.security import security_headers
 from edgegw.gateway import build_gateway, edge_site
 from tests.support.configs import load_text
 from tests.support.memory import MemoryClient
 
+# The six forwarding headers, written out here rather than taken from the code's own
+# list: a name dropped from that list must fail these tests.
+SIX_FORWARDING_HEADERS = {
+    b"x-forwarded-for",
+    b"x-forwarded-proto",
+    b"x-forwarded-host",
+    b"x-forwarded-port",
+    b"x-real-ip",
+    b"forwarded",
+}
 FORWARDED = {
     "X-Forwarded-For": "203.0.113.9",
     "X-Forwarded-Proto": "https",
@@ -54,19 +64,19 @@ class ForwardedTests(SynchronousTestCase):
         recorder = Recorder()
         site = edge_site(GatewaySpec(trusted_proxies=trusted), recorder, Clock())
         MemoryClient(site, peer=peer).request("GET", "/", FORWARDED)
-        return {name for name in FORWARDING_HEADERS if name in recorder.seen[0]}
+        return {name for name in SIX_FORWARDING_HEADERS if name in recorder.seen[0]}
 
     def test_untrusted_by_default(self) -> None:
         self.assertEqual(self.forwarded_seen((), "10.1.2.3"), set())
 
     def test_trusted_cidr_and_ip(self) -> None:
-        self.assertEqual(self.forwarded_seen(("10.0.0.0/8",), "10.1.2.3"), set(FORWARDING_HEADERS))
-        self.assertEqual(self.forwarded_seen(("192.0.2.7",), "192.0.2.7"), set(FORWARDING_HEADERS))
+        self.assertEqual(self.forwarded_seen(("10.0.0.0/8",), "10.1.2.3"), SIX_FORWARDING_HEADERS)
+        self.assertEqual(self.forwarded_seen(("192.0.2.7",), "192.0.2.7"), SIX_FORWARDING_HEADERS)
         self.assertEqual(self.forwarded_seen(("192.0.2.7",), "192.0.2.8"), set())
         self.assertEqual(self.forwarded_seen(("10.0.0.0/8",), "11.0.0.1"), set())
 
     def test_trust_everyone(self) -> None:
-        self.assertEqual(self.forwarded_seen(("*",), "198.51.100.1"), set(FORWARDING_HEADERS))
+        self.assertEqual(self.forwarded_seen(("*",), "198.51.100.1"), SIX_FORWARDING_HEADERS)
 
     def test_ipv4_mapped_and_v6(self) -> None:
         filter = ForwardedFilter(["127.0.0.0/8", "2001:db8::/32"])

@@ -1125,6 +1125,33 @@ class InMemoryTests(SynchronousTestCase):
             self.successResultOf(self.successResultOf(d).deliver(sink))
             self.assertEqual((sink.body, events), (expected, ["idle"]))
 
+    def test_split_everywhere_with_the_sink_attached(self) -> None:
+        # The body parsed as it arrives, read by read (test_split_everywhere delivers it
+        # only once every byte is in): a chunk's CRLF, size line or trailer split across
+        # two reads must be waited for, not refused.
+        bodies = [
+            (
+                b"3;e=f\r\nabc\r\n10\r\n0123456789abcdef\r\n0\r\nT: 1\r\n\r\n",
+                b"abc0123456789abcdef",
+            ),
+            (b"1\r\nx\r\n0\r\n\r\n", b"x"),
+        ]
+        head = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
+        for body, expected in bodies:
+            splits = [[body[:split], body[split:]] for split in range(1, len(body))]
+            splits.append([body[i : i + 1] for i in range(len(body))])
+            for reads in splits:
+                connection, _, events = self.connection()
+                d = connection.request(b"GET", b"/", [])
+                connection.dataReceived(head)
+                sink = Collect()
+                delivered = self.successResultOf(d).deliver(sink)
+                for data in reads:
+                    self.assertNoResult(delivered)
+                    connection.dataReceived(data)
+                self.successResultOf(delivered)
+                self.assertEqual((sink.body, events), (expected, ["idle"]), reads)
+
     def test_deliver_later_keeps_bytes_and_pauses(self) -> None:
         connection, transport, events = self.connection()
         d = connection.request(b"GET", b"/", [])
