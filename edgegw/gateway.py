@@ -88,7 +88,8 @@ def build_gateway(
     Build every handler and chain of C{config}.
 
     @param upstream_client: The connection pool for proxy routes; a new one by default
-        (tests pass one that trusts their own certificate authority).
+        (tests pass one that trusts their own certificate authority), with the configured
+        bound on connections per upstream.
     @param span_processor: Replaces the OTLP batch export of finished spans (tests).
     @raise ConfigError: Something in the configuration cannot run.
     """
@@ -113,7 +114,12 @@ def build_gateway(
     groups_as = config.gateway.identity.groups.as_
     routes = effective_routes(config)
     policies = compile_policies(config.policies, problems)
-    client = upstream_client or UpstreamClient(reactor)
+    limits = config.gateway.limits
+    client = upstream_client or UpstreamClient(
+        reactor,
+        max_connections_per_upstream=limits.max_connections_per_upstream,
+        queue_timeout=limits.upstream_queue_timeout,
+    )
     agent = UpstreamAgent(
         client, reactor, tracer=telemetry.tracer if telemetry is not None else None
     )
@@ -294,7 +300,8 @@ def _terminal(
         if isinstance(spec, ProxyHandlerSpec):
             return ProxyHandler(
                 spec,
-                context.client,
+                # A request waiting for a connection waits at most the route's timeout.
+                context.client.with_queue_timeout(spec.timeout),
                 context.reactor,
                 gateway_headers=context.gateway_headers,
                 assertion_headers=context.assertion_headers,

@@ -12,7 +12,7 @@ from typing import Any, cast
 
 from twisted.internet import reactor as _reactor
 from twisted.internet.address import IPv4Address, IPv6Address, UNIXAddress
-from twisted.internet.defer import Deferred, ensureDeferred
+from twisted.internet.defer import CancelledError, Deferred, ensureDeferred
 from twisted.internet.endpoints import TCP4ClientEndpoint, connectProtocol
 from twisted.internet.error import ConnectionDone
 from twisted.internet.protocol import Factory, connectionDone
@@ -36,12 +36,14 @@ from edgegw.server.limits import (
     fit_descriptor_limit,
 )
 from edgegw.server.request import GatewayChannel
+from edgegw.upstream.pool import Upstream, UpstreamClient
 from tests.support.backends import RawBackend, RawConnection, RawRequest
 from tests.support.configs import GATEWAY, load_text, problems_of
 from tests.support.gateways import answer_ok, start_gateway
 from tests.support.memory import parse_responses
 from tests.support.processes import listen_local, port_of
 from tests.support.rawclient import RawClient, connect, response_complete
+from tests.test_daemon import HeldBackend
 from tests.test_proxy import EchoWebSocket
 from tests.test_request import Collector, Fixture, Outcome, head, ok
 
@@ -323,6 +325,183 @@ class ConnectionCapTests(TestCase):
         await fresh.closed
 
 
+async def eventually(condition: Callable[[], bool]) -> None:
+    """
+    Wait until C{condition} holds (checked every few milliseconds).
+    """
+    while not condition():
+        await deferLater(reactor, 0.005, lambda: None)
+
+
+def get(path: str) -> bytes:
+    return f"GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n".encode()
+
+
+async def response_of(client: RawClient) -> Any:
+    await client.closed
+    [response] = parse_responses(client.received)
+    return response
+
+
+class UpstreamBoundTests(TestCase):
+    """
+    At most C{maxConnectionsPerUpstream} connections to one upstream: requests beyond it
+    wait for one, at most the route's timeout (else C{upstreamQueueTimeout}), then 503.
+    """
+
+    def start(self, gateway_spec: str) -> tuple[HeldBackend, Gateway, int, Upstream]:
+        backend = HeldBackend(self)
+        # /short/ goes to the same upstream with a route timeout of its own.
+        short = (
+            "---\nkind: Route\nmetadata: {name: short}\nspec:\n  match: /short/\n"
+            f"  handler: {{type: reverse-proxy, upstream: '{backend.url}', timeout: 300ms}}\n"
+        )
+        gateway, port = start_gateway(
+            self, backend.url, "limits: {" + gateway_spec + "}\n", clock=reactor, routes=short
+        )
+        return backend, gateway, port, Upstream.from_url(backend.url)
+
+    async def hold_the_connection(self, backend: HeldBackend, port: int) -> tuple[Any, RawClient]:
+        """
+        A request the backend holds, on the upstream's one connection.
+        """
+        arrived = backend.arrival()
+        client = await connect(port)
+        client.send(get("/held"))
+        return await arrived, client
+
+    async def test_waits_for_a_free_connection(self) -> None:
+        backend, gateway, port, upstream = self.start("maxConnectionsPerUpstream: 1")
+        pool = gateway.upstream_client
+        held, first = await self.hold_the_connection(backend, port)
+        second = await connect(port)
+        second.send(get("/next"))
+        await eventually(lambda: pool.queued(upstream) == 1)
+        self.assertEqual(backend.site.connections, 1)
+        self.assertEqual([r.uri for r in backend.site.requests], [b"/held"])
+        arrived = backend.arrival()
+        HeldBackend.answer(held, b"first")
+        self.assertEqual((await response_of(first)).body, b"first")
+        # The connection freed goes to the request that waited.
+        HeldBackend.answer(await arrived, b"second")
+        response = await response_of(second)
+        self.assertEqual((response.status, response.body), (200, b"second"))
+        self.assertEqual(backend.site.connections, 1)
+
+    async def test_route_timeout_then_503(self) -> None:
+        backend, gateway, port, upstream = self.start("maxConnectionsPerUpstream: 1")
+        held, first = await self.hold_the_connection(backend, port)
+        waiting = await connect(port)
+        waiting.send(get("/short/x"))
+        response = await response_of(waiting)
+        self.assertEqual((response.status, response.body), (503, b"service unavailable\n"))
+        self.assertEqual(gateway.upstream_client.queued(upstream), 0)
+        # It never reached the backend; the request holding the connection is unharmed.
+        self.assertEqual(backend.site.connections, 1)
+        HeldBackend.answer(held, b"first")
+        self.assertEqual((await response_of(first)).status, 200)
+        self.assertEqual(gateway.upstream_client.unavailable, 1)
+
+    async def test_queue_timeout_without_route_timeout(self) -> None:
+        backend, _, port, _ = self.start(
+            "maxConnectionsPerUpstream: 1, upstreamQueueTimeout: 300ms"
+        )
+        held, first = await self.hold_the_connection(backend, port)
+        waiting = await connect(port)
+        waiting.send(get("/x"))
+        self.assertEqual((await response_of(waiting)).status, 503)
+        self.assertEqual(backend.site.connections, 1)
+        HeldBackend.answer(held, b"first")
+        self.assertEqual((await response_of(first)).status, 200)
+
+    async def test_client_gone_leaves_the_queue(self) -> None:
+        backend, gateway, port, upstream = self.start("maxConnectionsPerUpstream: 1")
+        pool = gateway.upstream_client
+        held, first = await self.hold_the_connection(backend, port)
+        leaving = await connect(port)
+        leaving.send(get("/never"))
+        await eventually(lambda: pool.queued(upstream) == 1)
+        await leaving.close()
+        await eventually(lambda: pool.queued(upstream) == 0)
+        HeldBackend.answer(held, b"first")
+        self.assertEqual((await response_of(first)).status, 200)
+        await eventually(lambda: pool.idle_connections(upstream) == 1)
+        self.assertEqual([r.uri for r in backend.site.requests], [b"/held"])
+
+    async def test_health_answers_while_the_upstream_is_full(self) -> None:
+        backend, _, port, _ = self.start("maxConnectionsPerUpstream: 1")
+        held, first = await self.hold_the_connection(backend, port)
+        checker = await connect(port)
+        self.assertEqual(await healthy(checker), 200)
+        HeldBackend.answer(held, b"first")
+        await response_of(first)
+
+
+class PoolQueueTests(TestCase):
+    """
+    The bound in the pool itself.
+    """
+
+    def setUp(self) -> None:
+        self.backend = RawBackend(answer_ok).start()
+        self.addCleanup(lambda: ensureDeferred(self.backend.stop()))
+        self.upstream = self.backend.upstream()
+
+    def pool(self, **kwargs: Any) -> UpstreamClient:
+        pool = UpstreamClient(reactor, **kwargs)
+        self.addCleanup(pool.close)
+        return pool
+
+    def request(self, pool: UpstreamClient, **kwargs: Any) -> Deferred[Any]:
+        return pool.request(
+            self.upstream, b"GET", b"/", [(b"Host", self.upstream.authority)], **kwargs
+        )
+
+    async def test_close_answers_the_queue(self) -> None:
+        # The backend never answers a request with this body, so the first holds on.
+        hold_backend = RawBackend(hold).start()
+        self.addCleanup(lambda: ensureDeferred(hold_backend.stop()))
+        upstream = hold_backend.upstream()
+        pool = self.pool(max_connections_per_upstream=1)
+        first = pool.request(upstream, b"GET", b"/", [(b"Host", upstream.authority)])
+        second = pool.request(upstream, b"HEAD", b"/", [(b"Host", upstream.authority)])
+        self.assertEqual(pool.queued(upstream), 1)
+        await pool.close()
+        response = await second
+        self.assertEqual((response.code, response.has_body), (503, False))
+        first.cancel()
+        await first.addErrback(lambda failure: None)
+
+    async def test_upgrade_makes_room_from_an_idle_connection(self) -> None:
+        pool = self.pool(max_connections_per_upstream=1)
+        response = await self.request(pool)
+        await response.deliver(Collector())
+        await eventually(lambda: pool.idle_connections(self.upstream) == 1)
+        upgraded = await self.request(pool, upgrade=True)
+        self.assertEqual(upgraded.code, 200)
+        await upgraded.deliver(Collector())
+        self.assertEqual(len(self.backend.connections), 2)
+        self.assertEqual(pool.idle_connections(self.upstream), 0)
+
+    async def test_cancelled_while_queued(self) -> None:
+        hold_backend = RawBackend(hold).start()
+        self.addCleanup(lambda: ensureDeferred(hold_backend.stop()))
+        upstream = hold_backend.upstream()
+        pool = self.pool(max_connections_per_upstream=1)
+        first = pool.request(upstream, b"GET", b"/", [(b"Host", upstream.authority)])
+        second = pool.request(upstream, b"GET", b"/", [(b"Host", upstream.authority)])
+        self.assertEqual(pool.queued(upstream), 1)
+        second.cancel()
+        self.failureResultOf(second, CancelledError)
+        self.assertEqual(pool.queued(upstream), 0)
+        await eventually(lambda: len(hold_backend.connections) == 1)
+        first.cancel()
+        await first.addErrback(lambda failure: None)
+        await eventually(lambda: pool.open_connections(upstream) == 0)
+        await hold_backend.all_lost()
+        self.assertEqual(len(hold_backend.connections), 1)
+
+
 class RefusalTests(SynchronousTestCase):
     """
     Admission, in memory: keys, exemptions, the refusal log.
@@ -534,10 +713,19 @@ class LimitsConfigTests(TestCase):
 
     def test_caps(self) -> None:
         config = load_gateway(
-            self.mktemp(), "limits: {maxConnections: 100, maxConnectionsPerAddress: 0}"
+            self.mktemp(),
+            "limits: {maxConnections: 100, maxConnectionsPerAddress: 0,"
+            " maxConnectionsPerUpstream: 7, upstreamQueueTimeout: 2s}",
         )
         limits = config.gateway.limits
         self.assertEqual((limits.max_connections, limits.max_connections_per_address), (100, 0))
+        self.assertEqual(
+            (limits.max_connections_per_upstream, limits.upstream_queue_timeout), (7, 2)
+        )
+        self.assertEqual(
+            (LimitsSpec().max_connections_per_upstream, LimitsSpec().upstream_queue_timeout),
+            (1024, 60.0),
+        )
         self.assertEqual(
             (LimitsSpec().max_connections, LimitsSpec().max_connections_per_address), (8192, 512)
         )

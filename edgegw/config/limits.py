@@ -1,5 +1,6 @@
 """
-The Gateway's limits block: deadlines for slow clients, caps on connections.
+The Gateway's limits block: deadlines for slow clients, caps on connections (client and
+upstream).
 """
 
 from __future__ import annotations
@@ -24,6 +25,12 @@ def read_limits(node: Node | None) -> LimitsSpec:
         max_connections=node.integer("maxConnections", _DEFAULTS.max_connections, minimum=0),
         max_connections_per_address=node.integer(
             "maxConnectionsPerAddress", _DEFAULTS.max_connections_per_address, minimum=0
+        ),
+        max_connections_per_upstream=node.integer(
+            "maxConnectionsPerUpstream", _DEFAULTS.max_connections_per_upstream, minimum=0
+        ),
+        upstream_queue_timeout=_duration(
+            node, "upstreamQueueTimeout", _DEFAULTS.upstream_queue_timeout
         ),
     )
     node.finish()

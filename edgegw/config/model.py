@@ -189,12 +189,18 @@ class LimitsSpec:
     @ivar max_connections: The most open client connections (0: no cap).
     @ivar max_connections_per_address: The most open client connections from one
         address, trusted proxies exempt (0: no cap).
+    @ivar max_connections_per_upstream: The most connections to one upstream (0: no
+        bound); requests beyond it wait for one.
+    @ivar upstream_queue_timeout: The longest such wait when the route has no timeout
+        (api calls included); then 503.
     """
 
     header_timeout: float = 60.0
     body_timeout: float = 60.0
     max_connections: int = 8192
     max_connections_per_address: int = 512
+    max_connections_per_upstream: int = 1024
+    upstream_queue_timeout: float = 60.0
 
 
 @attrs.frozen

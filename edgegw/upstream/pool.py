@@ -4,13 +4,17 @@ Upstream addresses, connections, TLS, and the pool of idle keep-alive connection
 Pool policy: idle connections are kept per L{Upstream}, most recently used first
 (LIFO keeps a few connections warm and lets the rest reach the idle timeout), at most
 C{max_idle_per_upstream} of them; one timer sweeps those idle for longer than
-C{idle_timeout}. Concurrency is not capped: a request that finds no idle connection
-opens a new one.
+C{idle_timeout}. A request that finds no idle connection opens a new one, unless its
+upstream already has C{max_connections_per_upstream} connections (connecting, busy or
+idle): then it waits in that upstream's queue, first come first served, until one is
+idle or closes, for at most its queue timeout (the route's timeout, or the client's
+C{queue_timeout}); past it the pool answers itself with a 503.
 """
 
 from __future__ import annotations
 
 import contextlib
+from collections import deque
 from collections.abc import Callable
 from functools import partial
 from typing import Any, Final, cast
@@ -20,7 +24,7 @@ import attrs
 from OpenSSL.SSL import Connection as TLSConnection
 from twisted.internet._sslverify import IOpenSSLTrustRoot
 from twisted.internet.abstract import isIPAddress, isIPv6Address
-from twisted.internet.defer import CancelledError, Deferred, fail, gatherResults
+from twisted.internet.defer import CancelledError, Deferred, fail, gatherResults, succeed
 from twisted.internet.endpoints import (
     HostnameEndpoint,
     TCP4ClientEndpoint,
@@ -34,13 +38,14 @@ from twisted.internet.interfaces import (
     IProtocol,
     IStreamClientEndpoint,
 )
-from twisted.internet.protocol import Factory
+from twisted.internet.protocol import Factory, connectionDone
 from twisted.internet.ssl import Certificate, CertificateOptions, optionsForClientTLS
+from twisted.logger import Logger
 from twisted.python.failure import Failure
 from twisted.web.iweb import IBodyProducer
 from zope.interface import implementer
 
-from edgegw.upstream.http11 import UpstreamConnection, UpstreamResponse, encode_request
+from edgegw.upstream.http11 import BodySink, UpstreamConnection, UpstreamResponse, encode_request
 
 __all__ = ["Upstream", "UpstreamClient"]
 
@@ -51,6 +56,13 @@ _RETRYABLE: Final = frozenset({b"GET", b"HEAD", b"OPTIONS", b"TRACE", b"PUT", b"
 # Slack when comparing idle deadlines, so that a sweep scheduled for exactly the
 # deadline is not defeated by float rounding.
 _SWEEP_SLACK: Final = 0.001
+# Seconds between two log lines about requests answered 503 for want of a connection.
+_BUSY_LOG_INTERVAL: Final = 10.0
+_UNAVAILABLE_BODY: Final = b"service unavailable\n"
+_UNAVAILABLE_HEADERS: Final = (
+    (b"Content-Type", b"text/plain; charset=utf-8"),
+    (b"Content-Length", b"%d" % len(_UNAVAILABLE_BODY)),
+)
 
 
 def _authority(scheme: str, host: str, port: int) -> bytes:
@@ -136,6 +148,97 @@ class _UnverifiedTLS:
         return connection
 
 
+class _Unavailable(UpstreamResponse):
+    """
+    The pool's own answer to a request that waited its whole queue timeout for a
+    connection: 503 with a short text body, no connection behind it.
+    """
+
+    __slots__ = ()
+
+    def __init__(self, head_request: bool) -> None:
+        super().__init__(
+            None,
+            b"HTTP/1.1",
+            503,
+            b"Service Unavailable",
+            list(_UNAVAILABLE_HEADERS),
+            len(_UNAVAILABLE_BODY),
+            not head_request,
+        )
+
+    def deliver(self, sink: BodySink) -> Deferred[None]:
+        if self.has_body:
+            sink.write(_UNAVAILABLE_BODY)
+        return succeed(None)
+
+
+class _PooledConnection(UpstreamConnection):
+    """
+    A connection the pool counts against its upstream's bound until it closes, whatever
+    it was doing (an idle connection's close is all L{UpstreamConnection} reports).
+    """
+
+    _closed_hook: Callable[[], None] | None = None
+
+    def connectionLost(self, reason: Failure = connectionDone) -> None:
+        UpstreamConnection.connectionLost(self, reason)
+        hook = self._closed_hook
+        if hook is not None:
+            self._closed_hook = None
+            hook()
+
+
+class _Waiter:
+    """
+    A request waiting in an upstream's queue for a connection.
+    """
+
+    __slots__ = (
+        "_pool",
+        "body",
+        "deferred",
+        "head",
+        "head_request",
+        "inner",
+        "length",
+        "retryable",
+        "timer",
+        "upgrade",
+        "upstream",
+    )
+
+    def __init__(
+        self,
+        upstream: Upstream,
+        head: bytes,
+        head_request: bool,
+        body: IBodyProducer | None,
+        length: int | None,
+        upgrade: bool,
+        retryable: bool,
+    ) -> None:
+        self.upstream = upstream
+        self.head = head
+        self.head_request = head_request
+        self.body = body
+        self.length = length
+        self.upgrade = upgrade
+        self.retryable = retryable
+        self.deferred: Deferred[UpstreamResponse] = Deferred(self._cancelled)
+        self.timer: IDelayedCall | None = None
+        # Once dispatched: what the request now waits on.
+        self.inner: Deferred[UpstreamResponse] | None = None
+        self._pool: UpstreamClient | None = None
+
+    def _cancelled(self, d: Deferred[UpstreamResponse]) -> None:
+        inner = self.inner
+        if inner is not None:
+            inner.cancel()
+        elif self._pool is not None:
+            self._pool._dequeue(self)
+
+
 class _ConnectionFactory(Factory):
     """
     Builds the connections of one upstream, wired to its pool.
@@ -152,7 +255,7 @@ class _ConnectionFactory(Factory):
         self._on_lost = on_lost
 
     def buildProtocol(self, addr: Any) -> UpstreamConnection:
-        return UpstreamConnection(self._on_idle, self._on_lost)
+        return _PooledConnection(self._on_idle, self._on_lost)
 
 
 @attrs.frozen
@@ -171,6 +274,20 @@ def _send(
 ) -> Deferred[UpstreamResponse]:
     connection = cast(UpstreamConnection, protocol)
     return connection.send(head, head_request, body, length, upgrade)
+
+
+def _forward(result: UpstreamResponse | Failure, waiter: _Waiter) -> None:
+    waiter.inner = None
+    d = waiter.deferred
+    if d.called:
+        # Cancelled, and the cancellation did not reach what it waited on in time.
+        if isinstance(result, UpstreamResponse):
+            result.abort()
+        return
+    if isinstance(result, Failure):
+        d.errback(result)
+    else:
+        d.callback(result)
 
 
 def _connect_cancelled(reason: Failure) -> Failure:
@@ -194,7 +311,16 @@ class UpstreamClient:
     @param tls_trust_root: What verified https upstreams' certificates must chain to
         (a L{Certificate}, or e.g. L{twisted.internet.ssl.trustRootFromCertificates});
         the platform's trust store by default. Tests inject their own CA here.
+    @param max_connections_per_upstream: The most connections to one upstream,
+        connecting, busy or idle (0: no bound). A request beyond it waits in its
+        upstream's queue until a connection is idle or closes.
+    @param queue_timeout: The longest wait there, for callers that give none (see
+        L{with_queue_timeout}); past it the pool answers the request with a 503 itself.
+
+    @ivar unavailable: How many requests were answered 503 for want of a connection.
     """
+
+    log = Logger(namespace="edgegw.upstream")
 
     def __init__(
         self,
@@ -204,6 +330,8 @@ class UpstreamClient:
         idle_timeout: float = 60.0,
         connect_timeout: float = 10.0,
         tls_trust_root: IOpenSSLTrustRoot | Certificate | None = None,
+        max_connections_per_upstream: int = 0,
+        queue_timeout: float = 60.0,
     ) -> None:
         self._reactor = reactor
         self._max_idle = max_idle_per_upstream
@@ -214,6 +342,36 @@ class UpstreamClient:
         self._connectors: dict[Upstream, _Connector] = {}
         self._sweep: IDelayedCall | None = None
         self._closed = False
+        self._max_open = max_connections_per_upstream
+        self._queue_timeout = queue_timeout
+        self._open: dict[Upstream, int] = {}
+        self._queues: dict[Upstream, deque[_Waiter]] = {}
+        self._queued = 0
+        self._dispatching: IDelayedCall | None = None
+        self.unavailable = 0
+        self._unlogged_unavailable = 0
+        self._next_log = 0.0
+
+    def with_queue_timeout(self, seconds: float | None) -> UpstreamClient:
+        """
+        This pool, for a caller whose requests wait at most C{seconds} for a connection
+        (a route's timeout); this very client when C{seconds} is L{None}.
+        """
+        if seconds is None:
+            return self
+        return _QueueTimeoutClient(self, seconds)
+
+    def queued(self, upstream: Upstream) -> int:
+        """
+        How many requests wait for a connection to C{upstream}.
+        """
+        return len(self._queues.get(upstream, ()))
+
+    def open_connections(self, upstream: Upstream) -> int:
+        """
+        How many connections to C{upstream} are connecting, busy or idle.
+        """
+        return self._open.get(upstream, 0)
 
     def request(
         self,
@@ -224,6 +382,7 @@ class UpstreamClient:
         body: IBodyProducer | None = None,
         *,
         upgrade: bool = False,
+        queue_timeout: float | None = None,
     ) -> Deferred[UpstreamResponse]:
         """
         Send a request upstream, on an idle pooled connection when there is one.
@@ -240,27 +399,41 @@ class UpstreamClient:
         @param upgrade: The headers ask for a protocol upgrade: use a fresh connection,
             never pooled afterwards; a 101 response can then be
             L{detached<UpstreamResponse.detach>}.
+        @param queue_timeout: The longest wait for a connection when the upstream has
+            as many as it may (the client's own by default).
 
         @return: Fires with the response once its head has arrived. Fails with the
             original failure (refused, DNS, TLS verification, L{UpstreamProtocolError},
             the connection closing before a complete head). Cancelling it aborts the
             connection. A bodiless request with an idempotent method that finds its
             pooled connection closed by the server before any response byte is retried
-            once on a fresh connection.
+            once on a fresh connection. A request that waited its whole queue timeout
+            fires with the pool's own 503 response (no connection behind it).
         """
         try:
             head, length = encode_request(method, target, headers, body)
         except ValueError:
             return fail()
         head_request = method == b"HEAD"
+        retryable = body is None and method in _RETRYABLE
+        if self._queued and self._queues.get(upstream):
+            # Others wait already: no overtaking them for a connection just freed.
+            return self._enqueue(
+                _Waiter(upstream, head, head_request, body, length, upgrade, retryable),
+                queue_timeout,
+            )
         if not upgrade:
             idle = self._idle.get(upstream)
             if idle:
-                connection = idle.pop()
-                d = connection.send(head, head_request, body, length, False)
-                if body is None and method in _RETRYABLE:
-                    d.addErrback(self._retry_stale, connection, upstream, head, head_request)
-                return d
+                return self._send_pooled(
+                    idle.pop(), upstream, head, head_request, body, length, retryable
+                )
+        limit = self._max_open
+        if limit and self._open.get(upstream, 0) >= limit:
+            return self._enqueue(
+                _Waiter(upstream, head, head_request, body, length, upgrade, retryable),
+                queue_timeout,
+            )
         return self._connect(upstream, head, head_request, body, length, upgrade)
 
     def close(self) -> Deferred[None]:
@@ -276,6 +449,15 @@ class UpstreamClient:
             if self._sweep.active():
                 self._sweep.cancel()
             self._sweep = None
+        if self._dispatching is not None:
+            self._dispatching.cancel()
+            self._dispatching = None
+        # Requests still waiting for a connection will not get one.
+        for queue in list(self._queues.values()):
+            while queue:
+                waiter = queue[0]
+                self._dequeue(waiter)
+                waiter.deferred.callback(_Unavailable(waiter.head_request))
         closing: list[Deferred[None]] = []
         for idle in self._idle.values():
             connections = idle[:]
@@ -291,6 +473,21 @@ class UpstreamClient:
 
     # -- connecting --------------------------------------------------------------------
 
+    def _send_pooled(
+        self,
+        connection: UpstreamConnection,
+        upstream: Upstream,
+        head: bytes,
+        head_request: bool,
+        body: IBodyProducer | None,
+        length: int | None,
+        retryable: bool,
+    ) -> Deferred[UpstreamResponse]:
+        d = connection.send(head, head_request, body, length, False)
+        if retryable:
+            d.addErrback(self._retry_stale, connection, upstream, head, head_request)
+        return d
+
     def _connect(
         self,
         upstream: Upstream,
@@ -303,9 +500,24 @@ class UpstreamClient:
         connector = self._connectors.get(upstream)
         if connector is None:
             connector = self._connectors[upstream] = self._connector(upstream)
+        # Counted from now: a connection being opened is one of the upstream's.
+        self._open[upstream] = self._open.get(upstream, 0) + 1
         connecting: Deferred[IProtocol] = connector.endpoint.connect(connector.factory)
-        connecting.addErrback(_connect_cancelled)
+        connecting.addCallbacks(
+            self._connected,
+            self._not_connected,
+            callbackArgs=(upstream,),
+            errbackArgs=(upstream,),
+        )
         return connecting.addCallback(_send, head, head_request, body, length, upgrade)
+
+    def _connected(self, protocol: IProtocol, upstream: Upstream) -> IProtocol:
+        cast(_PooledConnection, protocol)._closed_hook = partial(self._closed_one, upstream)
+        return protocol
+
+    def _not_connected(self, reason: Failure, upstream: Upstream) -> Failure:
+        self._closed_one(upstream)
+        return _connect_cancelled(reason)
 
     def _connector(self, upstream: Upstream) -> _Connector:
         reactor = self._reactor
@@ -351,6 +563,13 @@ class UpstreamClient:
             or reason.check(ConnectionAborted, CancelledError)
         ):
             return reason
+        limit = self._max_open
+        # The stale connection is still counted until its close is processed: wait for
+        # it at the head of the queue rather than go over the bound.
+        if limit and self._open.get(upstream, 0) >= limit:
+            return self._enqueue(
+                _Waiter(upstream, head, head_request, None, None, False, False), None, first=True
+            )
         return self._connect(upstream, head, head_request, None, None, False)
 
     # -- the pool ----------------------------------------------------------------------
@@ -362,7 +581,12 @@ class UpstreamClient:
         idle = self._idle.get(upstream)
         if idle is None:
             idle = self._idle[upstream] = []
-        if len(idle) >= self._max_idle:
+        waiting = self._queued and self._queues.get(upstream)
+        if waiting:
+            # Kept for the first request waiting (not here and now: the connection is
+            # still inside the exchange that just ended).
+            self._schedule_dispatch()
+        elif len(idle) >= self._max_idle:
             connection.close()
             return
         connection.idle_since = self._reactor.seconds()
@@ -375,6 +599,130 @@ class UpstreamClient:
         if idle:
             with contextlib.suppress(ValueError):
                 idle.remove(connection)
+
+    # -- the bound and its queues ------------------------------------------------------
+
+    def _closed_one(self, upstream: Upstream) -> None:
+        """
+        One of C{upstream}'s connections closed, or failed to open: room for another.
+        """
+        left = self._open.get(upstream, 0) - 1
+        if left > 0:
+            self._open[upstream] = left
+        else:
+            self._open.pop(upstream, None)
+        if self._queued and self._queues.get(upstream):
+            self._schedule_dispatch()
+
+    def _enqueue(
+        self, waiter: _Waiter, queue_timeout: float | None, first: bool = False
+    ) -> Deferred[UpstreamResponse]:
+        if self._closed:
+            return succeed(_Unavailable(waiter.head_request))
+        queue = self._queues.get(waiter.upstream)
+        if queue is None:
+            queue = self._queues[waiter.upstream] = deque()
+        if first:
+            queue.appendleft(waiter)
+        else:
+            queue.append(waiter)
+        self._queued += 1
+        waiter._pool = self
+        timeout = self._queue_timeout if queue_timeout is None else queue_timeout
+        waiter.timer = self._reactor.callLater(timeout, self._waited_too_long, waiter)
+        if waiter.upgrade and self._idle.get(waiter.upstream):
+            # Nothing else may free a connection: an idle one is closed to make room.
+            self._schedule_dispatch()
+        return waiter.deferred
+
+    def _dequeue(self, waiter: _Waiter) -> None:
+        """
+        Take C{waiter} out of its queue (it is served, cancelled or answered 503).
+        """
+        queue = self._queues.get(waiter.upstream)
+        if queue is not None:
+            with contextlib.suppress(ValueError):
+                queue.remove(waiter)
+                self._queued -= 1
+            if not queue:
+                del self._queues[waiter.upstream]
+        waiter._pool = None
+        timer = waiter.timer
+        waiter.timer = None
+        if timer is not None and timer.active():
+            timer.cancel()
+
+    def _waited_too_long(self, waiter: _Waiter) -> None:
+        waiter.timer = None
+        self._dequeue(waiter)
+        self.unavailable += 1
+        self._unlogged_unavailable += 1
+        now = self._reactor.seconds()
+        if now >= self._next_log:
+            self._next_log = now + _BUSY_LOG_INTERVAL
+            self.log.warn(
+                "{count} request(s) answered 503 after waiting their queue timeout for a"
+                " connection (limits.maxConnectionsPerUpstream: {limit}) since the last"
+                " report; the last for {upstream}",
+                count=self._unlogged_unavailable,
+                limit=self._max_open,
+                upstream=waiter.upstream.authority.decode("ascii", "replace"),
+            )
+            self._unlogged_unavailable = 0
+        waiter.deferred.callback(_Unavailable(waiter.head_request))
+
+    def _schedule_dispatch(self) -> None:
+        if self._dispatching is None:
+            self._dispatching = self._reactor.callLater(0, self._dispatch)
+
+    def _dispatch(self) -> None:
+        """
+        Give the requests waiting what has freed up: idle connections first, then room
+        for new ones.
+        """
+        self._dispatching = None
+        limit = self._max_open
+        for upstream, queue in list(self._queues.items()):
+            idle = self._idle.get(upstream)
+            while queue:
+                waiter = queue[0]
+                if not waiter.upgrade and idle:
+                    self._dequeue(waiter)
+                    self._serve(
+                        waiter,
+                        self._send_pooled(
+                            idle.pop(),
+                            upstream,
+                            waiter.head,
+                            waiter.head_request,
+                            waiter.body,
+                            waiter.length,
+                            waiter.retryable,
+                        ),
+                    )
+                elif not limit or self._open.get(upstream, 0) < limit:
+                    self._dequeue(waiter)
+                    self._serve(
+                        waiter,
+                        self._connect(
+                            upstream,
+                            waiter.head,
+                            waiter.head_request,
+                            waiter.body,
+                            waiter.length,
+                            waiter.upgrade,
+                        ),
+                    )
+                else:
+                    if waiter.upgrade and idle:
+                        # An upgrade needs a fresh connection: make room for it (its close
+                        # brings us back here).
+                        idle.pop(0).close()
+                    break
+
+    def _serve(self, waiter: _Waiter, inner: Deferred[UpstreamResponse]) -> None:
+        waiter.inner = inner
+        inner.addBoth(_forward, waiter)
 
     def _expire(self) -> None:
         self._sweep = None
@@ -398,3 +746,54 @@ class UpstreamClient:
         if earliest is not None:
             delay = max(0.0, earliest + self._idle_timeout - now)
             self._sweep = self._reactor.callLater(delay, self._expire)
+
+
+class _QueueTimeoutClient(UpstreamClient):
+    """
+    A client's pool seen by a caller with a queue timeout of its own (a route's): its
+    requests go to the same pool and wait at most that long for a connection.
+    """
+
+    def __init__(self, pool: UpstreamClient, seconds: float) -> None:
+        # The pool's state stays the pool's: nothing of UpstreamClient.__init__ here.
+        self._pool = pool
+        self._seconds = seconds
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._pool, name)
+
+    def request(
+        self,
+        upstream: Upstream,
+        method: bytes,
+        target: bytes,
+        headers: list[tuple[bytes, bytes]],
+        body: IBodyProducer | None = None,
+        *,
+        upgrade: bool = False,
+        queue_timeout: float | None = None,
+    ) -> Deferred[UpstreamResponse]:
+        return self._pool.request(
+            upstream,
+            method,
+            target,
+            headers,
+            body,
+            upgrade=upgrade,
+            queue_timeout=self._seconds if queue_timeout is None else queue_timeout,
+        )
+
+    def close(self) -> Deferred[None]:
+        return self._pool.close()
+
+    def with_queue_timeout(self, seconds: float | None) -> UpstreamClient:
+        return self._pool.with_queue_timeout(seconds)
+
+    def queued(self, upstream: Upstream) -> int:
+        return self._pool.queued(upstream)
+
+    def open_connections(self, upstream: Upstream) -> int:
+        return self._pool.open_connections(upstream)
+
+    def idle_connections(self, upstream: Upstream) -> int:
+        return self._pool.idle_connections(upstream)

@@ -41,8 +41,9 @@ def start_gateway(
     upstream: str,
     gateway_spec: str = "",
     proxy_spec: str = "",
-    clock: Clock | None = None,
+    clock: Any = None,
     client: UpstreamClient | None = None,
+    routes: str = "",
 ) -> tuple[Gateway, int]:
     """
     Build and listen (on 127.0.0.1) a gateway with C{GET /healthz} (health) and C{/}
@@ -52,7 +53,9 @@ def start_gateway(
     @param proxy_spec: YAML lines added to the proxy handler (not indented).
     @param clock: The gateway's reactor for everything but its upstream client
         (connection timers, route timeouts); a new L{Clock} by default.
-    @param client: The upstream client (on the real reactor by default).
+    @param client: The upstream client; by default one on the real reactor, bounded as
+        the configuration says (as the gateway builds its own).
+    @param routes: More YAML documents (each starting with C{---}).
     @return: The gateway and its port.
     """
     gateway = GATEWAY + textwrap.indent(textwrap.dedent(gateway_spec), "  ")
@@ -67,10 +70,17 @@ def start_gateway(
             + '  match: "/"\n  handler:\n    type: reverse-proxy\n'
             + f'    upstream: "{upstream}"\n'
             + handler
+            + routes
         },
     )
-    client = client or UpstreamClient(reactor)
-    built = build_gateway(load_config(root, {}), clock or Clock(), client)
+    config = load_config(root, {})
+    limits = config.gateway.limits
+    client = client or UpstreamClient(
+        reactor,
+        max_connections_per_upstream=limits.max_connections_per_upstream,
+        queue_timeout=limits.upstream_queue_timeout,
+    )
+    built = build_gateway(config, clock or Clock(), client)
     listening = listen_local(built.site)
     test.addCleanup(connections_closed)
     test.addCleanup(listening.stopListening)
