@@ -10,10 +10,11 @@ L{GatewayService} (a C{MultiService}) has one child per long-lived part, in star
   - C{telemetry}: L{TelemetryService}, only with a Telemetry resource (spans flushed to
     the exporter on stop).
 
-Stopping (SIGTERM under twistd) runs in a stated order: the listener stops accepting,
-the requests in flight drain (up to C{Gateway.spec.drainTimeout}; every further response
-closes its connection), then the other children stop one after another, in reverse
-start order, each waiting for the one before.
+Stopping (SIGTERM under twistd) runs in a stated order: idle keep-alive client
+connections are closed, the listener stops accepting, the requests in flight drain (up
+to C{Gateway.spec.drainTimeout}; every further response closes its connection), then the
+other children stop one after another, in reverse start order, each waiting for the one
+before.
 
 L{build_service} builds the whole tree without starting anything; C{edgegw check} builds
 exactly this tree.
@@ -255,6 +256,8 @@ class GatewayService(MultiService):
     def _drain(self) -> Deferred[None]:
         inflight = self.gateway.inflight
         drained = inflight.drain()
+        # An idle keep-alive connection would otherwise carry new requests until the end.
+        self.gateway.site.shut_down()
         timeout = self.gateway.config.gateway.drain_timeout
         if inflight.count:
             _log.info(

@@ -27,6 +27,7 @@ from wsproto.events import CloseConnection
 from wsproto.events import Request as WSRequest
 
 from edgegw.config.model import LimitsSpec
+from edgegw.config.parse import load_config
 from edgegw.gateway import Gateway
 from edgegw.server.limits import (
     DESCRIPTOR_RESERVE,
@@ -36,14 +37,15 @@ from edgegw.server.limits import (
     fit_descriptor_limit,
 )
 from edgegw.server.request import GatewayChannel
+from edgegw.service import build_service
 from edgegw.upstream.pool import Upstream, UpstreamClient
 from tests.support.backends import RawBackend, RawConnection, RawRequest
-from tests.support.configs import GATEWAY, load_text, problems_of
+from tests.support.configs import GATEWAY, load_text, problems_of, write_tree
 from tests.support.gateways import answer_ok, start_gateway
 from tests.support.memory import parse_responses
 from tests.support.processes import listen_local, port_of
 from tests.support.rawclient import RawClient, connect, response_complete
-from tests.test_daemon import HeldBackend
+from tests.test_daemon import HeldBackend, stop_if_running
 from tests.test_proxy import EchoWebSocket
 from tests.test_request import Collector, Fixture, Outcome, head, ok
 
@@ -500,6 +502,70 @@ class PoolQueueTests(TestCase):
         await eventually(lambda: pool.open_connections(upstream) == 0)
         await hold_backend.all_lost()
         self.assertEqual(len(hold_backend.connections), 1)
+
+
+class ShutdownTests(TestCase):
+    """
+    Review finding L3: draining closes idle keep-alive connections at once; a request in
+    flight is answered with C{Connection: close}.
+    """
+
+    async def test_idle_connections_closed_when_draining(self) -> None:
+        backend = HeldBackend(self)
+        root = write_tree(
+            self.mktemp(),
+            {
+                "gateway.yaml": GATEWAY
+                + "  drainTimeout: 5s\n"
+                + "---\nkind: Route\nmetadata: {name: health}\n"
+                + "spec: {match: GET /healthz, handler: {type: health}}\n"
+                + "---\nkind: Route\nmetadata: {name: p}\nspec:\n  match: /\n"
+                + f'  handler: {{type: reverse-proxy, upstream: "{backend.url}"}}\n'
+            },
+        )
+        service = build_service(load_config(root, {}), reactor)
+        service.privilegedStartService()
+        service.startService()
+        self.addCleanup(stop_if_running, service)
+        port = port_of(service)
+        # A keep-alive connection, idle after its first request.
+        idle = await connect(port)
+        self.assertEqual(await healthy(idle, HEALTH), 200)
+        # A request in flight on another one.
+        busy = await connect(port)
+        arrived = backend.arrival()
+        busy.send(b"GET /slow HTTP/1.1\r\nHost: x\r\n\r\n")
+        held = await arrived
+        stopped = service.stopService()
+        # The idle connection cannot start another request: it is closed, unanswered.
+        idle.send(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+        await idle.closed
+        self.assertEqual(len(parse_responses(idle.received)), 1)
+        self.assertNoResult(stopped)
+        HeldBackend.answer(held, b"slow")
+        await busy.closed
+        [response] = parse_responses(busy.received)
+        self.assertEqual((response.status, response.header("connection")), (200, "close"))
+        await stopped
+        self.assertEqual([r.uri for r in backend.site.requests], [b"/slow"])
+
+    def test_head_in_progress_answered_with_close(self) -> None:
+        site = LimitedSite(Resource(), reactor=Clock())
+        site.protocol = GatewayChannel  # type: ignore[assignment]
+        channel = site.buildProtocol(IPv4Address("TCP", "192.0.2.1", 1))
+        transport = StringTransport()
+        channel.makeConnection(transport)
+        channel.dataReceived(b"GET / HTTP/1.1\r\n")
+        site.shut_down()
+        self.assertFalse(transport.disconnecting)
+        channel.dataReceived(b"Host: x\r\n\r\n")
+        self.assertIn(b"\r\nConnection: close\r\n", transport.value())
+        self.assertTrue(transport.disconnecting)
+        # And no new connection is let in.
+        self.assertNotIsInstance(
+            site.buildProtocol(IPv4Address("TCP", "192.0.2.1", 2)), GatewayChannel
+        )
+        self.assertEqual(site.connections.refused, 0)
 
 
 class RefusalTests(SynchronousTestCase):

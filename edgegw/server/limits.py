@@ -118,6 +118,7 @@ class ClientConnections:
         self._next_log = 0.0
         self._unlogged_total = 0
         self._unlogged_address = 0
+        self._shut_down = False
 
     @property
     def refused(self) -> int:
@@ -132,6 +133,8 @@ class ClientConnections:
 
         @return: What L{opened} needs for it, or the refusal marker.
         """
+        if self._shut_down:
+            return _REFUSED
         if self.max_connections and self.count >= self.max_connections:
             self.refused_over_total += 1
             self._unlogged_total += 1
@@ -176,6 +179,15 @@ class ClientConnections:
                 self._per_address[key] = left
             else:
                 del self._per_address[key]
+
+    def shut_down(self) -> None:
+        """
+        Shutting down: close the idle connections, and every other after its response;
+        refuse new ones.
+        """
+        self._shut_down = True
+        for channel in list(self.channels):
+            channel.shutDown()
 
     def open_from(self, address: IAddress) -> int:
         """
@@ -246,6 +258,13 @@ class LimitedSite(Site):
         channel.bodyTimeout = limits.body_timeout
         connections.opened(channel, key)
         return channel
+
+    def shut_down(self) -> None:
+        """
+        The gateway is draining: close idle connections at once, the others after their
+        response, and refuse new ones.
+        """
+        self.connections.shut_down()
 
     def fit_descriptor_limit(self) -> None:
         """

@@ -676,6 +676,8 @@ class GatewayChannel(HTTPChannel):
     _idleTimeout: float | None = None
     # Told when the connection is gone (the site counts it against its caps).
     _release: Callable[[GatewayChannel], object] | None = None
+    # The gateway is shutting down: no request after the one in progress.
+    _shuttingDown = False
 
     def connectionMade(self) -> None:
         # The site's idle timeout: the period between requests.
@@ -777,6 +779,8 @@ class GatewayChannel(HTTPChannel):
 
     def requestDone(self, request: HTTPRequest) -> None:
         if request is not self._streaming:
+            if self._shuttingDown:
+                self.persistent = False
             # Idle until the next request's first byte (perhaps one already read ahead).
             self._phase = _AWAITING
             HTTPChannel.requestDone(self, request)
@@ -797,10 +801,21 @@ class GatewayChannel(HTTPChannel):
         if version != b"HTTP/1.1":
             return False
         values = request.requestHeaders.getRawHeaders(b"connection")
-        if values is not None and _asks_close(values):
+        if (values is not None and _asks_close(values)) or self._shuttingDown:
             request.responseHeaders.setRawHeaders(b"connection", [b"close"])
             return False
         return True
+
+    def shutDown(self) -> None:
+        """
+        The gateway is shutting down (draining): close now if no request is in progress,
+        so that an idle keep-alive connection cannot start one; otherwise close once the
+        response in progress is done, and answer a request whose head is still arriving
+        with C{Connection: close}.
+        """
+        self._shuttingDown = True
+        if self._phase == _AWAITING and not self.requests:
+            self.loseConnection()
 
     def writeHeaders(self, version: bytes, code: bytes, reason: bytes, headers: Headers) -> None:
         request = self._streaming
