@@ -291,3 +291,89 @@ class HostTests(DifferentialTestCase):
         [seen] = self.received()
         self.assertEqual(seen.header(b"host"), b"public.example:81")
         self.assertEqual(seen.header(b"x-forwarded-host"), b"public.example:81")
+
+
+class ReviewedDifferentialTests(DifferentialTestCase):
+    """
+    Spellings found by a review of the first round: each reached a backend that reads it
+    as a path or host the policy covers.
+    """
+
+    async def test_path_parameters_refused(self) -> None:
+        # Tomcat and Jetty drop ";params" per segment and read "..;" as "..".
+        port = self.gateway()
+        for target in ("/admin;x/users", "/public/..;/admin/users", "/p;/x", "/;"):
+            await self.assertRefused(port, target)
+        await self.assertRefused(port, "/webhooks/..;/transfer", method="POST", headers=CROSS_SITE)
+        # Encoded, it is data in a segment for every backend.
+        await self.assertForwarded(port, "/p/a%3Bb", b"/p/a%3Bb")
+
+    async def test_fragment_and_invisible_bytes_refused(self) -> None:
+        port = self.gateway()
+        for target in (
+            "/secret#x",
+            "/admin#/users",
+            "/p?x#y",
+            "/secret\xa0",
+            "/secret\x85",
+            "/admin\x7f/users",
+            "/p?q=\xa0",
+        ):
+            await self.assertRefused(port, target)
+
+    async def test_host_sub_delims_refused(self) -> None:
+        port = self.gateway()
+        for host in ("admin.example,x", "x,admin.example", "x;admin.example", "a&b", ""):
+            await self.assertRefused(port, "/panel", host=host)
+        await self.assertRefused(port, "http://x,admin.example/panel", host="gw.test")
+        # A port is 1 to 65535: its leading zeros are dropped from what is forwarded.
+        await self.assertForwarded(port, "/p", b"/p", host="Gateway.Test:0080")
+        self.assertEqual(await self.status(port, "/p", host="gateway.test:0"), 400)
+
+    async def test_refused_request_closes_its_connection(self) -> None:
+        port = self.gateway()
+        client = await connect(port)
+        # A refused request, then one the gateway would serve, on one connection.
+        client.send(
+            b"GET /secret#x HTTP/1.1\r\nHost: gateway.test\r\n\r\n"
+            b"GET /admin/users HTTP/1.1\r\nHost: gateway.test\r\n\r\n"
+        )
+        data = await client.until(response_complete)
+        await client.close()
+        self.assertTrue(data.startswith(b"HTTP/1.1 400 "), data)
+        self.assertIn(b"\r\nConnection: close\r\n", data)
+        self.assertEqual(data.count(b"HTTP/1.1 "), 1)
+        self.assertEqual(self.received(), [])
+
+
+class TrustedForwardedHostTests(DifferentialTestCase):
+    """
+    X-Forwarded-Host from a trusted proxy reaches the backend only as one valid host in
+    its normal form.
+    """
+
+    async def test_forwarded_host_normalised_or_dropped(self) -> None:
+        upstream = f"http://127.0.0.1:{self.backend.port}"
+        root = write_tree(
+            self.mktemp(),
+            {
+                "a.yaml": GATEWAY
+                + '  trustedProxies: ["127.0.0.1"]\n'
+                + ROUTES.replace("UP", upstream).replace("preserveHost: true", "")
+            },
+        )
+        client = UpstreamClient(reactor)
+        built = build_gateway(load_config(root, {}), reactor, client)
+        listening = listen_local(built.site)
+        self.addCleanup(listening.stopListening)
+        self.addCleanup(client.close)
+        port = port_of(listening)
+        for given, forwarded in (
+            ("ADMIN.example.", b"admin.example"),
+            ("a b", b"gateway.test"),
+            ("x,admin.example", b"gateway.test"),
+        ):
+            status = await self.status(port, "/p", headers=f"X-Forwarded-Host: {given}\r\n")
+            self.assertEqual(status, 200, given)
+            [seen] = self.received()
+            self.assertEqual(seen.header(b"x-forwarded-host"), forwarded, given)

@@ -185,11 +185,13 @@ class GatewayHttpTests(SynchronousTestCase):
         self.assertEqual(gateway_client(self, ROUTES).request("GET", "healthz").status, 400)
 
     def test_malformed_escape_is_bad_request(self) -> None:
-        client = gateway_client(self, ROUTES)
         for target in ("/docs/%zz", "/docs/%", "/docs/%4"):
+            client = gateway_client(self, ROUTES)
             response = client.request("GET", target)
             self.assertEqual((response.status, response.body), (400, b"bad request\n"), target)
-        self.assertEqual(client.request("GET", "/docs/%41").status, 200)
+            # Nothing after a request the edge refused is read on that connection.
+            self.assertEqual(response.header("Connection"), "close")
+        self.assertEqual(gateway_client(self, ROUTES).request("GET", "/docs/%41").status, 200)
 
     def test_percent_encoded_utf8_matches_pattern(self) -> None:
         config = ROUTES + (
@@ -305,8 +307,8 @@ class RequestTargetTests(SynchronousTestCase):
                 gateway_client(self, ROUTES).request("GET", target).status, 400, target
             )
         # encodedSlashes: reject by default (tests/test_differentials.py has the modes).
-        self.assertEqual(client.request("GET", "/docs/a%2Fb").status, 400)
         self.assertEqual(client.request("GET", "/docs/a.%2e.b").status, 200)
+        self.assertEqual(client.request("GET", "/docs/a%2Fb").status, 400)
 
     def test_absolute_form_host_replaces_host_header(self) -> None:
         response = gateway_client(self, ROUTES).request(

@@ -731,8 +731,8 @@ class NormaliseHostTests(SynchronousTestCase):
             b"127.0.0.1:8080": b"127.0.0.1:8080",
             b"[::1]": b"[::1]",
             b"[FE80::A]:443": b"[fe80::a]:443",
-            b"[v1.Fe:x]": b"[v1.fe:x]",
             b"my_service:80": b"my_service:80",
+            b"example.com:0080": b"example.com:80",
             b":80": b":80",
         }
         for value, normal in cases.items():
@@ -756,6 +756,18 @@ class NormaliseHostTests(SynchronousTestCase):
             b"[::1]:x",
             b"[zz]",
             b"[fe80::1%25eth0]",
+            # Sub-delims and IPvFuture: RFC 3986 allows them, no DNS name has them, and
+            # "x,admin.example" is admin.example to a backend that splits on commas.
+            b"admin.example,x",
+            b"x;admin.example",
+            b"a&b",
+            b"a!b",
+            b"a=b",
+            b"[v1.Fe:x]",
+            # Ports: 1 to 65535, at most five digits.
+            b"a:0",
+            b"a:65536",
+            b"a:000080",
             b"a]",
             b"h\xc3\xa9",
             b"a%zz",

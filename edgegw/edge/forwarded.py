@@ -13,6 +13,8 @@ from collections.abc import Iterable
 from twisted.internet.address import IPv4Address, IPv6Address
 from twisted.web.server import Request
 
+from edgegw.routing.hosts import normalise_host
+
 FORWARDING_HEADERS = (
     b"x-forwarded-for",
     b"x-forwarded-proto",
@@ -64,14 +66,22 @@ class ForwardedFilter:
 
     def clean(self, request: Request) -> None:
         """
-        Strip the forwarding headers from C{request} unless its peer is trusted.
+        Strip the forwarding headers from C{request} unless its peer is trusted; from a
+        trusted peer, keep C{X-Forwarded-Host} only as one valid host in its normal form
+        (a backend must not read a host the gateway would not have routed by).
         """
-        if self.trust_all:
-            return
-        peer = request.getClientAddress()
-        if isinstance(peer, IPv4Address | IPv6Address) and self.is_trusted(peer.host):
-            return
         headers = request.requestHeaders
-        for name in FORWARDING_HEADERS:
-            if headers.hasHeader(name):
-                headers.removeHeader(name)
+        if not self.trust_all:
+            peer = request.getClientAddress()
+            if not (isinstance(peer, IPv4Address | IPv6Address) and self.is_trusted(peer.host)):
+                for name in FORWARDING_HEADERS:
+                    if headers.hasHeader(name):
+                        headers.removeHeader(name)
+                return
+        forwarded_host = headers.getRawHeaders(b"x-forwarded-host")
+        if forwarded_host is not None:
+            normal = normalise_host(forwarded_host[0]) if len(forwarded_host) == 1 else None
+            if not normal:
+                headers.removeHeader(b"x-forwarded-host")
+            elif normal != forwarded_host[0]:
+                headers.setRawHeaders(b"x-forwarded-host", [normal])

@@ -8,6 +8,7 @@ traversal each.
 
 from __future__ import annotations
 
+import re
 from time import monotonic
 from typing import Protocol
 
@@ -16,7 +17,7 @@ from twisted.web.resource import Resource
 from twisted.web.server import NOT_DONE_YET, Request
 
 from edgegw.chain.access_log import AccessLog
-from edgegw.chain.pipeline import IRouteTarget
+from edgegw.chain.pipeline import IRouteTarget, close_after_response
 from edgegw.chain.respond import TEXT_PLAIN
 from edgegw.edge.forwarded import ForwardedFilter
 from edgegw.edge.security import SecurityLayer
@@ -52,9 +53,20 @@ _STANDARD_METHODS = frozenset(
 _HOST_CACHE_SIZE = 256
 
 
+# A request-target byte that is not visible ASCII (Twisted's own check lets DEL and
+# 0x80-0xB0 through, and Python's http.server splits the line on \x85 and \xa0), or a
+# "#": origin form has no fragment, and backends drop what follows it, so "/secret#x"
+# would be routed as one path and served as another.
+_REFUSED_TARGET = re.compile(rb"[^\x21-\x7e]|#")
+
+
 def _plain(request: Request, status: int, body: bytes) -> bytes:
     request.setResponseCode(status)
     request.responseHeaders.setRawHeaders(b"content-type", [TEXT_PLAIN])
+    if status == 400:
+        # Whatever follows a request the edge could not read as it was meant is not
+        # read either.
+        close_after_response(request)
     return body
 
 
@@ -131,6 +143,8 @@ class EdgeResource(Resource):
         if method not in _STANDARD_METHODS and method.upper() in _STANDARD_METHODS:
             return _plain(request, 400, b"bad request\n")
         target = request.uri
+        if _REFUSED_TARGET.search(target) is not None:
+            return _plain(request, 400, b"bad request\n")
         if target[:1] != b"/":
             split = split_absolute_form(target)
             if split is None:
@@ -144,7 +158,8 @@ class EdgeResource(Resource):
             request.uri = target
             request.path = target.split(b"?", 1)[0]
         host_header = request_headers.getRawHeaders(b"host")
-        if host_header is None:
+        if host_header is None or host_header == [b""]:
+            # RFC 9110 section 4.2.1: an http URI has a non-empty host.
             if request.clientproto == b"HTTP/1.1":
                 return _plain(request, 400, b"bad request\n")
             host = ""
@@ -162,6 +177,12 @@ class EdgeResource(Resource):
                 request_headers.setRawHeaders(b"host", [rewrite])
         # surrogateescape: invalid UTF-8 is matched byte for byte, as Go does, never raises.
         path, _, query = target.decode("utf-8", "surrogateescape").partition("?")
+        if ";" in path:
+            # Servlet containers (Tomcat, Jetty) drop ";params" from each segment and
+            # read "..;" as "..": "/admin;x/users" and "/public/..;/admin" would be
+            # routed past the policy on /admin/ and served under it. Encoded, as %3B, it
+            # is data to every backend.
+            return _plain(request, 400, b"bad request\n")
         if "%" in path or "\\" in path:
             vetted = vet_path(path, self.encoded_slashes)
             if vetted is None:
@@ -186,8 +207,10 @@ class EdgeResource(Resource):
         if normal is None:
             return None
         known = (normal.decode("ascii"), None if normal == value else normal)
-        if len(self._hosts) < _HOST_CACHE_SIZE:
-            self._hosts[value] = known
+        if len(self._hosts) >= _HOST_CACHE_SIZE:
+            # Start over rather than stop learning: a client cannot fill it for good.
+            self._hosts.clear()
+        self._hosts[value] = known
         return known
 
 

@@ -10,16 +10,18 @@ a host pattern must not be skipped by a spelling its backend reads as the same h
 from __future__ import annotations
 
 import ipaddress
-import re
 
 __all__ = ["host_key", "normalise_host"]
 
-# RFC 3986: unreserved, sub-delims, ":" (port) and the brackets of an IP literal. Anything
-# else ("a b", "a@b/c?d", non-ASCII) is not a host. Percent-escapes are refused too: a
-# reg-name may have them, but no DNS name does, and "%61dmin.example" would be one more
-# spelling of admin.example for a backend that decodes it.
-_HOST_BYTES = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-._~!$&'()*+,;=:[]"
-_IP_FUTURE = re.compile(rb"[vV][0-9A-Fa-f]+\.[A-Za-z0-9\-._~!$&'()*+,;=:]+")
+# What a host name can be made of (letters, digits, "-", ".", and "_", which internal
+# names use), ":" for the port and the
+# brackets of an IPv6 literal. RFC 3986 also lets a reg-name carry sub-delims and
+# percent-escapes, but no DNS name does, and each is a differential: "%61dmin.example" is
+# admin.example to a backend that decodes it, and "x,admin.example" is admin.example to one
+# that splits X-Forwarded-Host on commas. Anything else ("a b", "a@b/c?d", non-ASCII) is
+# not a host at all.
+_HOST_BYTES = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-._:[]"
+_MAX_PORT = 65535
 
 
 def normalise_host(value: bytes) -> bytes | None:
@@ -27,9 +29,10 @@ def normalise_host(value: bytes) -> bytes | None:
     A C{Host} value (or the authority of an absolute-form target) in its normal form, or
     L{None} when it is not C{host[:port]} per RFC 3986.
 
-    The host is an IP literal in brackets (no zone identifier), an IPv4 address or a
-    reg-name without percent-escapes; the port is digits. The normal form is lowercase,
-    without the trailing dot of a name and without an empty port; C{""} stays C{""}.
+    The host is an IPv6 literal in brackets (no zone identifier, no IPvFuture), an IPv4
+    address or a name of letters, digits, C{-}, C{_} and C{.}; the port is 1 to 65535 in at
+    most five digits. The normal form is lowercase, without the trailing dot of a name,
+    with the port's leading zeros and an empty port removed; C{""} stays C{""}.
     """
     if value.translate(None, _HOST_BYTES):
         return None
@@ -52,16 +55,19 @@ def normalise_host(value: bytes) -> bytes | None:
                 return None
             name = name[:-1]
     if port:
-        if port[:1] != b":" or not (len(port) == 1 or port[1:].isdigit()):
+        if port[:1] != b":":
             return None
-        if len(port) == 1:
+        digits = port[1:]
+        if not digits:
             port = b""
+        elif not digits.isdigit() or len(digits) > 5 or not 0 < int(digits) <= _MAX_PORT:
+            return None
+        else:
+            port = b":%d" % int(digits)
     return name + port
 
 
 def _is_ip_literal(literal: bytes) -> bool:
-    if _IP_FUTURE.fullmatch(literal):
-        return True
     try:
         ipaddress.IPv6Address(literal.decode("ascii"))
     except ValueError:
