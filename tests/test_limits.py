@@ -38,7 +38,7 @@ from edgegw.server.limits import (
 )
 from edgegw.server.request import GatewayChannel
 from edgegw.service import build_service
-from edgegw.upstream.pool import Upstream, UpstreamClient
+from edgegw.upstream.pool import Upstream, UpstreamClient, UpstreamUnavailableError
 from tests.support.backends import RawBackend, RawConnection, RawRequest
 from tests.support.configs import GATEWAY, load_text, problems_of, write_tree
 from tests.support.gateways import answer_ok, start_gateway
@@ -391,6 +391,9 @@ class UpstreamBoundTests(TestCase):
         self.assertEqual(backend.site.connections, 1)
 
     async def test_route_timeout_then_503(self) -> None:
+        from tests.test_pipeline import capture_log
+
+        events = capture_log(self)
         backend, gateway, port, upstream = self.start("maxConnectionsPerUpstream: 1")
         held, first = await self.hold_the_connection(backend, port)
         waiting = await connect(port)
@@ -403,6 +406,13 @@ class UpstreamBoundTests(TestCase):
         HeldBackend.answer(held, b"first")
         self.assertEqual((await response_of(first)).status, 200)
         self.assertEqual(gateway.upstream_client.unavailable, 1)
+        # The access log says no connection could be had, not that the upstream said 503.
+        records = [e["access"] for e in events if e.get("log_namespace") == "edgegw.access"]
+        refused = [r for r in records if r["status"] == 503]
+        [call] = refused[0]["upstream_calls"]
+        self.assertEqual(
+            (call["status"], call["error"]), (None, "no upstream connection available")
+        )
 
     async def test_queue_timeout_without_route_timeout(self) -> None:
         backend, _, port, _ = self.start(
@@ -469,8 +479,7 @@ class PoolQueueTests(TestCase):
         second = pool.request(upstream, b"HEAD", b"/", [(b"Host", upstream.authority)])
         self.assertEqual(pool.queued(upstream), 1)
         await pool.close()
-        response = await second
-        self.assertEqual((response.code, response.has_body), (503, False))
+        await self.assertFailure(second, UpstreamUnavailableError)
         first.cancel()
         await first.addErrback(lambda failure: None)
 

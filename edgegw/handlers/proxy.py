@@ -31,7 +31,7 @@ from edgegw.handlers.headers import HOP_BY_HOP, connection_tokens, is_websocket_
 from edgegw.handlers.tunnel import Tunnel
 from edgegw.upstream.calls import UpstreamCall, describe_error, start_call
 from edgegw.upstream.http11 import UpstreamResponse
-from edgegw.upstream.pool import Upstream, UpstreamClient
+from edgegw.upstream.pool import Upstream, UpstreamClient, UpstreamUnavailableError
 from edgegw.upstream.shared import join_path
 
 _log = Logger()
@@ -292,6 +292,11 @@ class ProxyHandler(TerminalResource):
         except TimeoutError:
             call.end(error="timeout")
             write_text(request, 504, b"gateway timeout\n")
+            return
+        except UpstreamUnavailableError:
+            # No connection could be had (maxConnectionsPerUpstream): nothing was sent.
+            call.end(error="no upstream connection available")
+            write_text(request, 503, b"service unavailable\n")
             return
         except Exception as e:
             call.end(error=describe_error(e))

@@ -8,7 +8,8 @@ C{idle_timeout}. A request that finds no idle connection opens a new one, unless
 upstream already has C{max_connections_per_upstream} connections (connecting, busy or
 idle): then it waits in that upstream's queue, first come first served, until one is
 idle or closes, for at most its queue timeout (the route's timeout, or the client's
-C{queue_timeout}); past it the pool answers itself with a 503.
+C{queue_timeout}); past it the request fails with L{UpstreamUnavailableError}, which
+the handlers answer 503.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ import attrs
 from OpenSSL.SSL import Connection as TLSConnection
 from twisted.internet._sslverify import IOpenSSLTrustRoot
 from twisted.internet.abstract import isIPAddress, isIPv6Address
-from twisted.internet.defer import CancelledError, Deferred, fail, gatherResults, succeed
+from twisted.internet.defer import CancelledError, Deferred, fail, gatherResults
 from twisted.internet.endpoints import (
     HostnameEndpoint,
     TCP4ClientEndpoint,
@@ -45,9 +46,9 @@ from twisted.python.failure import Failure
 from twisted.web.iweb import IBodyProducer
 from zope.interface import implementer
 
-from edgegw.upstream.http11 import BodySink, UpstreamConnection, UpstreamResponse, encode_request
+from edgegw.upstream.http11 import UpstreamConnection, UpstreamResponse, encode_request
 
-__all__ = ["Upstream", "UpstreamClient"]
+__all__ = ["Upstream", "UpstreamClient", "UpstreamUnavailableError"]
 
 _DEFAULT_PORTS: Final = {"http": 80, "https": 443}
 # Methods a client may repeat without changing the outcome (RFC 9110 section 9.2.2);
@@ -58,11 +59,6 @@ _RETRYABLE: Final = frozenset({b"GET", b"HEAD", b"OPTIONS", b"TRACE", b"PUT", b"
 _SWEEP_SLACK: Final = 0.001
 # Seconds between two log lines about requests answered 503 for want of a connection.
 _BUSY_LOG_INTERVAL: Final = 10.0
-_UNAVAILABLE_BODY: Final = b"service unavailable\n"
-_UNAVAILABLE_HEADERS: Final = (
-    (b"Content-Type", b"text/plain; charset=utf-8"),
-    (b"Content-Length", b"%d" % len(_UNAVAILABLE_BODY)),
-)
 
 
 def _authority(scheme: str, host: str, port: int) -> bytes:
@@ -148,29 +144,12 @@ class _UnverifiedTLS:
         return connection
 
 
-class _Unavailable(UpstreamResponse):
+class UpstreamUnavailableError(Exception):
     """
-    The pool's own answer to a request that waited its whole queue timeout for a
-    connection: 503 with a short text body, no connection behind it.
+    No connection to the upstream could be had: the request waited its whole queue
+    timeout behind C{maxConnectionsPerUpstream}, or the pool stopped while it waited.
+    Nothing was sent; the handlers answer it 503 (the api: a failed call).
     """
-
-    __slots__ = ()
-
-    def __init__(self, head_request: bool) -> None:
-        super().__init__(
-            None,
-            b"HTTP/1.1",
-            503,
-            b"Service Unavailable",
-            list(_UNAVAILABLE_HEADERS),
-            len(_UNAVAILABLE_BODY),
-            not head_request,
-        )
-
-    def deliver(self, sink: BodySink) -> Deferred[None]:
-        if self.has_body:
-            sink.write(_UNAVAILABLE_BODY)
-        return succeed(None)
 
 
 class _PooledConnection(UpstreamConnection):
@@ -299,6 +278,11 @@ def _connect_cancelled(reason: Failure) -> Failure:
     return reason
 
 
+def _unavailable(waiter: _Waiter) -> UpstreamUnavailableError:
+    authority = waiter.upstream.authority.decode("ascii", "replace")
+    return UpstreamUnavailableError(f"no connection to {authority} could be had")
+
+
 class UpstreamClient:
     """
     The gateway's HTTP/1.1 client for upstreams, with a persistent connection pool.
@@ -315,9 +299,9 @@ class UpstreamClient:
         connecting, busy or idle (0: no bound). A request beyond it waits in its
         upstream's queue until a connection is idle or closes.
     @param queue_timeout: The longest wait there, for callers that give none (see
-        L{with_queue_timeout}); past it the pool answers the request with a 503 itself.
+        L{with_queue_timeout}); past it the request fails with L{UpstreamUnavailableError}.
 
-    @ivar unavailable: How many requests were answered 503 for want of a connection.
+    @ivar unavailable: How many requests failed for want of a connection.
     """
 
     log = Logger(namespace="edgegw.upstream")
@@ -408,7 +392,7 @@ class UpstreamClient:
             connection. A bodiless request with an idempotent method that finds its
             pooled connection closed by the server before any response byte is retried
             once on a fresh connection. A request that waited its whole queue timeout
-            fires with the pool's own 503 response (no connection behind it).
+            fails with L{UpstreamUnavailableError} (nothing was sent).
         """
         try:
             head, length = encode_request(method, target, headers, body)
@@ -457,7 +441,7 @@ class UpstreamClient:
             while queue:
                 waiter = queue[0]
                 self._dequeue(waiter)
-                waiter.deferred.callback(_Unavailable(waiter.head_request))
+                waiter.deferred.errback(_unavailable(waiter))
         closing: list[Deferred[None]] = []
         for idle in self._idle.values():
             connections = idle[:]
@@ -618,7 +602,7 @@ class UpstreamClient:
         self, waiter: _Waiter, queue_timeout: float | None, first: bool = False
     ) -> Deferred[UpstreamResponse]:
         if self._closed:
-            return succeed(_Unavailable(waiter.head_request))
+            return fail(_unavailable(waiter))
         queue = self._queues.get(waiter.upstream)
         if queue is None:
             queue = self._queues[waiter.upstream] = deque()
@@ -669,7 +653,7 @@ class UpstreamClient:
                 upstream=waiter.upstream.authority.decode("ascii", "replace"),
             )
             self._unlogged_unavailable = 0
-        waiter.deferred.callback(_Unavailable(waiter.head_request))
+        waiter.deferred.errback(_unavailable(waiter))
 
     def _schedule_dispatch(self) -> None:
         if self._dispatching is None:
