@@ -173,6 +173,44 @@ class DeadlineTests(TestCase):
         self.assertEqual(client.received, TIMED_OUT)
         self.assertEqual(self.backend.connections, [])
 
+    async def test_no_body_deadline_while_the_gateway_holds_back_100_continue(self) -> None:
+        clock, next_read, port = self.start(
+            "limits: {maxConnectionsPerUpstream: 1, upstreamQueueTimeout: 300s, bodyTimeout: 30s}\n"
+        )
+        first = await connect(port)
+        self.addCleanup(first.transport.abortConnection)
+        await self.send(first, b"GET /held HTTP/1.1\r\nHost: x\r\n\r\n", next_read)
+        client = await connect(port)
+        self.addCleanup(client.transport.abortConnection)
+        channel = await self.send(
+            client,
+            b"POST /up HTTP/1.1\r\nHost: x\r\nExpect: 100-continue\r\nContent-Length: 5\r\n\r\n",
+            next_read,
+        )
+        # The client rightly waits for 100 Continue, which the gateway sends once it
+        # has an upstream connection to send the body on: not a slow body.
+        clock.advance(60)
+        self.assertFalse(channel.transport.disconnecting)
+        self.assertEqual(client.received, b"")
+        # (The queue's own deadline, on the upstream client's clock, would answer 503.)
+        client.transport.abortConnection()
+
+    async def test_body_deadline_starts_with_100_continue(self) -> None:
+        clock, next_read, port = self.start("limits: {bodyTimeout: 30s}\n")
+        client = await connect(port)
+        channel = await self.send(
+            client,
+            b"POST /up HTTP/1.1\r\nHost: x\r\nExpect: 100-continue\r\nContent-Length: 5\r\n\r\n",
+            next_read,
+        )
+        await client.until(b"HTTP/1.1 100 Continue\r\n\r\n")
+        # Asked for the body, the client has the body's gap to send it.
+        clock.advance(29.9)
+        self.assertFalse(channel.transport.disconnecting)
+        clock.advance(0.1)
+        self.assertTrue(channel.transport.disconnecting)
+        await client.closed
+
     async def test_body_gap_deadline(self) -> None:
         clock, next_read, port = self.start("limits: {bodyTimeout: 30s}\n")
         client = await connect(port)

@@ -599,6 +599,9 @@ class GatewayRequest(Request):
             transport = self.channel.transport
             if not self.startedWriting and self.body.received == 0 and transport is not None:
                 transport.write(_CONTINUE)
+                channel = self.channel
+                if isinstance(channel, GatewayChannel):
+                    channel._continueSent()
 
     def connectionLost(self, reason: Failure) -> None:
         """
@@ -740,8 +743,14 @@ class GatewayChannel(HTTPChannel):
             return
         self._streaming = request
         self._phase = _BODY
-        timeout = self.bodyTimeout
-        self.setTimeout(self._idleTimeout if timeout is None else timeout)
+        expect = request.requestHeaders.getRawHeaders(b"expect")
+        if self._version == b"HTTP/1.1" and expect and expect[0].lower() == b"100-continue":
+            # The client waits for the gateway's 100 Continue, sent when the body's
+            # consumer starts (an upstream connection may first have to be had): no body
+            # timer until then; the handler's own deadlines bound that wait.
+            self.setTimeout(None)
+        else:
+            self._startBodyTimer()
         if self._gate is None:
             # Installed with the first body, so that a connection without one pays
             # nothing. Twisted leaves reading paused at this point only while it waits
@@ -754,6 +763,17 @@ class GatewayChannel(HTTPChannel):
         request.gotLength(self.length)
         # No "100 Continue" here: the body's consumer asks for it when it starts.
         request._dispatch(self._command, self._path, self._version)
+
+    def _startBodyTimer(self) -> None:
+        timeout = self.bodyTimeout
+        self.setTimeout(self._idleTimeout if timeout is None else timeout)
+
+    def _continueSent(self) -> None:
+        """
+        The gateway has asked for the body (100 Continue): its gaps are timed from now.
+        """
+        if self._phase == _BODY:
+            self._startBodyTimer()
 
     def allContentReceived(self) -> None:
         if self._streaming is not None:
