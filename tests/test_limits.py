@@ -178,10 +178,10 @@ class DeadlineTests(TestCase):
             "limits: {maxConnectionsPerUpstream: 1, upstreamQueueTimeout: 300s, bodyTimeout: 30s}\n"
         )
         first = await connect(port)
-        self.addCleanup(first.transport.abortConnection)
+        self.addCleanup(abort, first)
         await self.send(first, b"GET /held HTTP/1.1\r\nHost: x\r\n\r\n", next_read)
         client = await connect(port)
-        self.addCleanup(client.transport.abortConnection)
+        self.addCleanup(abort, client)
         channel = await self.send(
             client,
             b"POST /up HTTP/1.1\r\nHost: x\r\nExpect: 100-continue\r\nContent-Length: 5\r\n\r\n",
@@ -190,10 +190,10 @@ class DeadlineTests(TestCase):
         # The client rightly waits for 100 Continue, which the gateway sends once it
         # has an upstream connection to send the body on: not a slow body.
         clock.advance(60)
-        self.assertFalse(channel.transport.disconnecting)
+        self.assertFalse(cast(Any, channel.transport).disconnecting)
         self.assertEqual(client.received, b"")
         # (The queue's own deadline, on the upstream client's clock, would answer 503.)
-        client.transport.abortConnection()
+        abort(client)
 
     async def test_body_deadline_starts_with_100_continue(self) -> None:
         clock, next_read, port = self.start("limits: {bodyTimeout: 30s}\n")
@@ -363,6 +363,15 @@ class ConnectionCapTests(TestCase):
         fresh = await connect(port)
         self.assertEqual(await healthy(fresh), 200)
         await fresh.closed
+
+
+def abort(client: RawClient) -> None:
+    """
+    Drop a test client's connection at once (a cleanup).
+    """
+    transport: Any = client.transport
+    if transport is not None:
+        transport.abortConnection()
 
 
 async def eventually(condition: Callable[[], bool]) -> None:
@@ -884,3 +893,45 @@ def gateway_problems(root: str, spec_line: str) -> list[str]:
     The problems loading a Gateway with C{spec_line} in its spec reports.
     """
     return problems_of(root, GATEWAY_HEAD + "  " + spec_line + "\n", gateway=False)
+
+
+_BIG = 32 * 1024 * 1024
+
+
+def _big_answer(request: Any, connection: Any) -> None:
+    if request.index in connection.answered:
+        return
+    connection.answered.add(request.index)
+    connection.write(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % _BIG + b"x" * _BIG)
+
+
+class SlowReadTests(TestCase):
+    """
+    A client that stops reading its response ("slow read") holds its connection, and the
+    upstream connection paused behind it, only for limits.sendTimeout.
+    """
+
+    async def test_client_that_reads_nothing_is_dropped(self) -> None:
+        backend = RawBackend(_big_answer, on_head=True).start()
+        self.addCleanup(lambda: ensureDeferred(backend.stop()))
+        clock = Clock()
+        gateway, port = start_gateway(
+            self, f"http://127.0.0.1:{backend.port}", "limits: {sendTimeout: 20s}\n", clock=clock
+        )
+        observer = Observer(gateway)
+        client = await connect(port)
+        self.addCleanup(abort, client)
+        cast(Any, client.transport).pauseProducing()
+        read = observer.next_read()
+        client.send(b"GET /big HTTP/1.1\r\nHost: x\r\n\r\n")
+        channel = await read
+        # Wait until the client's window and the gateway's buffer are full.
+        await eventually(lambda: channel._sendCall is not None)
+        clock.advance(19.9)
+        self.assertFalse(cast(Any, channel.transport).disconnecting)
+        gone = observer.next_gone()
+        clock.advance(0.1)
+        await gone
+        # The upstream connection behind it is not kept either.
+        await backend.all_lost()
+        self.assertEqual(gateway.site.connections.count, 0)

@@ -22,6 +22,7 @@ def read_limits(node: Node | None) -> LimitsSpec:
     limits = LimitsSpec(
         header_timeout=_duration(node, "headerTimeout", _DEFAULTS.header_timeout),
         body_timeout=_duration(node, "bodyTimeout", _DEFAULTS.body_timeout),
+        send_timeout=_duration(node, "sendTimeout", _DEFAULTS.send_timeout),
         max_connections=node.integer("maxConnections", _DEFAULTS.max_connections, minimum=0),
         max_connections_per_address=node.integer(
             "maxConnectionsPerAddress", _DEFAULTS.max_connections_per_address, minimum=0

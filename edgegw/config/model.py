@@ -186,6 +186,8 @@ class LimitsSpec:
 
     @ivar header_timeout: Seconds from the first byte of a request head to its end.
     @ivar body_timeout: Seconds a request body may go without a byte while it is read.
+    @ivar send_timeout: Seconds a client may leave the gateway unable to write to it
+        (its receive window full) before the connection is dropped.
     @ivar max_connections: The most open client connections (0: no cap).
     @ivar max_connections_per_address: The most open client connections from one
         address, trusted proxies exempt (0: no cap).
@@ -197,6 +199,7 @@ class LimitsSpec:
 
     header_timeout: float = 60.0
     body_timeout: float = 60.0
+    send_timeout: float = 60.0
     max_connections: int = 8192
     max_connections_per_address: int = 512
     max_connections_per_upstream: int = 1024

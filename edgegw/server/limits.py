@@ -256,6 +256,7 @@ class LimitedSite(Site):
         limits = self.limits
         channel.headerTimeout = limits.header_timeout
         channel.bodyTimeout = limits.body_timeout
+        channel.sendTimeout = limits.send_timeout
         connections.opened(channel, key)
         return channel
 

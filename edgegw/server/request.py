@@ -668,6 +668,12 @@ class GatewayChannel(HTTPChannel):
     Seconds a request body may go without a byte while the gateway reads it; L{None}: the
     idle timeout's period.
     """
+    sendTimeout: float | None = None
+    """
+    Seconds the client may keep the gateway from writing (its receive window full, the
+    transport's buffer with it) before the connection is dropped; L{None}: no bound.
+    """
+    _sendCall: IDelayedCall | None = None
 
     _gate: _ReadGate | None = None
     _streaming: GatewayRequest | None = None
@@ -865,8 +871,38 @@ class GatewayChannel(HTTPChannel):
         if self._lingerCall is not None:
             self._lingerCall.cancel()
             self._lingerCall = None
+        if self._sendCall is not None:
+            self._sendCall.cancel()
+            self._sendCall = None
         self._released()
         HTTPChannel.connectionLost(self, reason)
+
+    def pauseProducing(self) -> None:
+        """
+        The transport's buffer is full: the client is not reading. Time how long.
+        """
+        HTTPChannel.pauseProducing(self)
+        timeout = self.sendTimeout
+        if timeout and self._sendCall is None:
+            self._sendCall = self.callLater(timeout, self._sendTimedOut)
+
+    def resumeProducing(self) -> None:
+        """
+        The client has read: writing goes on.
+        """
+        call = self._sendCall
+        if call is not None:
+            self._sendCall = None
+            call.cancel()
+        HTTPChannel.resumeProducing(self)
+
+    def _sendTimedOut(self) -> None:
+        # A client that reads nothing for this long (a "slow read") would otherwise hold
+        # its connection, and the upstream connection paused behind it, for ever.
+        self._sendCall = None
+        transport = self.transport
+        if transport is not None:
+            getattr(transport, "abortConnection", transport.loseConnection)()
 
     def _released(self) -> None:
         release = self._release
