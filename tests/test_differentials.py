@@ -318,6 +318,7 @@ class ReviewedDifferentialTests(DifferentialTestCase):
             "/secret\x85",
             "/admin\x7f/users",
             "/p?q=\xa0",
+            "/secret%00.html",
         ):
             await self.assertRefused(port, target)
 

@@ -82,8 +82,9 @@ def vet_path(path: str, encoded_slashes: EncodedSlashes) -> str | None:
     the one the gateway routed.
 
     Refused in every mode: an invalid escape (Go refuses it too), a backslash (raw or
-    C{%5C}), and a segment that decodes to a dot segment or into pieces one of which is
-    one (C{%2e%2e}, C{..%2F}, C{a%2F..}); plain C{.} and C{..} are left to path cleaning.
+    C{%5C}), an encoded NUL (C{%00}), and a segment that decodes to a dot segment or into
+    pieces one of which is one (C{%2e%2e}, C{..%2F}, C{a%2F..}); plain C{.} and C{..} are
+    left to path cleaning.
     An encoded slash is then refused (C{reject}), decoded into a separator (C{decode}: the
     result is what the mux and the backend see), or kept inside its segment (C{keep}).
 
@@ -94,7 +95,8 @@ def vet_path(path: str, encoded_slashes: EncodedSlashes) -> str | None:
         return None
     if "%" not in path:
         return path
-    if _BAD_ESCAPE.search(path) is not None or "%5c" in path or "%5C" in path:
+    if _BAD_ESCAPE.search(path) is not None or "%5c" in path or "%5C" in path or "%00" in path:
+        # %00: C servers and WSGI stacks end the path at a NUL.
         return None
     slash = "%2f" in path or "%2F" in path
     if slash and encoded_slashes == "reject":
