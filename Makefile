@@ -44,8 +44,11 @@ $(OLDEST_STAMP): setup.py pyproject.toml $(OLDEST_CONSTRAINTS) | $(STAMP)
 
 venv: $(STAMP)
 
-## Run the gateway in the foreground on the example configuration.
+## Run the gateway in the foreground on the example configuration, with the demo backend
+## (examples/demo/backend.py, on EDGEGW_DEMO_PORT, default 8081) behind its api routes.
 run: $(STAMP)
+	@$(BIN)/python examples/demo/backend.py --port $${EDGEGW_DEMO_PORT:-8081} & demo=$$!; \
+	trap 'kill $$demo 2>/dev/null' EXIT INT TERM; \
 	$(BIN)/twistd -n --pidfile= edgegw --config $(CONFIG)
 
 ## Validate a configuration and print its route table (like nginx -t).

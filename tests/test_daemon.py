@@ -18,6 +18,7 @@ from twisted.internet import reactor
 from twisted.internet.defer import Deferred, inlineCallbacks, maybeDeferred
 from twisted.internet.error import ConnectionRefusedError, ProcessTerminated
 from twisted.internet.protocol import ProcessProtocol
+from twisted.internet.task import deferLater
 from twisted.internet.utils import getProcessOutputAndValue
 from twisted.python.failure import Failure
 from twisted.trial.unittest import TestCase
@@ -27,7 +28,7 @@ from edgegw.config.parse import load_config
 from edgegw.service import GatewayService, build_service
 from tests.support.backends import SiteBackend
 from tests.support.configs import GATEWAY, write_tree
-from tests.support.processes import http_get, kill, port_of, raw_exchange
+from tests.support.processes import http_get, kill, port_of, raw_exchange, refused_port
 from twisted.plugins.edgegw_plugin import edgegw
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -184,6 +185,49 @@ class ServeExampleTests(TestCase):
     """
     The example configuration served by a real twistd process.
     """
+
+    async def test_demo_backend_behind_the_api_routes(self) -> None:
+        # What `make run` starts: the demo backend, and the gateway in front of it.
+        demo_port = await refused_port()
+        demo = reactor.spawnProcess(
+            ProcessProtocol(),
+            sys.executable,
+            [
+                sys.executable,
+                os.path.join(ROOT, "examples", "demo", "backend.py"),
+                "--port",
+                str(demo_port),
+            ],
+            env=ENV,
+        )
+        self.addCleanup(kill, demo)
+        env = {**ENV, "EDGEGW_LISTEN": "127.0.0.1:0", "EDGEGW_DEMO_PORT": str(demo_port)}
+        protocol, process = twistd(EXAMPLE, env)
+        self.addCleanup(kill, process)
+        port = await protocol.listening
+        base = f"http://127.0.0.1:{port}"
+        # The demo backend may still be starting: the fan-out answers 502 until it is up.
+        for _ in range(400):
+            dashboard = await http_get(base + "/dash/7")
+            if dashboard.code == 200:
+                break
+            await dashboard.content()
+            await deferLater(reactor, 0.05, lambda: None)
+        self.assertEqual(
+            await dashboard.json(),
+            {
+                "user": {"id": "7", "name": "User 7"},
+                "orders": [{"order": 1, "user": "7"}, {"order": 2}],
+                "recommendations": {"items": ["tea", "biscuits"]},
+            },
+        )
+        echoed = await http_get(base + "/api/hello?x=1")
+        self.assertEqual(echoed.code, 200)
+        document = await echoed.json()
+        self.assertEqual((document["method"], document["path"]), ("GET", "/hello?x=1"))
+        self.assertEqual(len(document["headers"]["x-request-id"]), 32)
+        process.signalProcess("TERM")
+        await protocol.ended.addErrback(lambda failure: None)
 
     @inlineCallbacks
     def test_serves_spa_and_health_then_stops_on_sigterm(self) -> Any:
