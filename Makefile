@@ -56,8 +56,8 @@ check: $(STAMP)
 	$(BIN)/edgegw check $(CONFIG)
 
 lint: $(STAMP)
-	$(BIN)/ruff check edgegw tests twisted bench
-	$(BIN)/ruff format --check edgegw tests twisted bench
+	$(BIN)/ruff check edgegw tests twisted bench examples
+	$(BIN)/ruff format --check edgegw tests twisted bench examples
 
 typecheck: $(STAMP)
 	$(BIN)/mypy
