@@ -189,8 +189,11 @@ class ServeExampleTests(TestCase):
     async def test_demo_backend_behind_the_api_routes(self) -> None:
         # What `make run` starts: the demo backend, and the gateway in front of it.
         demo_port = await refused_port()
+        demo_protocol = DaemonProtocol()
+        # The demo backend prints no "listening" line: only its end matters here.
+        demo_protocol.listening.addErrback(lambda failure: None)
         demo = reactor.spawnProcess(
-            ProcessProtocol(),
+            demo_protocol,
             sys.executable,
             [
                 sys.executable,
@@ -200,6 +203,7 @@ class ServeExampleTests(TestCase):
             ],
             env=ENV,
         )
+        self.addCleanup(lambda: demo_protocol.ended.addErrback(lambda failure: None))
         self.addCleanup(kill, demo)
         env = {**ENV, "EDGEGW_LISTEN": "127.0.0.1:0", "EDGEGW_DEMO_PORT": str(demo_port)}
         protocol, process = twistd(EXAMPLE, env)
