@@ -147,8 +147,10 @@ class EncodedSlashTests(DifferentialTestCase):
         port = self.gateway()
         for target in ("/admin%2Fusers", "/admin%2fusers", "/public/a%2Fb", *DOTS):
             await self.assertRefused(port, target)
-        await self.assertForwarded(port, "/public/a%41b", b"/public/a%41b")
+        # An escaped unreserved character is the character (RFC 3986 section 6.2.2.2).
+        await self.assertForwarded(port, "/public/a%41b%20c", b"/public/aAb%20c")
         await self.assertRefused(port, "/admin/users", 403)
+        await self.assertRefused(port, "/%61dmin/users", 403)
 
     async def test_reject(self) -> None:
         port = self.gateway("reject")
@@ -378,3 +380,26 @@ class TrustedForwardedHostTests(DifferentialTestCase):
             self.assertEqual(status, 200, given)
             [seen] = self.received()
             self.assertEqual(seen.header(b"x-forwarded-host"), forwarded, given)
+
+
+class StripPrefixSpellingTests(DifferentialTestCase):
+    async def test_escaped_prefix_is_stripped_like_the_plain_one(self) -> None:
+        upstream = f"http://127.0.0.1:{self.backend.port}/svc"
+        root = write_tree(
+            self.mktemp(),
+            {
+                "a.yaml": GATEWAY + "---\nkind: Route\nmetadata: {name: api}\nspec:\n"
+                "  match: /api/\n  access: {auth: public}\n"
+                f'  handler: {{type: reverse-proxy, upstream: "{upstream}", stripPrefix: /api}}\n'
+            },
+        )
+        client = UpstreamClient(reactor)
+        built = build_gateway(load_config(root, {}), reactor, client)
+        listening = listen_local(built.site)
+        self.addCleanup(listening.stopListening)
+        self.addCleanup(client.close)
+        port = port_of(listening)
+        # "/%61pi/users" matches /api/ (the mux decodes): it must not reach the backend
+        # unstripped, as /svc/%61pi/users, which it would read as /svc/api/users.
+        await self.assertForwarded(port, "/%61pi/users", b"/svc/users")
+        await self.assertForwarded(port, "/api/users", b"/svc/users")

@@ -52,6 +52,15 @@ def to_bytes(text: str) -> bytes:
 
 
 _BAD_ESCAPE = re.compile(r"%(?![0-9A-Fa-f]{2})")
+# Escapes of unreserved characters (ALPHA, DIGIT, "-", ".", "_", "~"): RFC 3986 section
+# 6.2.2.2 makes them the same URI as the characters themselves.
+_UNRESERVED_ESCAPE = re.compile(
+    r"%(?:4[1-9A-Fa-f]|5[0-9Aa]|6[1-9A-Fa-f]|7[0-9Aa]|3[0-9]|2[DdEe]|5[Ff]|7[Ee])"
+)
+
+
+def _unreserved(found: re.Match[str]) -> str:
+    return chr(int(found.group(0)[1:], 16))
 
 
 def unescape(text: str) -> str:
@@ -85,6 +94,8 @@ def vet_path(path: str, encoded_slashes: EncodedSlashes) -> str | None:
     C{%5C}), an encoded NUL (C{%00}), and a segment that decodes to a dot segment or into
     pieces one of which is one (C{%2e%2e}, C{..%2F}, C{a%2F..}); plain C{.} and C{..} are
     left to path cleaning.
+    Escapes of unreserved characters are decoded (C{%61} is C{a}: the same URI, RFC 3986
+    section 6.2.2.2), so that every layer and the backend read one spelling.
     An encoded slash is then refused (C{reject}), decoded into a separator (C{decode}: the
     result is what the mux and the backend see), or kept inside its segment (C{keep}).
 
@@ -105,6 +116,11 @@ def vet_path(path: str, encoded_slashes: EncodedSlashes) -> str | None:
         for seg in path.split("/"):
             if "%2" in seg and has_dot_segment(unescape(seg)):
                 return None
+    if _UNRESERVED_ESCAPE.search(path) is not None:
+        # One spelling for everyone: "/%61pi/x" would match a route "/api/" (the mux
+        # decodes) but escape its stripPrefix (a byte compare) and a backend's own
+        # prefix checks.
+        path = _UNRESERVED_ESCAPE.sub(_unreserved, path)
     if slash and encoded_slashes == "decode":
         return path.replace("%2F", "/").replace("%2f", "/")
     return path
