@@ -19,17 +19,17 @@ from twisted.web.server import NOT_DONE_YET, Request
 from twisted.web.test.requesthelper import DummyChannel
 
 from edgegw.chain.exchange import Exchange, IExchange
-from edgegw.config.parse import load_config
 from edgegw.gateway import build_gateway
 from edgegw.handlers.api import ApiHandler, UnsafeWildcardError, fill_path, parse_template
 from edgegw.identity.principal import Principal
 from edgegw.upstream.agent import UpstreamAgent
-from edgegw.upstream.pool import Upstream, UpstreamClient
+from edgegw.upstream.pool import Upstream
 from edgegw.upstream.shared import NotJSONError, parse_json
 from tests.support.backends import SiteBackend
-from tests.support.configs import GATEWAY, load_text, write_tree
+from tests.support.configs import GATEWAY, load_text
+from tests.support.gateways import serve_yaml
 from tests.support.memory import MemoryClient
-from tests.support.processes import listen_local, port_of, refused_port
+from tests.support.processes import refused_port
 from tests.support.rawclient import connect, response_complete
 from tests.test_proxy import parse
 
@@ -355,22 +355,14 @@ class LiveTestCase(TestCase):
     ) -> int:
         upstream = f"http://127.0.0.1:{self.site_backend.port}"
         body = textwrap.indent(textwrap.dedent(backends).replace("UP", upstream), "      ")
-        root = write_tree(
-            self.mktemp(),
-            {
-                "a.yaml": GATEWAY + gateway_spec + "---\nkind: Route\nmetadata: {name: a}\nspec:\n"
-                f'  match: "{match}"\n  access: {{auth: public}}\n  handler:\n    type: api\n'
-                + (f"    timeout: {timeout}\n" if timeout else "")
-                + "    backends:\n"
-                + body
-            },
+        return serve_yaml(
+            self,
+            GATEWAY + gateway_spec + "---\nkind: Route\nmetadata: {name: a}\nspec:\n"
+            f'  match: "{match}"\n  access: {{auth: public}}\n  handler:\n    type: api\n'
+            + (f"    timeout: {timeout}\n" if timeout else "")
+            + "    backends:\n"
+            + body,
         )
-        client = UpstreamClient(reactor)
-        built = build_gateway(load_config(root, {}), reactor, client)
-        listening = listen_local(built.site)
-        self.addCleanup(listening.stopListening)
-        self.addCleanup(client.close)
-        return port_of(listening)
 
     async def get(self, port: int, target: str) -> tuple[int, dict[str, list[str]], bytes]:
         client = await connect(port)

@@ -11,16 +11,12 @@ received (path, C{Host}, C{X-Forwarded-Host}), or that it received nothing.
 
 from __future__ import annotations
 
-from twisted.internet import reactor
 from twisted.internet.defer import ensureDeferred
 from twisted.trial.unittest import TestCase
 
-from edgegw.config.parse import load_config
-from edgegw.gateway import build_gateway
-from edgegw.upstream.pool import UpstreamClient
 from tests.support.backends import RecordedRequest, SiteBackend
-from tests.support.configs import GATEWAY, write_tree
-from tests.support.processes import listen_local, port_of
+from tests.support.configs import GATEWAY
+from tests.support.gateways import serve_yaml
 from tests.support.rawclient import connect, response_complete
 
 ROUTES = """\
@@ -71,15 +67,10 @@ class DifferentialTestCase(TestCase):
         if encoded_slashes is not None:
             security += f"    encodedSlashes: {encoded_slashes}\n"
         upstream = f"http://127.0.0.1:{self.backend.port}"
-        root = write_tree(
-            self.mktemp(), {"a.yaml": GATEWAY + security + ROUTES.replace("UP", upstream)}
+        return serve_yaml(
+            self,
+            GATEWAY + security + ROUTES.replace("UP", upstream),
         )
-        client = UpstreamClient(reactor)
-        built = build_gateway(load_config(root, {}), reactor, client)
-        listening = listen_local(built.site)
-        self.addCleanup(listening.stopListening)
-        self.addCleanup(client.close)
-        return port_of(listening)
 
     async def status(
         self,
@@ -357,20 +348,12 @@ class TrustedForwardedHostTests(DifferentialTestCase):
 
     async def test_forwarded_host_normalised_or_dropped(self) -> None:
         upstream = f"http://127.0.0.1:{self.backend.port}"
-        root = write_tree(
-            self.mktemp(),
-            {
-                "a.yaml": GATEWAY
-                + '  trustedProxies: ["127.0.0.1"]\n'
-                + ROUTES.replace("UP", upstream).replace("preserveHost: true", "")
-            },
+        port = serve_yaml(
+            self,
+            GATEWAY
+            + '  trustedProxies: ["127.0.0.1"]\n'
+            + ROUTES.replace("UP", upstream).replace("preserveHost: true", ""),
         )
-        client = UpstreamClient(reactor)
-        built = build_gateway(load_config(root, {}), reactor, client)
-        listening = listen_local(built.site)
-        self.addCleanup(listening.stopListening)
-        self.addCleanup(client.close)
-        port = port_of(listening)
         for given, forwarded in (
             ("ADMIN.example.", b"admin.example"),
             ("a b", b"gateway.test"),
@@ -385,20 +368,12 @@ class TrustedForwardedHostTests(DifferentialTestCase):
 class StripPrefixSpellingTests(DifferentialTestCase):
     async def test_escaped_prefix_is_stripped_like_the_plain_one(self) -> None:
         upstream = f"http://127.0.0.1:{self.backend.port}/svc"
-        root = write_tree(
-            self.mktemp(),
-            {
-                "a.yaml": GATEWAY + "---\nkind: Route\nmetadata: {name: api}\nspec:\n"
-                "  match: /api/\n  access: {auth: public}\n"
-                f'  handler: {{type: reverse-proxy, upstream: "{upstream}", stripPrefix: /api}}\n'
-            },
+        port = serve_yaml(
+            self,
+            GATEWAY + "---\nkind: Route\nmetadata: {name: api}\nspec:\n"
+            "  match: /api/\n  access: {auth: public}\n"
+            f'  handler: {{type: reverse-proxy, upstream: "{upstream}", stripPrefix: /api}}\n',
         )
-        client = UpstreamClient(reactor)
-        built = build_gateway(load_config(root, {}), reactor, client)
-        listening = listen_local(built.site)
-        self.addCleanup(listening.stopListening)
-        self.addCleanup(client.close)
-        port = port_of(listening)
         # "/%61pi/users" matches /api/ (the mux decodes): it must not reach the backend
         # unstripped, as /svc/%61pi/users, which it would read as /svc/api/users.
         await self.assertForwarded(port, "/%61pi/users", b"/svc/users")

@@ -38,6 +38,7 @@ from edgegw.config.parse import load_config
 from edgegw.gateway import Gateway, build_gateway
 from edgegw.upstream.pool import UpstreamClient
 from tests.support.configs import GATEWAY, write_tree
+from tests.support.gateways import serve_yaml
 from tests.support.processes import listen_local, port_of, refused_port
 from tests.support.rawclient import RawClient, connect, response_complete
 from tests.test_listen import make_certificate
@@ -698,28 +699,19 @@ class ReviewRegressionTests(ProxyTestCase):
         self.assertEqual(self.backend.header(1, "host"), ["other.test"])
 
     async def test_absolute_form_cannot_skip_a_policy(self) -> None:
-        root = os.path.abspath(self.mktemp())
         upstream = f"http://127.0.0.1:{port_of(self.backend_port)}"
-        write_tree(
-            root,
-            {
-                "a.yaml": GATEWAY
-                + "---\nkind: Policy\nmetadata: {name: admins}\n"
-                + "spec: {require: {groups: [admin]}}\n"
-                + "---\nkind: Route\nmetadata: {name: admin}\nspec:\n  match: /admin/\n"
-                + f'  handler: {{type: reverse-proxy, upstream: "{upstream}"}}\n'
-                + "  access: {auth: public, authorize: [admins]}\n"
-                + "---\nkind: Route\nmetadata: {name: rest}\nspec:\n  match: /\n"
-                + f'  handler: {{type: reverse-proxy, upstream: "{upstream}"}}\n'
-                + "  access: {auth: public}\n"
-            },
+        port = serve_yaml(
+            self,
+            GATEWAY
+            + "---\nkind: Policy\nmetadata: {name: admins}\n"
+            + "spec: {require: {groups: [admin]}}\n"
+            + "---\nkind: Route\nmetadata: {name: admin}\nspec:\n  match: /admin/\n"
+            + f'  handler: {{type: reverse-proxy, upstream: "{upstream}"}}\n'
+            + "  access: {auth: public, authorize: [admins]}\n"
+            + "---\nkind: Route\nmetadata: {name: rest}\nspec:\n  match: /\n"
+            + f'  handler: {{type: reverse-proxy, upstream: "{upstream}"}}\n'
+            + "  access: {auth: public}\n",
         )
-        client = UpstreamClient(reactor)
-        built = build_gateway(load_config(root, {}), reactor, client)
-        listening = listen_local(built.site)
-        self.addCleanup(listening.stopListening)
-        self.addCleanup(client.close)
-        port = port_of(listening)
         for target in ("/admin/secret", "http://x/admin/secret"):
             status, _, _ = await self.get(port, target)
             self.assertEqual(status, 403, target)
@@ -792,27 +784,20 @@ class ProjectedHeaderForgeryTests(ProxyTestCase):
 
     async def test_custom_projection_names_stripped_everywhere(self) -> None:
         upstream = f"http://127.0.0.1:{port_of(self.backend_port)}"
-        root = write_tree(
-            self.mktemp(),
-            {
-                "a.yaml": GATEWAY + "---\nkind: Route\nmetadata: {name: projecting}\nspec:\n"
-                '  match: "/p/"\n'
-                "  access: {projection: {session: {claims: {email: X-Mail}, "
-                "groups: {header: X-Teams}}}}\n"
-                f'  handler: {{type: reverse-proxy, upstream: "{upstream}"}}\n'
-                "---\nkind: Route\nmetadata: {name: plain}\nspec:\n"
-                '  match: "/other/"\n'
-                f'  handler: {{type: reverse-proxy, upstream: "{upstream}"}}\n'
-            },
+        port = serve_yaml(
+            self,
+            GATEWAY + "---\nkind: Route\nmetadata: {name: projecting}\nspec:\n"
+            '  match: "/p/"\n'
+            "  access: {projection: {session: {claims: {email: X-Mail}, "
+            "groups: {header: X-Teams}}}}\n"
+            f'  handler: {{type: reverse-proxy, upstream: "{upstream}"}}\n'
+            "---\nkind: Route\nmetadata: {name: plain}\nspec:\n"
+            '  match: "/other/"\n'
+            f'  handler: {{type: reverse-proxy, upstream: "{upstream}"}}\n',
         )
-        client = UpstreamClient(reactor)
-        built = build_gateway(load_config(root, {}), reactor, client)
-        listening = listen_local(built.site)
-        self.addCleanup(listening.stopListening)
-        self.addCleanup(client.close)
         forged = "X-Mail: boss@corp\r\nx-teams: admins\r\nX-User-Id: root\r\nX-Other: kept\r\n"
         for target in ("/p/x", "/other/x"):
-            status, _, _ = await self.get(port_of(listening), target, forged)
+            status, _, _ = await self.get(port, target, forged)
             self.assertEqual(status, 200)
         for index in (0, 1):
             self.assertEqual(self.backend.header(index, "x-mail"), [])
@@ -977,22 +962,15 @@ class ConnectionTokenTests(ProxyTestCase):
 
         self.patch(edgegw.gateway, "projection", signed_in)
         upstream = f"http://127.0.0.1:{port_of(self.backend_port)}"
-        root = write_tree(
-            self.mktemp(),
-            {
-                "a.yaml": GATEWAY + "---\nkind: Route\nmetadata: {name: p}\nspec:\n"
-                '  match: "/"\n'
-                "  access: {projection: {session: {claims: {email: X-Mail}}}}\n"
-                f'  handler: {{type: reverse-proxy, upstream: "{upstream}"}}\n'
-            },
+        port = serve_yaml(
+            self,
+            GATEWAY + "---\nkind: Route\nmetadata: {name: p}\nspec:\n"
+            '  match: "/"\n'
+            "  access: {projection: {session: {claims: {email: X-Mail}}}}\n"
+            f'  handler: {{type: reverse-proxy, upstream: "{upstream}"}}\n',
         )
-        client = UpstreamClient(reactor)
-        built = build_gateway(load_config(root, {}), reactor, client)
-        listening = listen_local(built.site)
-        self.addCleanup(listening.stopListening)
-        self.addCleanup(client.close)
         status, _, _ = await self.get(
-            port_of(listening),
+            port,
             "/x",
             "Connection: X-User-Id, x-user-groups, X-Mail, X-Custom\r\n"
             "X-User-Id: forged\r\nX-Mail: forged@evil\r\nX-Custom: 1\r\n",

@@ -86,3 +86,18 @@ def start_gateway(
     test.addCleanup(listening.stopListening)
     test.addCleanup(built.upstream_client.close)
     return built, port_of(listening)
+
+
+def serve_yaml(test: TestCase, text: str) -> int:
+    """
+    Write C{text} (whole YAML documents) as a configuration, build the gateway with an
+    upstream client on the real reactor, listen on 127.0.0.1, and return the port; all
+    of it is undone when the test ends.
+    """
+    root = write_tree(test.mktemp(), {"a.yaml": text})
+    client = UpstreamClient(reactor)
+    built = build_gateway(load_config(root, {}), reactor, client)
+    listening = listen_local(built.site)
+    test.addCleanup(listening.stopListening)
+    test.addCleanup(client.close)
+    return port_of(listening)
