@@ -20,6 +20,9 @@ setup(
     #     CertificateOptions.clientConnectionForTLS, new in 26.4 (also < 24.10: NUL in a
     #     header value is not refused; < 24.7: writeHeaders is not given a Headers).
     #   pyOpenSSL 25.2: what Twisted 26.4's tls extra requires.
+    #   PyJWT 2.10.1: 2.10.0 compared the issuer as a substring (CVE-2024-53861).
+    #   cryptography 45.0.7: what pyOpenSSL 25.2 pulls in at its lowest; AESGCM and every
+    #     key type the IdP key sets use are older.
     #   opentelemetry 1.35: before it, the OTLP/gRPC exporter's User-Agent does not reach
     #     the collector when headers are configured (gRPC replaces it; test_otlp_support).
     # Twisted private names the code relies on: docs/architecture.md, "Twisted private
@@ -34,6 +37,8 @@ setup(
         "regopy>=1.5.1,<2",
         "treq>=23.11,<27",
         "hyperlink>=21.0,<22",
+        "cryptography>=45.0.7,<51",
+        "PyJWT>=2.10.1,<3",
         "opentelemetry-api>=1.35,<2",
         "opentelemetry-sdk>=1.35,<2",
         "opentelemetry-exporter-otlp-proto-http>=1.35,<2",
