@@ -1,0 +1,259 @@
+"""
+The gateway session: a sealed, possibly chunked cookie that holds who the caller is.
+
+The record is compact JSON sealed with L{SESSION_AAD}. It is bound to the browser by a
+fingerprint of configured request headers, checked on every read. Reading runs on every
+request of an app route, so everything that does not depend on the request is prepared
+once, at construction.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import attrs
+from twisted.internet.interfaces import IReactorTime
+from twisted.web.server import Request
+
+from edgegw.config.model import SessionSpec
+from edgegw.identity.cookies import clear_chunked, is_https, read_chunked, write_chunked
+from edgegw.identity.login_state import login_cookie_prefix
+from edgegw.identity.principal import ClaimValue, Principal
+from edgegw.identity.sealing import SESSION_AAD, Sealer
+
+_VERSION = 1
+_FINGERPRINT_SIZE = hashlib.sha256().digest_size
+
+
+@attrs.frozen
+class SessionRecord:
+    """
+    What the session cookie holds.
+
+    @ivar subject: The principal subject; never empty.
+    @ivar passport: The allowlisted claims.
+    @ivar groups: The rendered group names.
+    @ivar issued_at: When the session began, unix seconds.
+    @ivar expires_at: When the session ends, unix seconds.
+    @ivar fingerprint: SHA-256 of the configured request headers at login.
+    @ivar access_token: The IdP access token, when kept.
+    @ivar access_token_expires_at: When the access token expires, unix seconds.
+    """
+
+    subject: str
+    passport: Mapping[str, ClaimValue]
+    groups: tuple[str, ...]
+    issued_at: int
+    expires_at: int
+    fingerprint: bytes = attrs.field(repr=False)
+    access_token: str | None = attrs.field(default=None, repr=False)
+    access_token_expires_at: int | None = None
+
+    def principal(self) -> Principal:
+        """
+        The caller this session authenticates.
+        """
+        return Principal(self.subject, self.passport, self.groups, self.access_token)
+
+
+class Fingerprint:
+    """
+    The fingerprint of a request: SHA-256 over C{name=value\\n} for each configured header
+    in order, the name lowercased and the value the header's lines joined by C{, } (empty
+    when absent).
+    """
+
+    def __init__(self, header_names: Sequence[str]) -> None:
+        """
+        @param header_names: The request headers to hash, in order.
+        """
+        lowered = [name.lower().encode("ascii") for name in header_names]
+        self._headers = tuple((name, name + b"=") for name in lowered)
+
+    def of(self, request: Request) -> bytes:
+        """
+        The fingerprint of C{request}.
+        """
+        digest = hashlib.sha256()
+        headers = request.requestHeaders
+        for name, prefix in self._headers:
+            digest.update(prefix)
+            values = headers.getRawHeaders(name)
+            if values:
+                digest.update(b", ".join(values))
+            digest.update(b"\n")
+        return digest.digest()
+
+
+def fingerprint_of(request: Request, header_names: Sequence[str]) -> bytes:
+    """
+    The fingerprint of C{request} over C{header_names} (see L{Fingerprint}).
+    """
+    return Fingerprint(header_names).of(request)
+
+
+def _is_claim(value: object) -> bool:
+    if value is None or isinstance(value, str | int | float):
+        return True
+    return isinstance(value, list) and all(isinstance(item, str) for item in value)
+
+
+def _int_or_none(value: object) -> bool:
+    return value is None or type(value) is int
+
+
+def _encode(record: SessionRecord) -> bytes:
+    data: dict[str, Any] = {
+        "v": _VERSION,
+        "s": record.subject,
+        "p": record.passport,
+        "g": record.groups,
+        "i": record.issued_at,
+        "e": record.expires_at,
+        "f": record.fingerprint.hex(),
+    }
+    if record.access_token is not None:
+        data["t"] = record.access_token
+    if record.access_token_expires_at is not None:
+        data["x"] = record.access_token_expires_at
+    return json.dumps(data, separators=(",", ":")).encode("ascii")
+
+
+def _decode(plaintext: bytes) -> SessionRecord | None:
+    try:
+        data: Any = json.loads(plaintext)
+    except (ValueError, RecursionError):
+        return None
+    if not isinstance(data, dict) or type(data.get("v")) is not int or data["v"] != _VERSION:
+        return None
+    subject, passport, groups = data.get("s"), data.get("p"), data.get("g")
+    issued_at, expires_at, fingerprint = data.get("i"), data.get("e"), data.get("f")
+    token, token_expires_at = data.get("t"), data.get("x")
+    if not (
+        isinstance(subject, str)
+        and subject
+        and isinstance(passport, dict)
+        and isinstance(groups, list)
+        and type(issued_at) is int
+        and type(expires_at) is int
+        and isinstance(fingerprint, str)
+        and len(fingerprint) == 2 * _FINGERPRINT_SIZE
+        and (token is None or isinstance(token, str))
+        and _int_or_none(token_expires_at)
+        and all(isinstance(group, str) for group in groups)
+        and all(_is_claim(value) for value in passport.values())
+    ):
+        return None
+    try:
+        digest = bytes.fromhex(fingerprint)
+    except ValueError:
+        return None
+    return SessionRecord(
+        subject, passport, tuple(groups), issued_at, expires_at, digest, token, token_expires_at
+    )
+
+
+class SessionCookie:
+    """
+    Reads, writes and clears the session cookie of one C{Gateway.spec.session}.
+
+    @ivar cookie_name: The session cookie's name.
+    @ivar sealer: The sealer over the session key (the login-state cookies share it).
+    """
+
+    def __init__(self, spec: SessionSpec, clock: IReactorTime) -> None:
+        """
+        @param spec: The session block.
+        @param clock: The time source.
+        @raise ValueError: The key is not 32 bytes.
+        """
+        self.cookie_name = spec.cookie_name
+        self.sealer = Sealer(spec.key)
+        self._clock = clock
+        self._ttl = int(spec.ttl)
+        self._name = spec.cookie_name.encode("ascii")
+        self._chunk_prefix = self._name + b"."
+        self._login_prefix = login_cookie_prefix(spec.cookie_name).encode("ascii")
+        self._fingerprint = Fingerprint(spec.fingerprint_headers)
+
+    def read(self, request: Request) -> SessionRecord | None:
+        """
+        The session the request carries.
+
+        @return: The record, or L{None} when the cookie is missing, incomplete, cannot be
+            opened or decoded, is of another version, has expired, or was issued to a
+            browser with another fingerprint. Never raises.
+        """
+        sealed = read_chunked(request.received_cookies, self._name)
+        if sealed is None:
+            return None
+        plaintext = self.sealer.unseal(sealed, SESSION_AAD)
+        if plaintext is None:
+            return None
+        record = _decode(plaintext)
+        if record is None or record.expires_at <= self._clock.seconds():
+            return None
+        if not hmac.compare_digest(record.fingerprint, self._fingerprint.of(request)):
+            return None
+        return record
+
+    def write(self, request: Request, record: SessionRecord) -> None:
+        """
+        Set the session cookie to C{record}, living until the record expires.
+
+        @raise ValueError: The sealed record is too long for the cookie chunks.
+        """
+        max_age = max(0, record.expires_at - int(self._clock.seconds()))
+        write_chunked(
+            request,
+            self._name,
+            self.sealer.seal(_encode(record), SESSION_AAD),
+            max_age=max_age,
+            secure=is_https(request),
+        )
+
+    def clear(self, request: Request) -> None:
+        """
+        Clear the session cookie and every chunk of it the request carried.
+        """
+        clear_chunked(request, self._name, secure=is_https(request))
+
+    def new_record(
+        self,
+        request: Request,
+        subject: str,
+        passport: Mapping[str, ClaimValue],
+        groups: Sequence[str],
+        access_token: str | None = None,
+        access_token_expires_at: int | None = None,
+    ) -> SessionRecord:
+        """
+        A session beginning now, for the browser that sent C{request}, lasting the
+        configured ttl.
+        """
+        now = int(self._clock.seconds())
+        return SessionRecord(
+            subject,
+            passport,
+            tuple(groups),
+            now,
+            now + self._ttl,
+            self._fingerprint.of(request),
+            access_token,
+            access_token_expires_at,
+        )
+
+    def is_gateway_cookie(self, name: bytes) -> bool:
+        """
+        Whether a cookie name is the gateway's own: the session cookie, one of its chunks
+        (C{<name>.<digits>}), or a login-state cookie. These never reach a backend.
+        """
+        if name == self._name:
+            return True
+        if not name.startswith(self._chunk_prefix):
+            return False
+        return name[len(self._chunk_prefix) :].isdigit() or name.startswith(self._login_prefix)
