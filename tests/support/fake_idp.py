@@ -1,0 +1,799 @@
+"""
+A fake OpenID Connect provider for tests: a real Twisted site on 127.0.0.1 with real
+signing keys, whose behaviour tests change through plain attributes (knobs).
+
+It implements the authorization code flow with PKCE (S256 required): discovery,
+C{/authorize} (no login page: it grants L{FakeIdP.user} at once), C{/token}
+(C{client_secret_basic} and C{client_secret_post}), C{/userinfo} and C{/jwks}; and it
+can be told to misbehave: a discovery document with another issuer or an error status,
+an authorization error, a missing or wrong C{iss} in the authorization response, an
+error from the token endpoint, or an ID token that is bad in one chosen way
+(L{ID_TOKEN_MODES}).
+
+Usage::
+
+    idp = FakeIdP(redirect_uris=["http://127.0.0.1:8080/callback"])
+    await idp.start(self)          # listens, and stops when the test ends
+    idp.redirect_uris.append(...)  # once the gateway's port is known
+    idp.id_token_mode = "expired"  # the next ID token is expired
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import hmac
+import json
+import re
+import secrets
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import parse_qs, unquote_plus, urlencode
+
+import jwt
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import ec, rsa
+from jwt.algorithms import ECAlgorithm, RSAAlgorithm
+from twisted.internet import reactor as _global_reactor
+from twisted.internet.defer import Deferred
+from twisted.internet.protocol import connectionDone
+from twisted.python.failure import Failure
+from twisted.trial.unittest import SynchronousTestCase
+from twisted.web.http import HTTPChannel
+from twisted.web.resource import Resource
+from twisted.web.server import Request, Site
+
+reactor: Any = _global_reactor
+
+__all__ = [
+    "DEFAULT_USER",
+    "ID_TOKEN_MODES",
+    "FakeIdP",
+    "SigningKey",
+    "b64url",
+    "pkce_challenge",
+]
+
+#: The user L{FakeIdP} grants unless a test sets another.
+DEFAULT_USER: dict[str, Any] = {
+    "sub": "alice",
+    "email": "alice@example.com",
+    "name": "Alice Example",
+    "groups": ["cn=admins,ou=groups,dc=example,dc=com"],
+}
+
+#: The ways L{FakeIdP.id_token_mode} can spoil an ID token (L{None}: a good one).
+ID_TOKEN_MODES = (
+    "bad_signature",
+    "wrong_nonce",
+    "wrong_aud",
+    "wrong_iss",
+    "expired",
+    "alg_none",
+    "hs256_public",
+    "unknown_kid",
+    "future_iat",
+    "wrong_azp",
+)
+
+#: The client authentication methods of the token endpoint.
+TOKEN_AUTH_METHODS = ("client_secret_basic", "client_secret_post")
+
+#: The audience (and authorized party) the "wrong_aud" and "wrong_azp" modes name.
+OTHER_CLIENT = "another-client"
+
+#: The issuer the "wrong_iss" mode names.
+OTHER_ISSUER = "http://issuer.invalid"
+
+_PKCE_VALUE = re.compile(r"[A-Za-z0-9\-._~]{43,128}")
+_S256_CHALLENGE = re.compile(r"[A-Za-z0-9_-]{43}")
+
+
+def b64url(data: bytes) -> str:
+    """
+    Unpadded base64url (RFC 7515 2), as JWS and PKCE use it.
+    """
+    return base64.urlsafe_b64encode(data).rstrip(b"=").decode("ascii")
+
+
+def pkce_challenge(verifier: str) -> str:
+    """
+    The S256 code challenge of C{verifier} (RFC 7636 4.2).
+    """
+    return b64url(hashlib.sha256(verifier.encode("ascii")).digest())
+
+
+def _compact_jws(
+    header: dict[str, Any], claims: dict[str, Any], sign: Callable[[bytes], bytes]
+) -> str:
+    """
+    A compact JWS built by hand: C{sign} gets the signing input and returns the
+    signature (what PyJWT refuses to produce: C{alg: none}, HMAC keyed with a PEM).
+    """
+    signing_input = (
+        b64url(json.dumps(header, separators=(",", ":")).encode())
+        + "."
+        + b64url(json.dumps(claims, separators=(",", ":")).encode())
+    )
+    return signing_input + "." + b64url(sign(signing_input.encode("ascii")))
+
+
+@dataclass
+class SigningKey:
+    """
+    One private signing key of the provider, with its key id and JWS algorithm.
+    """
+
+    kid: str
+    alg: str
+    private: rsa.RSAPrivateKey | ec.EllipticCurvePrivateKey
+
+    @classmethod
+    def generate(cls, kid: str, alg: str) -> SigningKey:
+        """
+        A new key for C{alg}: RSA 2048 for RS256, P-256 for ES256.
+        """
+        private: rsa.RSAPrivateKey | ec.EllipticCurvePrivateKey
+        if alg == "RS256":
+            private = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+        elif alg == "ES256":
+            private = ec.generate_private_key(ec.SECP256R1())
+        else:
+            raise ValueError(f"unsupported algorithm {alg}")
+        return cls(kid, alg, private)
+
+    @property
+    def public_pem(self) -> bytes:
+        """
+        The public key as PEM (SubjectPublicKeyInfo).
+        """
+        return self.private.public_key().public_bytes(
+            serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
+        )
+
+    def public_jwk(self) -> dict[str, Any]:
+        """
+        The public key as a JWK with C{kid}, C{use: sig} and C{alg}.
+        """
+        public = self.private.public_key()
+        jwk: dict[str, Any]
+        if isinstance(public, rsa.RSAPublicKey):
+            jwk = dict(RSAAlgorithm.to_jwk(public, as_dict=True))
+        else:
+            jwk = dict(ECAlgorithm.to_jwk(public, as_dict=True))
+        jwk.update(kid=self.kid, use="sig", alg=self.alg)
+        return jwk
+
+    def sign(self, claims: dict[str, Any]) -> str:
+        """
+        C{claims} as a JWT signed with this key (header: C{alg}, C{typ}, C{kid}).
+        """
+        return jwt.encode(claims, self.private, algorithm=self.alg, headers={"kid": self.kid})
+
+
+@dataclass
+class _Grant:
+    """
+    What an authorization code stands for.
+    """
+
+    client_id: str
+    redirect_uri: str
+    scope: str
+    nonce: str
+    code_challenge: str
+    issued_at: float
+    used: bool = False
+    access_tokens: list[str] = field(default_factory=list)
+
+
+class _OAuthError(Exception):
+    """
+    An error answered as JSON C{{"error": ..., "error_description": ...}}.
+    """
+
+    def __init__(
+        self, status: int, error: str, description: str, headers: Iterable[tuple[str, str]] = ()
+    ) -> None:
+        super().__init__(f"{status} {error}: {description}")
+        self.status = status
+        self.error = error
+        self.description = description
+        self.headers = list(headers)
+
+
+class _Endpoint(Resource):
+    """
+    A leaf answering the methods of C{handlers}; handlers return a JSON-able value or
+    raise L{_OAuthError}, or return L{None} after answering themselves (a redirect).
+    """
+
+    isLeaf = True
+
+    def __init__(self, handlers: dict[bytes, Callable[[Request], Any]]) -> None:
+        super().__init__()
+        self._handlers = handlers
+
+    def render(self, request: Request) -> bytes:
+        if request.postpath not in ([], [b""]):
+            request.setResponseCode(404)
+            return b"not found"
+        handler = self._handlers.get(request.method or b"")
+        if handler is None:
+            request.setResponseCode(405)
+            request.setHeader(b"Allow", b", ".join(self._handlers))
+            return b"method not allowed"
+        request.setHeader(b"Cache-Control", b"no-store")
+        try:
+            result = handler(request)
+        except _OAuthError as error:
+            request.setResponseCode(error.status)
+            for name, value in error.headers:
+                request.setHeader(name, value)
+            result = {"error": error.error, "error_description": error.description}
+        if result is None:
+            return b""
+        request.setHeader(b"Content-Type", b"application/json")
+        return json.dumps(result).encode()
+
+
+class _Channel(HTTPChannel):
+    """
+    A server connection that the provider tracks, so that L{FakeIdP.stop} can drop it.
+    """
+
+    idp: FakeIdP
+
+    def connectionMade(self) -> None:
+        super().connectionMade()
+        self.idp._channels.append(self)
+
+    def connectionLost(self, reason: Failure = connectionDone) -> None:
+        super().connectionLost(reason)
+        self.idp._channel_lost(self)
+
+
+class FakeIdP:
+    """
+    An OpenID provider on C{http://127.0.0.1:<port>}, for one client.
+
+    Knobs (plain attributes; each request reads them as they are then):
+
+    @ivar client_id: The registered client.
+    @ivar client_secret: Its secret.
+    @ivar redirect_uris: Its registered redirect URIs, compared exactly.
+    @ivar user: The claims of the user C{/authorize} grants (and C{/userinfo} answers).
+    @ivar userinfo_only: Claims of L{user} left out of ID tokens.
+    @ivar signing_kid: The key that signs ID tokens and access tokens.
+    @ivar token_auth_methods: The client authentication methods the token endpoint
+        accepts (and discovery announces).
+    @ivar discovery_issuer: The C{issuer} of the discovery document when not L{None}
+        (the real issuer otherwise).
+    @ivar discovery_status: The status discovery answers; not 200: an error, no document.
+    @ivar authorize_error: When set, C{/authorize} redirects with this C{error}.
+    @ivar send_iss: Whether the authorization response carries C{iss} (RFC 9207).
+    @ivar iss_override: The C{iss} of the authorization response when not L{None}.
+    @ivar token_status: The status of token responses; not 200: an error, no tokens.
+    @ivar id_token_mode: L{None} for good ID tokens, or one of L{ID_TOKEN_MODES}.
+    @ivar access_token_audience: The C{aud} of access tokens.
+    @ivar token_lifetime: Seconds ID and access tokens are valid (C{expires_in}).
+    @ivar code_lifetime: Seconds an authorization code can be exchanged. Only a
+        successful exchange uses a code up: a failed one leaves it usable.
+    @ivar clock: The provider's time (seconds since the epoch).
+
+    Records:
+
+    @ivar authorize_requests: The query of every C{/authorize} request (first values).
+    @ivar token_requests: The form of every C{/token} request (first values) plus
+        C{auth_method}: C{client_secret_basic}, C{client_secret_post}, C{none}, or
+        C{basic+post} when both were used.
+    @ivar replayed_codes: The codes presented again after a successful exchange (the
+        access tokens issued for them are revoked, RFC 6749 10.5).
+    @ivar discovery_requests: How many discovery requests were received.
+    @ivar jwks_requests: How many JWKS requests were received.
+    @ivar userinfo_requests: How many userinfo requests were received.
+    """
+
+    def __init__(
+        self,
+        client_id: str = "gw",
+        client_secret: str = "gw-secret",
+        redirect_uris: Iterable[str] = (),
+    ) -> None:
+        self.client_id = client_id
+        self.client_secret = client_secret
+        self.redirect_uris: list[str] = list(redirect_uris)
+        self.user: dict[str, Any] = json.loads(json.dumps(DEFAULT_USER))
+        self.userinfo_only: set[str] = set()
+        self._id_token_claims: dict[str, Any] | None = None
+        self.token_auth_methods: list[str] = list(TOKEN_AUTH_METHODS)
+        self.discovery_issuer: str | None = None
+        self.discovery_status = 200
+        self.authorize_error: str | None = None
+        self.send_iss = True
+        self.iss_override: str | None = None
+        self.token_status = 200
+        self.id_token_mode: str | None = None
+        self.access_token_audience = "api"
+        self.token_lifetime = 300
+        self.code_lifetime = 60
+        self.clock: Callable[[], float] = time.time
+
+        self.authorize_requests: list[dict[str, str]] = []
+        self.token_requests: list[dict[str, str]] = []
+        self.replayed_codes: list[str] = []
+        self.discovery_requests = 0
+        self.jwks_requests = 0
+        self.userinfo_requests = 0
+
+        self.generation = 1
+        self.keys: list[SigningKey] = self._generate_keys()
+        self.signing_kid = "rsa-1"
+        self._rogue_keys: dict[str, SigningKey] = {}
+        self._codes: dict[str, _Grant] = {}
+        self._access_tokens: dict[str, float] = {}  # token -> expiry
+        self._port_number: int | None = None
+        self._listening: Any = None
+        self._channels: list[_Channel] = []
+        self._lost_waiters: list[Deferred[None]] = []
+
+    # -- keys ------------------------------------------------------------------------
+
+    def _generate_keys(self) -> list[SigningKey]:
+        return [
+            SigningKey.generate(f"rsa-{self.generation}", "RS256"),
+            SigningKey.generate(f"ec-{self.generation}", "ES256"),
+        ]
+
+    def key(self, kid: str) -> SigningKey:
+        """
+        The current key with id C{kid}.
+
+        @raise KeyError: When there is none (any more).
+        """
+        for key in self.keys:
+            if key.kid == kid:
+                return key
+        raise KeyError(kid)
+
+    @property
+    def signing_key(self) -> SigningKey:
+        """
+        The key named by L{signing_kid}.
+        """
+        return self.key(self.signing_kid)
+
+    @property
+    def rsa_key(self) -> SigningKey:
+        """
+        The current RSA key.
+        """
+        return next(key for key in self.keys if key.alg == "RS256")
+
+    @property
+    def ec_key(self) -> SigningKey:
+        """
+        The current EC key.
+        """
+        return next(key for key in self.keys if key.alg == "ES256")
+
+    def rotate(self) -> None:
+        """
+        Replace both keys with new ones under new key ids (C{rsa-2}, C{ec-2}, ...): the
+        old ones disappear from the JWKS. L{signing_kid} moves to the new key of the
+        same type.
+        """
+        kind = self.signing_kid.split("-", 1)[0]
+        self.generation += 1
+        self.keys = self._generate_keys()
+        self.signing_kid = f"{kind}-{self.generation}"
+
+    def jwks(self) -> dict[str, Any]:
+        """
+        The JWKS document (public keys).
+        """
+        return {"keys": [key.public_jwk() for key in self.keys]}
+
+    # -- claims ----------------------------------------------------------------------
+
+    @property
+    def id_token_claims_from_user(self) -> dict[str, Any]:
+        """
+        The claims of L{user} that ID tokens carry: all but L{userinfo_only}, unless a
+        test set its own dict (setting L{None} restores that default).
+        """
+        if self._id_token_claims is not None:
+            return dict(self._id_token_claims)
+        return {name: value for name, value in self.user.items() if name not in self.userinfo_only}
+
+    @id_token_claims_from_user.setter
+    def id_token_claims_from_user(self, claims: dict[str, Any] | None) -> None:
+        self._id_token_claims = claims
+
+    # -- listening -------------------------------------------------------------------
+
+    @property
+    def port(self) -> int:
+        """
+        The port listened on (kept while stopped, for L{restart}).
+        """
+        if self._port_number is None:
+            raise RuntimeError("FakeIdP has not been started")
+        return self._port_number
+
+    @property
+    def issuer(self) -> str:
+        """
+        C{http://127.0.0.1:<port>}, no trailing slash.
+        """
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def running(self) -> bool:
+        """
+        Whether the provider is listening.
+        """
+        return self._listening is not None
+
+    @property
+    def open_connections(self) -> int:
+        """
+        How many client connections are open now.
+        """
+        return len(self._channels)
+
+    def url(self, path: str) -> str:
+        """
+        The absolute URL of C{path} (which starts with C{/}) on this provider.
+        """
+        return self.issuer + path
+
+    async def start(self, test: SynchronousTestCase) -> None:
+        """
+        Listen on 127.0.0.1 on a free port; C{test} stops the provider when it ends.
+        """
+        if self._port_number is not None:
+            raise RuntimeError("FakeIdP already started; use restart()")
+        self._listen(0)
+        test.addCleanup(self.stop)
+
+    async def restart(self) -> None:
+        """
+        Listen again on the same port (stopping first when listening).
+        """
+        await self.stop()
+        self._listen(self.port)
+
+    def _listen(self, port: int) -> None:
+        idp = self
+
+        class Channel(_Channel):
+            pass
+
+        Channel.idp = idp
+        site = Site(self._resource(), timeout=None)
+        site.protocol = Channel  # type: ignore[assignment]
+        site.noisy = False
+        site.log = lambda request: None  # type: ignore[method-assign]
+        self._listening = reactor.listenTCP(port, site, interface="127.0.0.1")
+        self._port_number = int(self._listening.getHost().port)
+
+    async def stop(self) -> None:
+        """
+        Stop listening and drop every open connection (clients see the provider down);
+        waits until they are gone.
+        """
+        if self._listening is not None:
+            listening, self._listening = self._listening, None
+            await listening.stopListening()
+        while self._channels:
+            lost: Deferred[None] = Deferred()
+            self._lost_waiters.append(lost)
+            transport = self._channels[0].transport
+            if transport is not None:
+                transport.abortConnection()  # type: ignore[attr-defined]
+            await lost
+
+    def _channel_lost(self, channel: _Channel) -> None:
+        if channel in self._channels:
+            self._channels.remove(channel)
+        waiters, self._lost_waiters = self._lost_waiters, []
+        for waiter in waiters:
+            waiter.callback(None)
+
+    def _resource(self) -> Resource:
+        root = Resource()
+        well_known = Resource()
+        root.putChild(b".well-known", well_known)
+        well_known.putChild(b"openid-configuration", _Endpoint({b"GET": self._render_discovery}))
+        root.putChild(b"authorize", _Endpoint({b"GET": self._render_authorize}))
+        root.putChild(b"token", _Endpoint({b"POST": self._render_token}))
+        root.putChild(
+            b"userinfo",
+            _Endpoint({b"GET": self._render_userinfo, b"POST": self._render_userinfo}),
+        )
+        root.putChild(b"jwks", _Endpoint({b"GET": self._render_jwks}))
+        return root
+
+    # -- endpoints -------------------------------------------------------------------
+
+    def discovery(self) -> dict[str, Any]:
+        """
+        The discovery document as it is now.
+        """
+        issuer = self.issuer
+        return {
+            "issuer": self.discovery_issuer if self.discovery_issuer is not None else issuer,
+            "authorization_endpoint": issuer + "/authorize",
+            "token_endpoint": issuer + "/token",
+            "userinfo_endpoint": issuer + "/userinfo",
+            "jwks_uri": issuer + "/jwks",
+            "response_types_supported": ["code"],
+            "response_modes_supported": ["query"],
+            "grant_types_supported": ["authorization_code"],
+            "subject_types_supported": ["public"],
+            "id_token_signing_alg_values_supported": ["RS256", "ES256"],
+            "code_challenge_methods_supported": ["S256"],
+            "token_endpoint_auth_methods_supported": list(self.token_auth_methods),
+            "scopes_supported": ["openid", "profile", "email", "groups"],
+            "claims_supported": sorted({"iss", "sub", "aud", "exp", "iat", "nonce", *self.user}),
+            "authorization_response_iss_parameter_supported": True,
+        }
+
+    def _render_discovery(self, request: Request) -> Any:
+        self.discovery_requests += 1
+        if self.discovery_status != 200:
+            raise _OAuthError(self.discovery_status, "temporarily_unavailable", "discovery")
+        return self.discovery()
+
+    def _render_jwks(self, request: Request) -> Any:
+        self.jwks_requests += 1
+        return self.jwks()
+
+    def _render_authorize(self, request: Request) -> Any:
+        query = parse_qs(
+            (request.uri or b"").partition(b"?")[2].decode("latin-1"), keep_blank_values=True
+        )
+        params = {name: values[0] for name, values in query.items()}
+        self.authorize_requests.append(params)
+
+        def bad(description: str) -> _OAuthError:
+            return _OAuthError(400, "invalid_request", description)
+
+        repeated = sorted(name for name, values in query.items() if len(values) > 1)
+        if repeated:
+            raise bad(f"repeated parameters: {', '.join(repeated)}")
+        if params.get("client_id") != self.client_id:
+            raise _OAuthError(400, "unauthorized_client", "unknown client_id")
+        redirect_uri = params.get("redirect_uri", "")
+        if redirect_uri not in self.redirect_uris:
+            raise bad("redirect_uri is not registered")
+        if params.get("response_type") != "code":
+            raise _OAuthError(400, "unsupported_response_type", "response_type must be code")
+        scope = params.get("scope", "")
+        if "openid" not in scope.split(" "):
+            raise _OAuthError(400, "invalid_scope", "scope must contain openid")
+        challenge = params.get("code_challenge")
+        if not challenge:
+            raise bad("code_challenge is required")
+        if params.get("code_challenge_method") != "S256":
+            raise bad("code_challenge_method must be S256")
+        if not _S256_CHALLENGE.fullmatch(challenge):
+            raise bad("code_challenge is not a base64url SHA-256 digest")
+        state = params.get("state")
+        if not state:
+            raise bad("state is required")
+        nonce = params.get("nonce")
+        if not nonce:
+            raise bad("nonce is required")
+
+        answer: dict[str, str]
+        if self.authorize_error is not None:
+            answer = {"error": self.authorize_error, "state": state}
+        else:
+            code = secrets.token_urlsafe(24)
+            self._codes[code] = _Grant(
+                self.client_id, redirect_uri, scope, nonce, challenge, self.clock()
+            )
+            answer = {"code": code, "state": state}
+        if self.send_iss:
+            answer["iss"] = self.iss_override if self.iss_override is not None else self.issuer
+        separator = "&" if "?" in redirect_uri else "?"
+        request.redirect((redirect_uri + separator + urlencode(answer)).encode("ascii"))
+        return None
+
+    def _basic_credentials(self, request: Request) -> tuple[str, str] | None:
+        """
+        The client id and secret of an C{Authorization: Basic} header (each
+        form-urlencoded, RFC 6749 2.3.1), or L{None} without one.
+
+        @raise _OAuthError: When the header is malformed.
+        """
+        scheme, _, credentials = (request.getHeader("Authorization") or "").partition(" ")
+        if scheme.lower() != "basic":
+            return None
+        try:
+            decoded = base64.b64decode(credentials.strip(), validate=True).decode()
+        except (ValueError, UnicodeDecodeError):
+            raise _OAuthError(401, "invalid_client", "malformed Basic credentials") from None
+        client_id, colon, secret = decoded.partition(":")
+        if not colon:
+            raise _OAuthError(401, "invalid_client", "malformed Basic credentials")
+        return unquote_plus(client_id), unquote_plus(secret)
+
+    def _authenticate(self, method: str, form: dict[str, str], request: Request) -> None:
+        """
+        Check that the client authenticated with C{method}, an accepted one.
+        """
+        challenge = [("WWW-Authenticate", 'Basic realm="fake-idp"')]
+        if method == "basic+post":
+            raise _OAuthError(400, "invalid_request", "more than one authentication method")
+        if method == "none":
+            raise _OAuthError(401, "invalid_client", "client authentication required", challenge)
+        if method not in self.token_auth_methods:
+            raise _OAuthError(401, "invalid_client", f"{method} is not accepted", challenge)
+        if method == "client_secret_basic":
+            basic = self._basic_credentials(request)
+            assert basic is not None
+            client_id, secret = basic
+            if "client_id" in form and form["client_id"] != client_id:
+                raise _OAuthError(400, "invalid_request", "client_id differs from Basic's")
+        else:
+            client_id, secret = form.get("client_id", ""), form["client_secret"]
+        if not (
+            hmac.compare_digest(client_id.encode(), self.client_id.encode())
+            and hmac.compare_digest(secret.encode(), self.client_secret.encode())
+        ):
+            raise _OAuthError(401, "invalid_client", "bad client credentials", challenge)
+
+    def _render_token(self, request: Request) -> Any:
+        assert request.content is not None
+        request.content.seek(0)
+        body = request.content.read().decode("latin-1")
+        parsed = parse_qs(body, keep_blank_values=True)
+        form = {name: values[0] for name, values in parsed.items()}
+        has_basic = (request.getHeader("Authorization") or "").lower().startswith("basic ")
+        has_post = "client_secret" in form
+        method = {
+            (True, True): "basic+post",
+            (True, False): "client_secret_basic",
+            (False, True): "client_secret_post",
+            (False, False): "none",
+        }[has_basic, has_post]
+        self.token_requests.append({**form, "auth_method": method})
+        if self.token_status != 200:
+            raise _OAuthError(self.token_status, "server_error", "token endpoint failure")
+        content_type = (request.getHeader("Content-Type") or "").split(";")[0].strip()
+        if content_type.lower() != "application/x-www-form-urlencoded":
+            raise _OAuthError(400, "invalid_request", "not a form")
+        repeated = sorted(name for name, values in parsed.items() if len(values) > 1)
+        if repeated:
+            raise _OAuthError(400, "invalid_request", f"repeated: {', '.join(repeated)}")
+        self._authenticate(method, form, request)
+        if form.get("grant_type") != "authorization_code":
+            raise _OAuthError(400, "unsupported_grant_type", "only authorization_code")
+
+        def invalid_grant(description: str) -> _OAuthError:
+            return _OAuthError(400, "invalid_grant", description)
+
+        code = form.get("code", "")
+        grant = self._codes.get(code)
+        if grant is None:
+            raise invalid_grant("unknown code")
+        if grant.used:
+            self.replayed_codes.append(code)
+            for token in grant.access_tokens:
+                self._access_tokens.pop(token, None)
+            raise invalid_grant("code already used")
+        if self.clock() > grant.issued_at + self.code_lifetime:
+            raise invalid_grant("code expired")
+        if grant.client_id != self.client_id:
+            raise invalid_grant("code issued to another client")
+        if form.get("redirect_uri") != grant.redirect_uri:
+            raise invalid_grant("redirect_uri differs from the authorization request's")
+        verifier = form.get("code_verifier")
+        if verifier is None:
+            raise invalid_grant("code_verifier is required")
+        if not _PKCE_VALUE.fullmatch(verifier):
+            raise _OAuthError(400, "invalid_request", "malformed code_verifier")
+        if not hmac.compare_digest(pkce_challenge(verifier), grant.code_challenge):
+            raise invalid_grant("PKCE verification failed")
+        grant.used = True
+
+        now = int(self.clock())
+        access_token = self.signing_key.sign(
+            {
+                "iss": self.issuer,
+                "sub": self.user["sub"],
+                "aud": self.access_token_audience,
+                "client_id": self.client_id,
+                "exp": now + self.token_lifetime,
+                "iat": now,
+                "scope": grant.scope,
+                "jti": secrets.token_urlsafe(12),
+            }
+        )
+        grant.access_tokens.append(access_token)
+        self._access_tokens[access_token] = now + self.token_lifetime
+        return {
+            "access_token": access_token,
+            "token_type": "Bearer",
+            "expires_in": self.token_lifetime,
+            "id_token": self.make_id_token(grant.nonce, now),
+            "refresh_token": secrets.token_urlsafe(24),
+            "scope": grant.scope,
+        }
+
+    def make_id_token(self, nonce: str, now: int | None = None) -> str:
+        """
+        An ID token for L{user} with C{nonce}, spoilt as L{id_token_mode} says.
+        """
+        mode = self.id_token_mode
+        if mode is not None and mode not in ID_TOKEN_MODES:
+            raise ValueError(f"unknown id_token_mode {mode!r}")
+        now = int(self.clock()) if now is None else now
+        claims: dict[str, Any] = {
+            **self.id_token_claims_from_user,
+            "iss": self.issuer,
+            "sub": self.user["sub"],
+            "aud": self.client_id,
+            "exp": now + self.token_lifetime,
+            "iat": now,
+            "nonce": nonce,
+            "azp": self.client_id,
+        }
+        key = self.signing_key
+        if mode == "wrong_nonce":
+            claims["nonce"] = "not-" + nonce
+        elif mode == "wrong_aud":
+            claims["aud"] = OTHER_CLIENT
+        elif mode == "wrong_iss":
+            claims["iss"] = OTHER_ISSUER
+        elif mode == "expired":
+            claims["iat"] = now - self.token_lifetime - 60
+            claims["exp"] = now - 60
+        elif mode == "future_iat":
+            claims["iat"] = now + 60
+            claims["exp"] = now + 60 + self.token_lifetime
+        elif mode == "wrong_azp":
+            claims["azp"] = OTHER_CLIENT
+        elif mode == "alg_none":
+            return _compact_jws({"alg": "none", "typ": "JWT"}, claims, lambda _: b"")
+        elif mode == "hs256_public":
+            secret = self.rsa_key.public_pem
+            return _compact_jws(
+                {"alg": "HS256", "typ": "JWT", "kid": self.rsa_key.kid},
+                claims,
+                lambda data: hmac.new(secret, data, hashlib.sha256).digest(),
+            )
+        elif mode == "unknown_kid":
+            key = self._rogue_key(key.alg)
+        token = key.sign(claims)
+        if mode == "bad_signature":
+            head, payload, signature = token.split(".")
+            raw = bytearray(base64.urlsafe_b64decode(signature + "=" * (-len(signature) % 4)))
+            raw[len(raw) // 2] ^= 0xFF
+            raw[0] ^= 0x01
+            token = f"{head}.{payload}.{b64url(bytes(raw))}"
+        return token
+
+    def _rogue_key(self, alg: str) -> SigningKey:
+        """
+        A key of type C{alg} that the JWKS never lists (its kid neither).
+        """
+        if alg not in self._rogue_keys:
+            self._rogue_keys[alg] = SigningKey.generate(f"unknown-{alg.lower()}", alg)
+        return self._rogue_keys[alg]
+
+    def _render_userinfo(self, request: Request) -> Any:
+        self.userinfo_requests += 1
+        challenge = [("WWW-Authenticate", 'Bearer error="invalid_token"')]
+        scheme, _, token = (request.getHeader("Authorization") or "").partition(" ")
+        expiry = self._access_tokens.get(token.strip())
+        if scheme.lower() != "bearer" or expiry is None:
+            raise _OAuthError(401, "invalid_token", "unknown access token", challenge)
+        if self.clock() >= expiry:
+            raise _OAuthError(401, "invalid_token", "expired access token", challenge)
+        return self.user
