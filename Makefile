@@ -12,6 +12,10 @@ STAMP := $(VENV)/.installed
 OLDEST := .venv-oldest
 OLDEST_CONSTRAINTS := tests/constraints-oldest.txt
 OLDEST_STAMP := $(OLDEST)/.installed
+# The OpenID provider the tests log in through (tests/e2e/provider.mjs): node's oidc-provider,
+# pinned by tests/e2e/package-lock.json and installed in tests/e2e/node_modules.
+E2E := tests/e2e
+E2E_STAMP := $(E2E)/node_modules/.installed
 
 .PHONY: run test check lint typecheck layers unit unit-oldest venv clean bench
 
@@ -42,6 +46,22 @@ $(OLDEST_STAMP): setup.py pyproject.toml $(OLDEST_CONSTRAINTS) | $(STAMP)
 		--config-settings editable_mode=compat
 	touch $(OLDEST_STAMP)
 
+# Stock Debian has no node: install Debian's nodejs and npm when root.
+define need_node
+@if ! command -v node >/dev/null 2>&1 || ! command -v npm >/dev/null 2>&1; then \
+		if [ "$$(id -u)" = 0 ]; then \
+			apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q nodejs npm; \
+		else \
+			echo "edgegw's tests need node and npm: run 'sudo apt-get install nodejs npm' first"; exit 1; \
+		fi; \
+	fi
+endef
+
+$(E2E_STAMP): $(E2E)/package-lock.json
+	$(need_node)
+	npm ci --prefix $(E2E) --no-audit --no-fund
+	touch $(E2E_STAMP)
+
 venv: $(STAMP)
 
 ## Run the gateway in the foreground on the example configuration, with the demo backend
@@ -66,11 +86,11 @@ typecheck: $(STAMP)
 layers: $(STAMP)
 	$(BIN)/lint-imports
 
-unit: $(STAMP)
+unit: $(STAMP) $(E2E_STAMP)
 	$(BIN)/trial --jobs=2 tests
 
 ## The trial suite again, on the oldest versions the dependency ranges allow.
-unit-oldest: $(OLDEST_STAMP)
+unit-oldest: $(OLDEST_STAMP) $(E2E_STAMP)
 	$(OLDEST)/bin/trial --jobs=2 --temp-directory=_trial_temp_oldest tests
 
 ## Set up and pass the whole suite: lint, types, layers, tests (newest and oldest versions).

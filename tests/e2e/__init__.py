@@ -1,0 +1,3 @@
+"""
+End-to-end tests against real third-party services on loopback (an OpenID provider first).
+"""
