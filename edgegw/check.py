@@ -80,6 +80,15 @@ def check(source: str, out: TextIO = sys.stdout, err: TextIO = sys.stderr) -> in
         f"{len(gateway.routes)} route(s), listening on {listen} "
         f"({endpoint_description(listen)})\n\n" + route_table(gateway.routes) + "\n",
     )
+    if gateway.auth_endpoints:
+        idp = config.idp
+        lines = [f"  {method:<5} {path}" for method, path in gateway.auth_endpoints]
+        _write(
+            out,
+            f"\nauth endpoints (IdP {idp.issuer if idp else '-'}, discovered at start):\n"
+            + "\n".join(lines)
+            + "\n",
+        )
     return 0
 
 

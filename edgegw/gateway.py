@@ -16,15 +16,24 @@ from opentelemetry.sdk.trace import SpanProcessor
 from twisted.internet.interfaces import IReactorTime
 from twisted.web.resource import IResource
 
+from edgegw.auth.callback import CallbackResource
+from edgegw.auth.context import BrowserLogin
+from edgegw.auth.endpoint import AuthEndpoint
+from edgegw.auth.login import LoginResource
+from edgegw.auth.logout import LogoutResource
+from edgegw.auth.session_view import SessionViewResource
 from edgegw.authz.policy import CompiledPolicy, RoutePolicies, compile_policies
 from edgegw.chain.access_log import AccessLog
 from edgegw.chain.access_writer import LineWriter
+from edgegw.chain.auth_gate import auth_gate
 from edgegw.chain.authz import authz
 from edgegw.chain.pipeline import InFlight, IRouteTarget, RouteRunner, Stage, compose
 from edgegw.chain.projection import USER_PREFIX, groups_header_name, projection
 from edgegw.chain.recover import recover
 from edgegw.chain.request_id import request_id
+from edgegw.chain.resource_target import ResourceTarget
 from edgegw.chain.route import CompiledRoute
+from edgegw.chain.session import session_stage
 from edgegw.chain.terminal import TerminalResource, render_stage
 from edgegw.config.effective import EffectiveRoute, effective_routes
 from edgegw.config.errors import Problems
@@ -43,6 +52,11 @@ from edgegw.handlers.api import ApiHandler
 from edgegw.handlers.health import HealthHandler
 from edgegw.handlers.proxy import ProxyHandler
 from edgegw.handlers.static import StaticHandler
+from edgegw.identity.groups import GroupRenderer
+from edgegw.identity.login_state import LoginStates
+from edgegw.identity.provider import CALL_TIMEOUT, IdentityProvider
+from edgegw.identity.sealing import Sealer
+from edgegw.identity.session_cookie import SessionCookie
 from edgegw.routing.mux import Mux
 from edgegw.server.limits import LimitedSite
 from edgegw.server.request import GatewayChannel, GatewayRequest
@@ -66,6 +80,8 @@ class Gateway:
     @ivar agent: The pool as an C{IAgent}: what treq runs over (api fan-out, IdP calls).
     @ivar access_log: The access log (flushed on shutdown).
     @ivar telemetry: Tracing, when a Telemetry resource exists (flushed on shutdown).
+    @ivar idp: The IdP client and its refresher service, when an IdP is configured.
+    @ivar auth_endpoints: The mounted auth endpoints as (method, path) pairs.
     """
 
     config: Config
@@ -76,6 +92,22 @@ class Gateway:
     agent: UpstreamAgent
     access_log: AccessLog
     telemetry: Telemetry | None = None
+    idp: IdentityProvider | None = None
+    auth_endpoints: tuple[tuple[str, str], ...] = ()
+
+
+@attrs.frozen
+class IdentityStages:
+    """
+    What identity adds to the per-route chains (rule 4: nothing when neither a session
+    block nor an IdP is configured).
+
+    @ivar session: The session stage, when a session block is configured.
+    @ivar login_path: Where app routes send anonymous navigations, when login is mounted.
+    """
+
+    session: Stage | None
+    login_path: str | None
 
 
 def build_gateway(
@@ -124,7 +156,11 @@ def build_gateway(
         client, reactor, tracer=telemetry.tracer if telemetry is not None else None
     )
     projected = projected_header_names(routes, groups_as)
-    context = _TerminalContext(config, client, agent, reactor, projected)
+    login, identity = _identity(config, routes, client, reactor, telemetry)
+    endpoints: tuple[tuple[str, str], ...] = ()
+    if login is not None:
+        endpoints = _mount_login(mux, config, login, access, inflight)
+    context = _TerminalContext(config, client, agent, reactor, projected, login)
     for effective in routes:
         terminal = _terminal(effective, context, problems)
         if terminal is None or not set(effective.access.authorize) <= set(policies):
@@ -137,7 +173,16 @@ def build_gateway(
         )
         mux.register(
             effective.spec.match,
-            route_runner(route, terminal, inflight, access.stage, groups_as, policies, projected),
+            route_runner(
+                route,
+                terminal,
+                inflight,
+                access.stage,
+                groups_as,
+                policies,
+                projected,
+                identity,
+            ),
         )
         compiled.append(route)
     problems.raise_if_any()
@@ -152,7 +197,87 @@ def build_gateway(
         agent=agent,
         access_log=access,
         telemetry=telemetry,
+        idp=login.provider if login is not None else None,
+        auth_endpoints=endpoints,
     )
+
+
+def _identity(
+    config: Config,
+    routes: Sequence[EffectiveRoute],
+    client: UpstreamClient,
+    reactor: IReactorTime,
+    telemetry: Telemetry | None,
+) -> tuple[BrowserLogin | None, IdentityStages | None]:
+    """
+    The browser login (session and IdP both configured) and the identity stages.
+    """
+    gateway = config.gateway
+    session = gateway.session
+    idp = config.idp
+    if session is None and idp is None:
+        return None, None
+    session_read = None
+    login = None
+    if session is not None:
+        cookie = SessionCookie(session, reactor)
+        session_read = session_stage(cookie, reactor.seconds)
+        if idp is not None and not idp.verification_only:
+            agent = UpstreamAgent(
+                client,
+                reactor,
+                timeout=CALL_TIMEOUT,
+                tracer=telemetry.tracer if telemetry is not None else None,
+            )
+            login = BrowserLogin(
+                provider=IdentityProvider(idp, agent, reactor),
+                sessions=cookie,
+                logins=LoginStates(Sealer(session.key), session.cookie_name, reactor),
+                identity=gateway.identity,
+                groups=GroupRenderer(gateway.identity.groups),
+                callback_path=idp.callback_path,
+                redirect_url=idp.redirect_url,
+                keep_access_token=any(_forwards_access_token(route) for route in routes),
+                reactor=reactor,
+            )
+    return login, IdentityStages(
+        session=session_read,
+        login_path=gateway.auth.login_path if login is not None else None,
+    )
+
+
+def _forwards_access_token(effective: EffectiveRoute) -> bool:
+    handler = effective.spec.handler
+    if getattr(handler, "forward_access_token", False):
+        return True
+    return any(backend.forward_access_token for backend in getattr(handler, "backends", ()))
+
+
+def _mount_login(
+    mux: Mux[IRouteTarget],
+    config: Config,
+    login: BrowserLogin,
+    access: AccessLog,
+    inflight: InFlight,
+) -> tuple[tuple[str, str], ...]:
+    """
+    Mount the login, callback, logout and session-view endpoints beside the routes
+    (conflicts with routes were reported at load).
+
+    @return: The endpoints as (method, path) pairs.
+    """
+    gateway = config.gateway
+    session = gateway.session
+    assert session is not None
+    mounted: tuple[tuple[str, AuthEndpoint], ...] = (
+        (gateway.auth.login_path, LoginResource(login)),
+        (login.callback_path, CallbackResource(login)),
+        (gateway.auth.logout_path, LogoutResource(login, session.post_logout_redirect)),
+        (session.info_path, SessionViewResource(login)),
+    )
+    for path, resource in mounted:
+        mux.register(path, ResourceTarget(path, resource, access, inflight))
+    return tuple((resource.method.decode("ascii"), path) for path, resource in mounted)
 
 
 def edge_site(
@@ -224,12 +349,15 @@ def route_runner(
     groups_as: str,
     policies: Mapping[str, CompiledPolicy] | None = None,
     projected: frozenset[bytes] = frozenset(),
+    identity: IdentityStages | None = None,
 ) -> RouteRunner:
     """
     Compose one route's per-route chain, ending in rendering its terminal Resource.
 
     @param projected: Lowercased names of every identity header any route projects
         outside C{X-User-*} (the projection stage strips them from every request).
+    @param identity: The identity stages; L{None} when neither a session nor an IdP is
+        configured (the session and auth-gate stages are then left out: rule 4).
 
     Stages that have nothing to do on a route are left out rather than passed through:
     the session and auth-gate stages join the chain only where identity is configured,
@@ -239,6 +367,11 @@ def route_runner(
     access = effective.access
     projection_spec = access.projection
     stages: list[Stage] = [recover, request_id, log_stage]
+    if identity is not None:
+        if identity.session is not None:
+            stages.append(identity.session)
+        if route.auth == "required":
+            stages.append(auth_gate(effective.type, identity.login_path))
     if access.authorize:
         needed = [(policies or {})[name] for name in access.authorize]
         route_policies = RoutePolicies(needed, route.pattern, route.name, effective.spec.labels)
@@ -272,9 +405,12 @@ class _TerminalContext:
         agent: UpstreamAgent,
         reactor: IReactorTime,
         projected: frozenset[bytes] = frozenset(),
+        login: BrowserLogin | None = None,
     ) -> None:
         self.config = config
         self.projected = projected
+        # forwardCookies never passes on the gateway's own session and login cookies.
+        self.own_cookie = login.sessions.is_gateway_cookie if login is not None else None
         self.client = client
         self.agent = agent
         self.reactor = reactor
@@ -306,6 +442,7 @@ def _terminal(
                 gateway_headers=context.gateway_headers,
                 assertion_headers=context.assertion_headers,
                 identity_headers=context.projected,
+                own_cookie=context.own_cookie,
             )
     except ValueError as e:
         # What load-time validation let through (an upstream URL the client refuses).
@@ -328,17 +465,16 @@ def _refuse_unavailable(config: Config, problems: Problems) -> None:
     gateway = config.gateway
     where = gateway.location
     for present, field, feature in (
-        (gateway.session is not None, "spec.session", "sessions"),
         (gateway.identity.assertion is not None, "spec.identity.assertion", "identity assertions"),
         (gateway.state_provider is not None, "spec.stateProvider", "server-side session state"),
     ):
         if present:
             problems.add(where, field, f"{feature}: not available in this version of edgegw")
-    if config.idp is not None:
+    if config.idp is not None and config.idp.verification_only:
         problems.add(
             config.idp.location,
-            "",
-            "OIDC login and Bearer verification: not available in this version of edgegw",
+            "spec.verificationOnly",
+            "Bearer verification: not available in this version of edgegw",
         )
     for plugin in (*config.request_plugins, *config.response_plugins):
         problems.add(plugin.location, "", f"{plugin.kind}: not available in this version of edgegw")

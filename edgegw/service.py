@@ -7,6 +7,10 @@ L{GatewayService} (a C{MultiService}) has one child per long-lived part, in star
   - C{access-log}: L{AccessLogService}, the buffered access-log writer (flushed on stop);
   - C{upstream-pool}: L{UpstreamPoolService}, the upstream connection pool (idle
     connections closed on stop);
+  - C{idp}: L{IdentityProvider<edgegw.identity.provider.IdentityProvider>}, only with
+    browser login (session and IdP): discovery at start without holding the gateway up,
+    retried with capped backoff, then the discovery document and key set refreshed
+    periodically; timers and calls in flight cancelled on stop;
   - C{telemetry}: L{TelemetryService}, only with a Telemetry resource (spans flushed to
     the exporter on stop).
 
@@ -193,6 +197,10 @@ class GatewayService(MultiService):
             ("access-log", AccessLogService(gateway.access_log)),
             ("upstream-pool", UpstreamPoolService(gateway.upstream_client)),
         ]
+        if gateway.idp is not None:
+            # Discovery starts with the gateway and never holds it up: until it succeeds
+            # the login endpoint answers 503.
+            children.append(("idp", gateway.idp))
         if gateway.telemetry is not None:
             children.append(("telemetry", TelemetryService(gateway.telemetry)))
         for name, child in children:

@@ -443,7 +443,9 @@ class ConfigErrorTests(SynchronousTestCase):
             """,
             [
                 'document 1, Gateway "g": spec.session.key: must be exactly 32 bytes '
-                "(AES-256-GCM key), got 5"
+                "(AES-256-GCM key), got 5",
+                'document 1, Gateway "g": spec.session: a session needs an IdP resource to '
+                "log users in (declare kind: IdP)",
             ],
             gateway=False,
         )
@@ -667,9 +669,9 @@ spec:
             + "---\nkind: Telemetry\nmetadata: {name: a}\nspec: {service: {name: a}}\n"
             + "---\nkind: Telemetry\nmetadata: {name: b}\nspec: {service: {name: b}}\n"
             + "---\nkind: IdP\nmetadata: {name: a}\nspec: {type: oidc, issuer: 'https://i', "
-            + "clientID: c}\n"
+            + "clientID: c, verificationOnly: true}\n"
             + "---\nkind: IdP\nmetadata: {name: b}\nspec: {type: oidc, issuer: 'https://i', "
-            + "clientID: c}\n",
+            + "clientID: c, verificationOnly: true}\n",
         )
         first = os.path.join(root, "config.yaml")
         self.assertEqual(
@@ -1303,6 +1305,9 @@ class UrlTests(SynchronousTestCase):
                 'document 4, Route "a": spec.handler.backends[0].upstream: "http://127.0.0.1/ä" '
                 'is not a valid URL: "ä" (U+00E4) is not allowed in the path; percent-encode it '
                 '("%C3%A4")',
+                'document 2, IdP "i": spec: an IdP used for browser login needs a session block '
+                "in the Gateway (spec.session with a 32-byte key); an instance that only "
+                "verifies Bearer tokens sets verificationOnly: true",
             ],
         )
 

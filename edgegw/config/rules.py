@@ -77,7 +77,7 @@ def cross_checks(
     C{complete}), assertions forwarded without a key to mint them, and a session with a
     verificationOnly IdP.
     """
-    mux: Mux[RouteSpec] = Mux()
+    mux: Mux[RouteSpec | None] = Mux()
     for route in routes:
         if not route.match:
             continue
@@ -123,6 +123,22 @@ def cross_checks(
             "spec.session",
             "a verificationOnly IdP cannot serve a configuration that has a session",
         )
+    if spec.session is not None and idp is None and complete:
+        problems.add(
+            location,
+            "spec.session",
+            "a session needs an IdP resource to log users in (declare kind: IdP)",
+        )
+    if idp is not None and not idp.verification_only and spec.session is None:
+        problems.add(
+            idp.location,
+            "spec",
+            "an IdP used for browser login needs a session block in the Gateway "
+            "(spec.session with a 32-byte key); an instance that only verifies Bearer "
+            "tokens sets verificationOnly: true",
+        )
+    if spec.session is not None and idp is not None and not idp.verification_only:
+        _check_auth_paths(location, spec, idp, mux, problems)
     state = spec.state_provider
     known_types = {"kvstore"} | {provider.type for provider in providers.values()}
     if state is not None and state.type and state.type not in known_types and complete:
@@ -132,3 +148,42 @@ def cross_checks(
             f'no state provider type "{state.type}": the shipped type is "kvstore"; '
             "others must be declared by a StateProvider resource",
         )
+
+
+def _check_auth_paths(
+    location: Location,
+    spec: GatewaySpec,
+    idp: IdpSpec,
+    mux: Mux[RouteSpec | None],
+    problems: Problems,
+) -> None:
+    """
+    The login, callback, logout and session-view paths are mounted beside the routes:
+    each must be distinct and claim a pattern no Route already has.
+    """
+    assert spec.session is not None
+    seen: dict[str, str] = {}
+    for field, path in (
+        ("spec.auth.loginPath", spec.auth.login_path),
+        ("spec.auth.logoutPath", spec.auth.logout_path),
+        ("spec.session.infoPath", spec.session.info_path),
+        ("the IdP's redirectURL", idp.callback_path),
+    ):
+        if path in seen:
+            problems.add(location, field, f"{path} is also {seen[path]}")
+            continue
+        seen[path] = field
+        where: Location | None = location
+        if field.startswith("the IdP"):
+            where, field = idp.location, "spec.redirectURL"
+        try:
+            mux.register(path, None)
+        except ConflictError as e:
+            problems.add(
+                where,
+                field,
+                f"the auth endpoint {path} conflicts with the Route matching "
+                f"{e.existing.text!r}: {e}",
+            )
+        except PatternError as e:
+            problems.add(where, field, f"{path} is not a usable path: {e}")

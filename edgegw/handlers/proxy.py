@@ -13,6 +13,7 @@ connection so that it cannot mistake a truncated body for a whole one.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -29,6 +30,7 @@ from edgegw.chain.terminal import TerminalResource
 from edgegw.config.model import ProxyHandlerSpec
 from edgegw.handlers.headers import HOP_BY_HOP, connection_tokens, is_websocket_upgrade
 from edgegw.handlers.tunnel import Tunnel
+from edgegw.identity.cookies import without_cookies
 from edgegw.upstream.calls import UpstreamCall, describe_error, start_call
 from edgegw.upstream.http11 import UpstreamResponse
 from edgegw.upstream.pool import Upstream, UpstreamClient, UpstreamUnavailableError
@@ -102,7 +104,12 @@ class ProxyHandler(TerminalResource):
         gateway_headers: frozenset[bytes] = frozenset(),
         assertion_headers: frozenset[bytes] = frozenset({b"x-gw-identity"}),
         identity_headers: frozenset[bytes] = frozenset(),
+        own_cookie: Callable[[bytes], bool] | None = None,
     ) -> None:
+        """
+        @param own_cookie: Says whether a cookie name is the gateway's own (session,
+            login state): with C{forwardCookies} such cookies are still never sent.
+        """
         super().__init__()
         self.spec = spec
         self.client = client
@@ -116,8 +123,10 @@ class ProxyHandler(TerminalResource):
         # upgrade, which the gateway never forwards.
         drop = set(HOP_BY_HOP) | _REPLACED | assertion_headers
         drop.update((b"authorization", b"http2-settings"))
-        if not spec.forward_cookies:
-            drop.add(b"cookie")
+        # The Cookie header goes upstream only with forwardCookies, and then without the
+        # gateway's own cookies (a backend never sees the sealed session).
+        drop.add(b"cookie")
+        self.own_cookie = own_cookie
         self.drop_request = frozenset(drop)
         self.gateway_set = _GATEWAY_SET | identity_headers
         # The gateway writes its own Server and Date with every response head, and one
@@ -211,6 +220,15 @@ class ProxyHandler(TerminalResource):
         forwarded_host = incoming.getRawHeaders(b"x-forwarded-host")
         if forwarded_host or inbound_host:
             append((b"X-Forwarded-Host", forwarded_host[0] if forwarded_host else inbound_host))
+        if self.spec.forward_cookies:
+            cookies = incoming.getRawHeaders(b"cookie")
+            if cookies:
+                own = self.own_cookie
+                cookie = (
+                    without_cookies(list(cookies), own) if own is not None else b"; ".join(cookies)
+                )
+                if cookie:
+                    append((b"Cookie", cookie))
         principal = exchange.principal
         if self.spec.forward_access_token and principal is not None and principal.access_token:
             out.append((b"Authorization", b"Bearer " + principal.access_token.encode("ascii")))

@@ -1,0 +1,1 @@
+"""The gateway's own browser-login endpoints, as twisted.web Resources."""

@@ -1,0 +1,52 @@
+"""
+What the browser-login endpoints share: the IdP client, the cookies, the identity rules.
+"""
+
+from __future__ import annotations
+
+import attrs
+from twisted.internet.interfaces import IReactorTime
+from twisted.web.server import Request
+
+from edgegw.config.model import IdentitySpec
+from edgegw.identity.cookies import is_https
+from edgegw.identity.groups import GroupRenderer
+from edgegw.identity.login_state import LoginStates
+from edgegw.identity.provider import IdentityProvider
+from edgegw.identity.session_cookie import SessionCookie
+
+__all__ = ["BrowserLogin"]
+
+
+@attrs.frozen
+class BrowserLogin:
+    """
+    Everything the login, callback, logout and session-view endpoints need, built once.
+
+    @ivar redirect_url: The IdP's configured C{redirectURL}, or L{None}: the callback URL
+        is then this gateway's origin as the browser sees it plus C{callback_path}.
+    @ivar keep_access_token: Some route forwards the access token (C{forwardAccessToken}),
+        so the session stores it; otherwise it never leaves the callback.
+    """
+
+    provider: IdentityProvider
+    sessions: SessionCookie
+    logins: LoginStates
+    identity: IdentitySpec
+    groups: GroupRenderer
+    callback_path: str
+    redirect_url: str | None
+    keep_access_token: bool
+    reactor: IReactorTime
+
+    def redirect_uri(self, request: Request) -> str:
+        """
+        The callback URL for an authorization request started by C{request}.
+        """
+        if self.redirect_url is not None:
+            return self.redirect_url
+        # The edge has validated and normalised Host (and X-Forwarded-* only ever come
+        # from trusted proxies), and the IdP checks the value against its registration.
+        host = request.getHeader(b"x-forwarded-host") or request.getHeader(b"host") or b""
+        scheme = "https" if is_https(request) else "http"
+        return f"{scheme}://{host.decode('ascii', 'replace')}{self.callback_path}"

@@ -1,0 +1,74 @@
+"""
+The common ground of the browser-login endpoints: one allowed method, short answers that
+are never cached.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from twisted.web.resource import Resource
+from twisted.web.server import Request
+
+from edgegw.chain.respond import write_text
+
+__all__ = ["NO_STORE", "AuthEndpoint", "answer_json", "answer_redirect", "answer_text"]
+
+NO_STORE = (b"Cache-Control", b"no-store")
+
+
+class AuthEndpoint(Resource):
+    """
+    A leaf Resource answering one method; any other gets 405 with C{Allow}.
+    """
+
+    isLeaf = True
+    method = b"GET"
+
+    def render(self, request: Request) -> bytes | int:
+        """
+        Dispatch to L{respond} for the allowed method, else answer 405.
+        """
+        if request.method != self.method:
+            answer_text(request, 405, b"method not allowed\n", ((b"Allow", self.method),))
+            return b""
+        return self.respond(request)
+
+    def respond(self, request: Request) -> bytes | int:
+        """
+        Answer the allowed method: return C{b""} once finished, or C{NOT_DONE_YET}.
+        """
+        raise NotImplementedError
+
+
+def answer_text(
+    request: Request, status: int, body: bytes, headers: tuple[tuple[bytes, bytes], ...] = ()
+) -> None:
+    """
+    A short C{text/plain} answer that no cache keeps.
+    """
+    write_text(request, status, body, (NO_STORE, *headers))
+
+
+def answer_redirect(request: Request, location: bytes) -> None:
+    """
+    A 302 to C{location} (already encoded) that no cache keeps.
+    """
+    answer_text(request, 302, b"redirecting\n", ((b"Location", location),))
+
+
+def answer_json(request: Request, status: int, document: Any) -> None:
+    """
+    A JSON answer that no cache keeps.
+    """
+    if request.finished or request._disconnected:
+        return
+    body = json.dumps(document, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+    request.setResponseCode(status)
+    headers = request.responseHeaders
+    headers.setRawHeaders(b"content-type", [b"application/json"])
+    headers.setRawHeaders(b"cache-control", [b"no-store"])
+    headers.setRawHeaders(b"content-length", [b"%d" % len(body)])
+    request.write(body)
+    request.finish()

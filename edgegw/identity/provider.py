@@ -1,0 +1,437 @@
+"""
+The gateway's client of its OpenID provider: discovery, key sets, the token endpoint and
+userinfo, all through treq over the gateway's own upstream pool; and the child service
+that keeps the discovery document and key set fresh.
+
+Nothing here blocks the reactor. If the IdP cannot be reached at startup the gateway
+starts anyway: discovery is retried with capped exponential backoff, and until it
+succeeds L{IdentityProvider.metadata} is L{None} (the login endpoint answers 503 with
+C{Retry-After}). The key set is refetched periodically and, rate limited, when a token
+names a key it does not hold, so a key rotation at the IdP needs no restart.
+"""
+
+from __future__ import annotations
+
+import random
+from base64 import b64encode
+from collections.abc import Mapping
+from typing import Any
+from urllib.parse import quote, quote_plus, urlencode
+
+import treq
+from treq.client import HTTPClient
+from twisted.application.service import Service
+from twisted.internet.defer import CancelledError, Deferred
+from twisted.internet.interfaces import IDelayedCall, IReactorTime
+from twisted.logger import Logger
+from twisted.python.failure import Failure
+from twisted.web.http_headers import Headers
+
+from edgegw.config.model import IdpSpec
+from edgegw.identity.discovery import (
+    ProviderMetadata,
+    discovery_url,
+    parse_discovery,
+)
+from edgegw.identity.keyset import KeySet, KeySetError
+from edgegw.identity.tokens import TokenError, UnknownKeyError, peek_header, verify_id_token
+from edgegw.upstream.agent import NullCookieJar, UpstreamAgent
+from edgegw.upstream.shared import BodyTooLargeError, NotJSONError, read_json
+
+__all__ = ["IdPError", "IdentityProvider", "TokenEndpointError", "UserInfoError"]
+
+MAX_DOCUMENT = 1024 * 1024
+"""The largest discovery document, key set, token or userinfo response read (bytes)."""
+
+CALL_TIMEOUT = 10.0
+"""Seconds for one IdP call's connect, request and response head."""
+
+_log = Logger(namespace="edgegw.idp")
+_ACCEPT_JSON = Headers({b"Accept": [b"application/json"]})
+
+
+class IdPError(Exception):
+    """
+    A call to the IdP failed; the message says why (for the log, never for the client).
+    """
+
+
+class TokenEndpointError(IdPError):
+    """
+    The token endpoint failed, was unreachable, or answered something unusable.
+    """
+
+
+class UserInfoError(IdPError):
+    """
+    The userinfo endpoint failed, was unreachable, or answered something unusable.
+    """
+
+
+class IdentityProvider(Service):
+    """
+    The configured IdP as the gateway sees it, and the service refreshing what it knows.
+
+    @ivar metadata: The checked discovery document, or L{None} until discovery succeeds.
+    @ivar keys: The current key set (empty until fetched).
+    @ivar last_error: Why the last discovery or key-set fetch failed, or L{None}.
+    """
+
+    name = "idp"
+
+    def __init__(
+        self,
+        spec: IdpSpec,
+        agent: UpstreamAgent,
+        reactor: IReactorTime,
+        *,
+        first_retry: float = 1.0,
+        retry_cap: float = 60.0,
+        refresh_every: float = 900.0,
+        refetch_interval: float = 10.0,
+    ) -> None:
+        """
+        @param agent: The gateway's upstream agent (treq runs over it); calls made with it
+            time out after L{CALL_TIMEOUT} seconds.
+        @param first_retry: Seconds before the first retry of a failed discovery; doubled
+            at each failure up to C{retry_cap}.
+        @param refresh_every: Seconds between refreshes of the discovery document and key
+            set once they are known.
+        @param refetch_interval: The least time between two key-set fetches caused by an
+            unknown key id (a flood of random kids causes one fetch per interval).
+        """
+        self.spec = spec
+        self._reactor = reactor
+        self._http = HTTPClient(agent, cookiejar=NullCookieJar())  # type: ignore[arg-type]
+        self.first_retry = first_retry
+        self.retry_cap = retry_cap
+        self.refresh_every = refresh_every
+        self.refetch_interval = refetch_interval
+        self.metadata: ProviderMetadata | None = None
+        self.keys = KeySet.from_jwks({"keys": []})
+        self.last_error: str | None = None
+        self._failures = 0
+        self._next: IDelayedCall | None = None
+        self._next_at = 0.0
+        self._running: Deferred[None] | None = None
+        self._refetching: Deferred[KeySet] | None = None
+        self._last_refetch = float("-inf")
+
+    # -- the service ------------------------------------------------------------------
+
+    def startService(self) -> None:
+        """
+        Start discovery now; the gateway does not wait for it.
+        """
+        super().startService()
+        self._refresh()
+
+    def stopService(self) -> None:
+        """
+        Stop refreshing: cancel the timer and any call in flight.
+        """
+        super().stopService()
+        if self._next is not None and self._next.active():
+            self._next.cancel()
+        self._next = None
+        for pending in (self._running, self._refetching):
+            if pending is not None:
+                pending.cancel()
+
+    @property
+    def ready(self) -> bool:
+        """
+        Whether discovery has succeeded (the login flow can start).
+        """
+        return self.metadata is not None
+
+    def retry_after(self) -> int:
+        """
+        Whole seconds until the next discovery attempt (at least 1): for C{Retry-After}.
+        """
+        return max(1, int(self._next_at - self._reactor.seconds() + 0.999))
+
+    def _refresh(self) -> None:
+        self._next = None
+        if self._running is not None:
+            return
+        self._running = Deferred.fromCoroutine(self._discover())
+        self._running.addBoth(self._refreshed)
+
+    async def _discover(self) -> None:
+        document = await self._get_json(discovery_url(self.spec.issuer), "discovery")
+        metadata = parse_discovery(document, self.spec.issuer)
+        keys = await self._fetch_keys(metadata.jwks_uri)
+        self.metadata = metadata
+        self.keys = keys
+
+    def _refreshed(self, result: object) -> None:
+        self._running = None
+        if not self.running:
+            return
+        if isinstance(result, Failure):
+            if result.check(CancelledError):
+                return
+            self._failures += 1
+            self.last_error = _reason(result)
+            delay = min(self.retry_cap, self.first_retry * 2 ** (self._failures - 1))
+            # Jitter, so that many gateways restarted together do not retry in step.
+            delay *= random.uniform(0.8, 1.0)
+            if self.metadata is None:
+                _log.warn(
+                    "IdP {issuer} unavailable ({reason}); login answers 503 until "
+                    "discovery succeeds; retrying in {delay:.1f}s",
+                    issuer=self.spec.issuer,
+                    reason=self.last_error,
+                    delay=delay,
+                )
+            else:
+                _log.warn(
+                    "IdP {issuer} refresh failed ({reason}); keeping what is known; "
+                    "retrying in {delay:.1f}s",
+                    issuer=self.spec.issuer,
+                    reason=self.last_error,
+                    delay=delay,
+                )
+        else:
+            if self._failures or self.last_error is not None or not self._next_at:
+                _log.info(
+                    "IdP {issuer} discovered: {count} signing keys",
+                    issuer=self.spec.issuer,
+                    count=len(self.keys),
+                )
+            self._failures = 0
+            self.last_error = None
+            delay = self.refresh_every
+        self._next_at = self._reactor.seconds() + delay
+        self._next = self._reactor.callLater(delay, self._refresh)
+
+    # -- key sets ---------------------------------------------------------------------
+
+    async def _fetch_keys(self, url: str) -> KeySet:
+        document = await self._get_json(url, "key set")
+        try:
+            return KeySet.from_jwks(document)
+        except KeySetError as e:
+            raise IdPError(f"key set {url}: {e}") from None
+
+    async def keys_for(self, kid: str | None) -> KeySet:
+        """
+        The key set, refetched first when it lacks C{kid}: at most once per refetch
+        interval, one fetch shared by every caller waiting for it.
+        """
+        keys = self.keys
+        metadata = self.metadata
+        if kid is None or keys.has_kid(kid) or metadata is None:
+            return keys
+        if self._refetching is None:
+            now = self._reactor.seconds()
+            if now - self._last_refetch < self.refetch_interval:
+                return keys
+            self._last_refetch = now
+            self._refetching = Deferred.fromCoroutine(self._fetch_keys(metadata.jwks_uri))
+            self._refetching.addBoth(self._refetched)
+        waiting: Deferred[KeySet] = Deferred()
+        self._refetching.addBoth(_relay, waiting)
+        return await waiting
+
+    def _refetched(self, result: KeySet | Failure) -> KeySet | Failure:
+        self._refetching = None
+        if isinstance(result, KeySet):
+            self.keys = result
+            _log.info("IdP key set refetched: {count} signing keys", count=len(result))
+            return result
+        if not result.check(CancelledError):
+            _log.warn("IdP key set refetch failed: {reason}", reason=_reason(result))
+        return self.keys
+
+    # -- the login flow ---------------------------------------------------------------
+
+    def authorization_url(
+        self,
+        metadata: ProviderMetadata,
+        *,
+        redirect_uri: str,
+        state: str,
+        nonce: str,
+        code_challenge: str,
+    ) -> str:
+        """
+        The authorization request (code flow, PKCE S256) the browser is sent to.
+        """
+        query = urlencode(
+            {
+                "response_type": "code",
+                "client_id": self.spec.client_id,
+                "redirect_uri": redirect_uri,
+                "scope": " ".join(self.spec.scopes),
+                "state": state,
+                "nonce": nonce,
+                "code_challenge": code_challenge,
+                "code_challenge_method": "S256",
+            },
+            quote_via=quote,
+        )
+        endpoint = metadata.authorization_endpoint
+        return endpoint + ("&" if "?" in endpoint else "?") + query
+
+    async def exchange_code(
+        self, metadata: ProviderMetadata, *, code: str, verifier: str, redirect_uri: str
+    ) -> Mapping[str, Any]:
+        """
+        Exchange an authorization code (with its PKCE verifier) at the token endpoint.
+
+        @raise TokenEndpointError: The endpoint failed, was unreachable, or answered
+            without an C{id_token}.
+        """
+        form = {
+            "grant_type": "authorization_code",
+            "code": code,
+            "redirect_uri": redirect_uri,
+            "code_verifier": verifier,
+        }
+        headers = Headers({b"Accept": [b"application/json"]})
+        secret = self.spec.client_secret
+        if secret is None:
+            # A public client: PKCE alone binds the code to this login.
+            form["client_id"] = self.spec.client_id
+        elif metadata.token_auth_method == "client_secret_post":
+            form["client_id"] = self.spec.client_id
+            form["client_secret"] = secret
+        else:
+            headers.setRawHeaders(b"Authorization", [_basic(self.spec.client_id, secret)])
+        try:
+            response = await self._http.post(
+                metadata.token_endpoint,
+                data=form,
+                headers=headers,
+                allow_redirects=False,
+                timeout=CALL_TIMEOUT,
+            )
+            body = await read_json(response, MAX_DOCUMENT)
+        except (BodyTooLargeError, NotJSONError) as e:
+            raise TokenEndpointError(f"token endpoint: {_describe(e)}") from None
+        except CancelledError:
+            raise
+        except Exception as e:  # any transport failure: unreachable, reset, timeout
+            raise TokenEndpointError(f"token endpoint: {_describe(e)}") from None
+        if response.code != 200:
+            error = body.get("error") if isinstance(body, Mapping) else None
+            raise TokenEndpointError(
+                f"token endpoint answered {response.code}"
+                + (f" ({str(error)[:100]})" if isinstance(error, str) else "")
+            )
+        if not isinstance(body, Mapping) or not isinstance(body.get("id_token"), str):
+            raise TokenEndpointError("token endpoint answered no id_token")
+        return body
+
+    async def verify_id_token(
+        self, metadata: ProviderMetadata, token: str, nonce: str
+    ) -> dict[str, object]:
+        """
+        Verify an id_token: signature against the key set (refetched, rate limited, for
+        an unknown key id), algorithm, issuer, audience, azp, times (5 s leeway), nonce.
+
+        @raise TokenError: The token is not valid; its C{reason} says why.
+        """
+        now = self._reactor.seconds()
+        try:
+            return verify_id_token(
+                token,
+                self.keys,
+                algorithms=metadata.id_token_algorithms,
+                issuer=self.spec.issuer,
+                client_id=self.spec.client_id,
+                nonce=nonce,
+                now=now,
+            )
+        except UnknownKeyError:
+            kid = peek_header(token).get("kid")
+            keys = await self.keys_for(kid if isinstance(kid, str) else None)
+            return verify_id_token(
+                token,
+                keys,
+                algorithms=metadata.id_token_algorithms,
+                issuer=self.spec.issuer,
+                client_id=self.spec.client_id,
+                nonce=nonce,
+                now=self._reactor.seconds(),
+            )
+
+    async def userinfo(self, metadata: ProviderMetadata, access_token: str) -> dict[str, object]:
+        """
+        The userinfo claims for C{access_token}.
+
+        @raise UserInfoError: The IdP has no userinfo endpoint, the call failed, or the
+            answer is not a JSON object.
+        """
+        url = metadata.userinfo_endpoint
+        if url is None:
+            raise UserInfoError("the IdP has no userinfo endpoint")
+        try:
+            response = await self._http.get(
+                url,
+                headers=Headers(
+                    {
+                        b"Authorization": [b"Bearer " + access_token.encode("ascii", "replace")],
+                        b"Accept": [b"application/json"],
+                    }
+                ),
+                allow_redirects=False,
+                timeout=CALL_TIMEOUT,
+            )
+            if response.code != 200:
+                await treq.content(response)
+                raise UserInfoError(f"userinfo answered {response.code}")
+            body = await read_json(response, MAX_DOCUMENT)
+        except (UserInfoError, CancelledError):
+            raise
+        except Exception as e:
+            raise UserInfoError(f"userinfo: {_describe(e)}") from None
+        if not isinstance(body, dict):
+            raise UserInfoError("userinfo answered something other than a JSON object")
+        return body
+
+    # -- plumbing ---------------------------------------------------------------------
+
+    async def _get_json(self, url: str, what: str) -> Any:
+        try:
+            response = await self._http.get(
+                url,
+                headers=_ACCEPT_JSON,
+                allow_redirects=False,
+                timeout=CALL_TIMEOUT,
+            )
+            if response.code != 200:
+                await treq.content(response)
+                raise IdPError(f"{what} {url} answered {response.code}")
+            return await read_json(response, MAX_DOCUMENT)
+        except (IdPError, CancelledError):
+            raise
+        except Exception as e:
+            raise IdPError(f"{what} {url}: {_describe(e)}") from None
+
+
+def _relay(result: KeySet | Failure, waiting: Deferred[KeySet]) -> KeySet | Failure:
+    if isinstance(result, Failure):
+        waiting.errback(result)
+    else:
+        waiting.callback(result)
+    return result
+
+
+def _basic(client_id: str, secret: str) -> bytes:
+    # RFC 6749 2.3.1: both are form-urlencoded before the Basic encoding.
+    pair = f"{quote_plus(client_id)}:{quote_plus(secret)}"
+    return b"Basic " + b64encode(pair.encode("utf-8"))
+
+
+def _describe(error: BaseException) -> str:
+    text = str(error) or type(error).__name__
+    return text[:300]
+
+
+def _reason(failure: Failure) -> str:
+    if failure.check(TokenError):
+        return str(getattr(failure.value, "reason", failure.value))
+    return _describe(failure.value) if failure.value is not None else "unknown error"
