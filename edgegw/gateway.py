@@ -55,7 +55,6 @@ from edgegw.handlers.static import StaticHandler
 from edgegw.identity.groups import GroupRenderer
 from edgegw.identity.login_state import LoginStates
 from edgegw.identity.provider import CALL_TIMEOUT, IdentityProvider
-from edgegw.identity.sealing import Sealer
 from edgegw.identity.session_cookie import SessionCookie
 from edgegw.routing.mux import Mux
 from edgegw.server.limits import LimitedSite
@@ -232,7 +231,7 @@ def _identity(
             login = BrowserLogin(
                 provider=IdentityProvider(idp, agent, reactor),
                 sessions=cookie,
-                logins=LoginStates(Sealer(session.key), session.cookie_name, reactor),
+                logins=LoginStates(cookie.sealer, session.cookie_name, reactor),
                 identity=gateway.identity,
                 groups=GroupRenderer(gateway.identity.groups),
                 callback_path=idp.callback_path,

@@ -52,7 +52,13 @@ class LoginWorld:
     def url(self, path: str) -> str:
         return self.origin + path
 
-    async def start(self, gateway_spec: str = "", idp_spec: str = "", wait: bool = True) -> None:
+    async def start(
+        self,
+        gateway_spec: str = "",
+        idp_spec: str = "",
+        wait: bool = True,
+        identity_spec: str = "",
+    ) -> None:
         upstream = f"http://127.0.0.1:{self.backend.port}"
         text = f"""\
 kind: Gateway
@@ -62,7 +68,7 @@ spec:
   session: {{key: "{KEY}"{gateway_spec}}}
   identity:
     groups: {{source: groups, match: ["ou=groups"], render: cn}}
----
+{identity_spec}---
 kind: IdP
 metadata: {{name: idp}}
 spec:
@@ -303,6 +309,31 @@ class HappyPathTests(TestCase):
         self.assertEqual(header_of(w.backend, b"X-User-Email"), b"alice@example.com")
         self.assertEqual(header_of(w.backend, b"X-User-Groups"), b"admins")
 
+    async def test_userinfo_failure_under_auto_keeps_the_id_token_claims(self) -> None:
+        w = await world(self)
+        w.idp.userinfo_only = {"email"}
+        w.idp.userinfo_status = 401
+        final = await w.login()
+        self.assertEqual(final.status, 200)
+        self.assertEqual(w.idp.userinfo_requests, 1)
+        self.assertEqual(header_of(w.backend, b"X-User-Name"), b"Alice Example")
+        self.assertIsNone(header_of(w.backend, b"X-User-Email"))
+
+    async def test_userinfo_failure_under_always_fails_the_login(self) -> None:
+        w = await world(self, gateway_spec="", identity_spec="    userInfo: always\n")
+        w.idp.userinfo_status = 500
+        start = await w.browser.get(w.url("/auth/login"))
+        at_idp = await w.browser.get(start.location or "")
+        back = await w.browser.get(at_idp.location or "")
+        self.assertEqual(back.status, 502)
+        self.assertNotIn("gw_session", w.browser.cookies)
+
+    async def test_resource_indicator_is_sent_to_both_endpoints(self) -> None:
+        w = await world(self, idp_spec="  resource: urn:edgegw:api\n")
+        await w.login()
+        self.assertEqual(w.idp.authorize_requests[-1]["resource"], "urn:edgegw:api")
+        self.assertEqual(w.idp.token_requests[-1]["resource"], "urn:edgegw:api")
+
     async def test_userinfo_not_fetched_when_the_id_token_has_everything(self) -> None:
         w = await world(self)
         w.idp.user["given_name"] = "Alice"
@@ -497,6 +528,7 @@ class ReturnToTests(TestCase):
             "http:/evil.example",
             "javascript:alert(1)",
             "/x?next=https://evil.example",
+            "/" + "a" * 3000,
         ):
             browser = Browser()
             start = await browser.get(w.url("/auth/login?return_to=" + quote(attempt, safe="")))

@@ -112,8 +112,14 @@ class CallbackResource(AuthEndpoint):
             try:
                 userinfo = await provider.userinfo(metadata, access_token)
             except IdPError as e:
-                raise LoginFailedError(502, str(e)) from None
-            claims = merge_userinfo(claims, userinfo)
+                if identity.user_info == "always":
+                    raise LoginFailedError(502, str(e)) from None
+                # auto: the id_token's claims stand alone (an access token for an API,
+                # RFC 8707, is often refused at userinfo); a missing claim or group only
+                # ever takes rights away.
+                _log.warn("userinfo unavailable, using the id_token alone: {reason}", reason=e)
+            else:
+                claims = merge_userinfo(claims, userinfo)
         elif identity.user_info == "always":
             raise LoginFailedError(502, "identity.userInfo is always, but no access token came")
         principal = principal_of(identity, login.groups, claims)

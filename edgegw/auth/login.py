@@ -4,7 +4,6 @@ C{GET auth.loginPath}: start the OIDC authorization-code flow (PKCE S256).
 
 from __future__ import annotations
 
-from twisted.logger import Logger
 from twisted.web.server import Request
 
 from edgegw.auth.context import BrowserLogin
@@ -13,16 +12,19 @@ from edgegw.routing.redirects import is_local_redirect
 
 __all__ = ["LoginResource", "safe_return_to"]
 
-_log = Logger(namespace="edgegw.auth")
+
+MAX_RETURN_TO = 2048
+"""The longest C{return_to} kept (a longer one would overflow the login-state cookie)."""
 
 
 def safe_return_to(values: list[bytes] | None) -> str:
     """
     The C{return_to} a login goes back to: the first value when it is a local path
     (starts with C{/}, not C{//} or C{/\\}, no C{://}, printable ASCII without spaces or
-    backslashes, which browsers rewrite); anything else is C{/}.
+    backslashes, which browsers rewrite) of at most L{MAX_RETURN_TO} characters; anything
+    else is C{/}.
     """
-    if not values:
+    if not values or len(values[0]) > MAX_RETURN_TO:
         return "/"
     try:
         target = values[0].decode("ascii")

@@ -52,5 +52,16 @@ def read_idp(spec: Node, name: str) -> IdpSpec:
         client_secret=client_secret,
         redirect_url=redirect_url,
         scopes=spec.strings("scopes", ("openid", "profile", "email"), nonempty=True),
+        resource=_resource(spec),
         bearer=bearer,
     )
+
+
+def _resource(spec: Node) -> str | None:
+    """
+    C{resource} (RFC 8707): the API the access token is for, an absolute URI.
+    """
+    resource = spec.string("resource", nonempty=True)
+    if resource is not None and (":" not in resource or "#" in resource):
+        spec.error("resource", f'"{resource}" is not an absolute URI without a fragment')
+    return resource

@@ -249,6 +249,7 @@ class IdpSpec:
     client_secret: str | None = attrs.field(default=None, repr=False)
     redirect_url: str | None = None
     scopes: tuple[str, ...] = ("openid", "profile", "email")
+    resource: str | None = None
     bearer: BearerSpec = BearerSpec()
     location: Location | None = attrs.field(default=None, eq=False, repr=False)
 

@@ -34,7 +34,7 @@ from edgegw.identity.discovery import (
     parse_discovery,
 )
 from edgegw.identity.keyset import KeySet, KeySetError
-from edgegw.identity.tokens import TokenError, UnknownKeyError, peek_header, verify_id_token
+from edgegw.identity.tokens import TokenError, UnknownKeyError, verify_id_token
 from edgegw.upstream.agent import NullCookieJar, UpstreamAgent
 from edgegw.upstream.shared import BodyTooLargeError, NotJSONError, read_json
 
@@ -259,19 +259,19 @@ class IdentityProvider(Service):
         """
         The authorization request (code flow, PKCE S256) the browser is sent to.
         """
-        query = urlencode(
-            {
-                "response_type": "code",
-                "client_id": self.spec.client_id,
-                "redirect_uri": redirect_uri,
-                "scope": " ".join(self.spec.scopes),
-                "state": state,
-                "nonce": nonce,
-                "code_challenge": code_challenge,
-                "code_challenge_method": "S256",
-            },
-            quote_via=quote,
-        )
+        parameters = {
+            "response_type": "code",
+            "client_id": self.spec.client_id,
+            "redirect_uri": redirect_uri,
+            "scope": " ".join(self.spec.scopes),
+            "state": state,
+            "nonce": nonce,
+            "code_challenge": code_challenge,
+            "code_challenge_method": "S256",
+        }
+        if self.spec.resource is not None:
+            parameters["resource"] = self.spec.resource
+        query = urlencode(parameters, quote_via=quote)
         endpoint = metadata.authorization_endpoint
         return endpoint + ("&" if "?" in endpoint else "?") + query
 
@@ -290,6 +290,10 @@ class IdentityProvider(Service):
             "redirect_uri": redirect_uri,
             "code_verifier": verifier,
         }
+        if self.spec.resource is not None:
+            # RFC 8707: asked for again at the token endpoint, or some providers (node's
+            # oidc-provider) issue an opaque token for userinfo instead of the API's JWT.
+            form["resource"] = self.spec.resource
         headers = Headers({b"Accept": [b"application/json"]})
         secret = self.spec.client_secret
         if secret is None:
@@ -345,9 +349,8 @@ class IdentityProvider(Service):
                 nonce=nonce,
                 now=now,
             )
-        except UnknownKeyError:
-            kid = peek_header(token).get("kid")
-            keys = await self.keys_for(kid if isinstance(kid, str) else None)
+        except UnknownKeyError as e:
+            keys = await self.keys_for(e.kid)
             return verify_id_token(
                 token,
                 keys,

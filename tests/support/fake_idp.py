@@ -276,6 +276,7 @@ class FakeIdP:
     @ivar send_iss: Whether the authorization response carries C{iss} (RFC 9207).
     @ivar iss_override: The C{iss} of the authorization response when not L{None}.
     @ivar token_status: The status of token responses; not 200: an error, no tokens.
+    @ivar userinfo_status: The status of userinfo responses; not 200: an error.
     @ivar id_token_mode: L{None} for good ID tokens, or one of L{ID_TOKEN_MODES}.
     @ivar access_token_audience: The C{aud} of access tokens.
     @ivar token_lifetime: Seconds ID and access tokens are valid (C{expires_in}).
@@ -315,6 +316,7 @@ class FakeIdP:
         self.send_iss = True
         self.iss_override: str | None = None
         self.token_status = 200
+        self.userinfo_status = 200
         self.id_token_mode: str | None = None
         self.access_token_audience = "api"
         self.token_lifetime = 300
@@ -796,4 +798,6 @@ class FakeIdP:
             raise _OAuthError(401, "invalid_token", "unknown access token", challenge)
         if self.clock() >= expiry:
             raise _OAuthError(401, "invalid_token", "expired access token", challenge)
+        if self.userinfo_status != 200:
+            raise _OAuthError(self.userinfo_status, "server_error", "userinfo knob")
         return self.user
