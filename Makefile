@@ -65,15 +65,24 @@ $(E2E_STAMP): $(E2E)/package-lock.json
 venv: $(STAMP)
 
 ## Run the gateway in the foreground on the example configuration, with the demo backend
-## (examples/demo/backend.py, on EDGEGW_DEMO_PORT, default 8081) behind its api routes.
-run: $(STAMP)
-	@$(BIN)/python examples/demo/backend.py --port $${EDGEGW_DEMO_PORT:-8081} & demo=$$!; \
-	trap 'kill $$demo 2>/dev/null' EXIT INT TERM; \
-	$(BIN)/twistd -n --pidfile= edgegw --config $(CONFIG)
+## (examples/demo/backend.py, on EDGEGW_DEMO_PORT, default 8081) behind its api routes and
+## a demo OpenID provider (tests/e2e/provider.mjs, on EDGEGW_DEMO_IDP_PORT, default 8082)
+## for its login; the session key is a random one unless EDGEGW_SESSION_KEY is set.
+run: $(STAMP) $(E2E_STAMP)
+	@listen=$${EDGEGW_LISTEN:-127.0.0.1:8080}; port=$${listen##*:}; \
+	$(BIN)/python examples/demo/backend.py --port $${EDGEGW_DEMO_PORT:-8081} & demo=$$!; \
+	node $(E2E)/provider.mjs --port $${EDGEGW_DEMO_IDP_PORT:-8082} \
+		--client-secret $${EDGEGW_DEMO_IDP_SECRET:-edgegw-demo-secret} \
+		--redirect-uri http://127.0.0.1:$$port/auth/callback \
+		--redirect-uri http://localhost:$$port/auth/callback >/dev/null 2>&1 & idp=$$!; \
+	trap 'kill $$demo $$idp 2>/dev/null' EXIT INT TERM; \
+	EDGEGW_SESSION_KEY=$${EDGEGW_SESSION_KEY:-$$(head -c 24 /dev/urandom | base64)} \
+		$(BIN)/twistd -n --pidfile= edgegw --config $(CONFIG)
 
 ## Validate a configuration and print its route table (like nginx -t).
 check: $(STAMP)
-	$(BIN)/edgegw check $(CONFIG)
+	EDGEGW_SESSION_KEY=$${EDGEGW_SESSION_KEY:-$$(head -c 24 /dev/urandom | base64)} \
+		$(BIN)/edgegw check $(CONFIG)
 
 lint: $(STAMP)
 	$(BIN)/ruff check edgegw tests twisted bench examples

@@ -157,8 +157,9 @@ def build_gateway(
     projected = projected_header_names(routes, groups_as)
     login, identity = _identity(config, routes, client, reactor, telemetry)
     endpoints: tuple[tuple[str, str], ...] = ()
+    reserved: dict[str, IRouteTarget] = {}
     if login is not None:
-        endpoints = _mount_login(mux, config, login, access, inflight)
+        endpoints = _mount_login(reserved, config, login, access, inflight)
     context = _TerminalContext(config, client, agent, reactor, projected, login)
     for effective in routes:
         terminal = _terminal(effective, context, problems)
@@ -185,7 +186,7 @@ def build_gateway(
         )
         compiled.append(route)
     problems.raise_if_any()
-    dispatcher = MuxDispatcher(mux, traced=telemetry is not None)
+    dispatcher = MuxDispatcher(mux, traced=telemetry is not None, reserved=reserved)
     site = edge_site(config.gateway, dispatcher, reactor, access, telemetry)
     return Gateway(
         config=config,
@@ -253,15 +254,16 @@ def _forwards_access_token(effective: EffectiveRoute) -> bool:
 
 
 def _mount_login(
-    mux: Mux[IRouteTarget],
+    reserved: dict[str, IRouteTarget],
     config: Config,
     login: BrowserLogin,
     access: AccessLog,
     inflight: InFlight,
 ) -> tuple[tuple[str, str], ...]:
     """
-    Mount the login, callback, logout and session-view endpoints beside the routes
-    (conflicts with routes were reported at load).
+    Mount the login, callback, logout and session-view endpoints: answered for their
+    exact paths before the mux routes anything (routes that could never be reached
+    because of them were reported at load).
 
     @return: The endpoints as (method, path) pairs.
     """
@@ -275,7 +277,7 @@ def _mount_login(
         (session.info_path, SessionViewResource(login)),
     )
     for path, resource in mounted:
-        mux.register(path, ResourceTarget(path, resource, access, inflight))
+        reserved[path] = ResourceTarget(path, resource, access, inflight)
     return tuple((resource.method.decode("ascii"), path) for path, resource in mounted)
 
 

@@ -34,7 +34,8 @@ from twisted.plugins.edgegw_plugin import edgegw
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 EXAMPLE = os.path.join(ROOT, "etc", "edgegw")
 BIN = os.path.dirname(sys.executable)
-ENV = {**os.environ, "PYTHONPATH": ROOT}
+# The example's session key comes from the environment (make run makes a random one).
+ENV = {**os.environ, "PYTHONPATH": ROOT, "EDGEGW_SESSION_KEY": "k" * 32}
 
 
 class DaemonProtocol(ProcessProtocol):
@@ -230,6 +231,16 @@ class ServeExampleTests(TestCase):
         document = await echoed.json()
         self.assertEqual((document["method"], document["path"]), ("GET", "/hello?x=1"))
         self.assertEqual(len(document["headers"]["x-request-id"]), 32)
+        # The login-protected route sends an anonymous visitor to the login, which
+        # answers 503 here: the example's demo IdP (make run starts it) is not running.
+        me = await http_get(base + "/me/", allow_redirects=False)
+        self.assertEqual(me.code, 302)
+        self.assertEqual(me.headers.getRawHeaders("location"), ["/auth/login?return_to=%2Fme%2F"])
+        await me.content()
+        login = await http_get(base + "/auth/login?return_to=/me/")
+        self.assertEqual(login.code, 503)
+        self.assertTrue(login.headers.getRawHeaders("retry-after"))
+        await login.content()
         process.signalProcess("TERM")
         await protocol.ended.addErrback(lambda failure: None)
 

@@ -18,7 +18,7 @@ from edgegw.config.model import (
     StateProviderSpec,
 )
 from edgegw.routing.mux import ConflictError, Mux
-from edgegw.routing.pattern import PatternError
+from edgegw.routing.pattern import PatternError, parse_pattern
 
 __all__ = ["at_most_one", "cross_checks", "one_gateway"]
 
@@ -77,7 +77,7 @@ def cross_checks(
     C{complete}), assertions forwarded without a key to mint them, and a session with a
     verificationOnly IdP.
     """
-    mux: Mux[RouteSpec | None] = Mux()
+    mux: Mux[RouteSpec] = Mux()
     for route in routes:
         if not route.match:
             continue
@@ -138,7 +138,7 @@ def cross_checks(
             "tokens sets verificationOnly: true",
         )
     if spec.session is not None and idp is not None and not idp.verification_only:
-        _check_auth_paths(location, spec, idp, mux, problems)
+        _check_auth_paths(location, spec, idp, routes, problems)
     state = spec.state_provider
     known_types = {"kvstore"} | {provider.type for provider in providers.values()}
     if state is not None and state.type and state.type not in known_types and complete:
@@ -154,12 +154,14 @@ def _check_auth_paths(
     location: Location,
     spec: GatewaySpec,
     idp: IdpSpec,
-    mux: Mux[RouteSpec | None],
+    routes: list[RouteSpec],
     problems: Problems,
 ) -> None:
     """
-    The login, callback, logout and session-view paths are mounted beside the routes:
-    each must be distinct and claim a pattern no Route already has.
+    The login, callback, logout and session-view paths are answered before the routes
+    (exact paths, any host): each must be distinct, and no Route may match exactly one
+    of them alone (it could never be reached). A Route covering more (C{GET /}, a
+    subtree, a wildcard) keeps every other path.
     """
     assert spec.session is not None
     seen: dict[str, str] = {}
@@ -167,23 +169,24 @@ def _check_auth_paths(
         ("spec.auth.loginPath", spec.auth.login_path),
         ("spec.auth.logoutPath", spec.auth.logout_path),
         ("spec.session.infoPath", spec.session.info_path),
-        ("the IdP's redirectURL", idp.callback_path),
+        ("spec.redirectURL", idp.callback_path),
     ):
+        where: Location | None = idp.location if field == "spec.redirectURL" else location
         if path in seen:
-            problems.add(location, field, f"{path} is also {seen[path]}")
+            problems.add(where, field, f"{path} is also {seen[path]}")
             continue
         seen[path] = field
-        where: Location | None = location
-        if field.startswith("the IdP"):
-            where, field = idp.location, "spec.redirectURL"
+    for route in routes:
         try:
-            mux.register(path, None)
-        except ConflictError as e:
-            problems.add(
-                where,
-                field,
-                f"the auth endpoint {path} conflicts with the Route matching "
-                f"{e.existing.text!r}: {e}",
-            )
-        except PatternError as e:
-            problems.add(where, field, f"{path} is not a usable path: {e}")
+            pattern = parse_pattern(route.match)
+        except PatternError:
+            continue  # reported with the route
+        if all(segment.kind == "literal" for segment in pattern.segments):
+            path = "/" + "/".join(segment.value for segment in pattern.segments)
+            if path in seen:
+                problems.add(
+                    route.location,
+                    "spec.match",
+                    f"never reached: {path} is the gateway's own auth endpoint "
+                    f"({seen[path]}), answered before any Route",
+                )

@@ -9,6 +9,7 @@ traversal each.
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from time import monotonic
 from typing import Protocol
 
@@ -79,13 +80,32 @@ class MuxDispatcher:
         L{IRequestTrace} (the span's name and C{http.route}).
     """
 
-    def __init__(self, mux: Mux[IRouteTarget], traced: bool = False) -> None:
+    def __init__(
+        self,
+        mux: Mux[IRouteTarget],
+        traced: bool = False,
+        reserved: Mapping[str, IRouteTarget] | None = None,
+    ) -> None:
+        """
+        @param reserved: Targets answered before the mux for their exact path, whatever
+            the host and method (the gateway's auth endpoints: a route such as C{GET /}
+            must not take C{/auth/logout} from them).
+        """
         self.mux = mux
         self.traced = traced
+        self.reserved: dict[str, IRouteTarget] = dict(reserved or {})
 
     def dispatch(
         self, request: Request, method: str, host: str, path: str, query: str
     ) -> bytes | int:
+        reserved = self.reserved
+        if reserved:
+            target = reserved.get(path)
+            if target is not None:
+                if self.traced:
+                    IRequestTrace(request).route = target.pattern
+                answer: bytes | int = target.serve(request, {})
+                return answer
         result = self.mux.route(method, host, path, query)
         if isinstance(result, Matched):
             target = result.target

@@ -4,8 +4,8 @@ The demo backend `make run` starts beside the gateway: a tiny JSON API on 127.0.
   - GET /users/{id}, /users/{id}/orders, /recommendations: small JSON documents, the
     three backends of the example's api fan-out route (GET /dash/{id});
   - anything else under /: an echo of what the gateway forwarded (method, path, the
-    X-Forwarded-* and X-Request-Id headers), behind the example's reverse-proxy route
-    /api/.
+    X-Forwarded-*, X-Request-Id and X-User-* headers), behind the example's reverse-proxy
+    routes /api/ and /me/ (login required).
 
 Run as `python examples/demo/backend.py --port 8081`.
 """
@@ -42,6 +42,10 @@ class DemoHandler(BaseHTTPRequestHandler):
 
     def echo(self) -> None:
         headers = {name: self.headers[name] for name in _ECHOED if name in self.headers}
+        # The identity the gateway projects for a logged-in user (route /me/).
+        for name, value in self.headers.items():
+            if name.lower().startswith("x-user-"):
+                headers[name.lower()] = value
         self.answer({"method": self.command, "path": self.path, "headers": headers})
 
     def answer(self, document: object) -> None:
