@@ -11,11 +11,14 @@ from typing import Any
 from urllib.parse import quote, urlsplit
 
 from twisted.internet import reactor as _reactor
-from twisted.internet.task import deferLater
+from twisted.internet.task import Clock, deferLater
 from twisted.trial.unittest import TestCase
+from twisted.web.server import Request
+from twisted.web.test.requesthelper import DummyChannel
 
 from edgegw.config.parse import load_config
 from edgegw.gateway import Gateway, build_gateway
+from edgegw.identity.session_cookie import SessionCookie
 from edgegw.upstream.pool import UpstreamClient
 from tests.support.backends import SiteBackend, answer
 from tests.support.browser import Browser, BrowserResponse
@@ -59,6 +62,7 @@ class LoginWorld:
         idp_spec: str = "",
         wait: bool = True,
         identity_spec: str = "",
+        trusted: str = "[]",
     ) -> None:
         upstream = f"http://127.0.0.1:{self.backend.port}"
         text = f"""\
@@ -66,6 +70,7 @@ kind: Gateway
 metadata: {{name: gw}}
 spec:
   listen: "127.0.0.1:0"
+  trustedProxies: {trusted}
   session: {{key: "{KEY}"{gateway_spec}}}
   identity:
     groups: {{source: groups, match: ["ou=groups"], render: cn}}
@@ -156,6 +161,19 @@ async def world(test: TestCase, **start: Any) -> LoginWorld:
     return built
 
 
+def mint_session(sessions: SessionCookie, user_agent: str) -> str:
+    """
+    A session cookie value for C{alice}, sealed by C{sessions} at its clock's time.
+    """
+    minted = Request(DummyChannel())
+    minted.requestHeaders.setRawHeaders(b"user-agent", [user_agent.encode("ascii")])
+    sessions.write(minted, sessions.new_record(minted, "alice", {}, ()))
+    line = (minted.responseHeaders.getRawHeaders(b"set-cookie") or [b""])[0]
+    name, _, rest = line.partition(b"=")
+    assert name == b"gw_session", line
+    return rest.partition(b";")[0].decode("ascii")
+
+
 def header_of(backend: SiteBackend, name: bytes) -> bytes | None:
     return backend.requests[-1].header(name)
 
@@ -226,6 +244,35 @@ class HappyPathTests(TestCase):
         line = start.header("Set-Cookie")
         assert line is not None
         self.assertNotIn("Secure", line)
+
+    async def test_secure_cookies_when_a_trusted_proxy_says_https(self) -> None:
+        w = await world(self, trusted='["127.0.0.1"]')
+        https = {"X-Forwarded-Proto": "https", "X-Forwarded-Host": "app.example"}
+        start = await w.browser.get(w.url("/auth/login?return_to=/app/x"), headers=https)
+        line = start.header("Set-Cookie")
+        assert line is not None
+        self.assertIn("; Secure", line)
+        # The callback URL is the origin the browser used, as the proxy says.
+        self.assertIn(
+            "redirect_uri=https%3A%2F%2Fapp.example%2Fauth%2Fcallback", start.location or ""
+        )
+
+    async def test_expired_session_is_no_session(self) -> None:
+        w = await world(self)
+        session = w.gateway.config.gateway.session
+        assert session is not None
+        nine_hours_ago = Clock()
+        nine_hours_ago.advance(reactor.seconds() - 9 * 3600)
+        old = mint_session(SessionCookie(session, nine_hours_ago), w.browser.user_agent)
+        w.browser.cookies["gw_session"] = old
+        response = await w.browser.get(w.url("/app/x"), headers={"Sec-Fetch-Mode": "cors"})
+        self.assertEqual(response.status, 401)
+        # The same cookie minted now is a session: only its age made the difference.
+        w.browser.cookies["gw_session"] = mint_session(
+            SessionCookie(session, reactor), w.browser.user_agent
+        )
+        response = await w.browser.get(w.url("/app/x"), headers={"Sec-Fetch-Mode": "cors"})
+        self.assertEqual(response.status, 200)
 
     async def test_two_tabs_each_land_where_they_started(self) -> None:
         w = await world(self)
