@@ -1,5 +1,5 @@
 """
-C{python -m bench proxy|memory|api|authz|telemetry}: the benchmark harness's command line.
+C{python -m bench proxy|memory|api|authz|telemetry|session}: the benchmark harness's command line.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from types import FrameType
 from typing import Any, Protocol
 
-from bench import api, authz, memory, proxy, telemetry, variants
+from bench import api, authz, memory, proxy, session, telemetry, variants
 from bench.tools import MissingToolsError
 
 MEMORY_DESCRIPTION = """\
@@ -226,6 +226,21 @@ def parser() -> argparse.ArgumentParser:
         variants.Settings(),
         "wrk connections",
     )
+    _wrk_options(
+        commands.add_parser(
+            "session",
+            help="a valid session cookie on an app route (none, 1 cookie, 2 chunks): CPU/request",
+            description=(
+                "Measure, interleaved over rounds, one edgegw per variant with the same "
+                "session block and IdP, serving the same app route: (a) public, no cookie, "
+                "(b) auth required with a valid session cookie, (c) the same with a "
+                "session large enough for two cookie chunks; and the session read path "
+                "in-process. Target: b at least 0.9x a's throughput."
+            ),
+        ),
+        variants.Settings(),
+        "wrk connections",
+    )
     return top
 
 
@@ -256,6 +271,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return authz.run(authz.Settings(**_wrk_settings(args), evaluations=args.evaluations))
         if args.command == "telemetry":
             return telemetry.run(variants.Settings(**_wrk_settings(args)))
+        if args.command == "session":
+            return session.run(variants.Settings(**_wrk_settings(args)))
         return memory.run(
             memory.Settings(
                 download_size=args.download_size,

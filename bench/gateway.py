@@ -14,6 +14,9 @@ import yaml
 
 from bench.processes import REPO_ROOT, Process, venv_bin
 
+GATEWAY_NAME = "bench"
+"""C{metadata.name} of the Gateway resource of every benchmark configuration."""
+
 
 @attrs.frozen
 class RouteConfig:
@@ -25,6 +28,10 @@ class RouteConfig:
     @ivar handler: C{spec.handler}, as it would be written in YAML.
     @ivar authorize: C{spec.access.authorize}: the names of the Policies it needs.
     @ivar labels: C{metadata.labels} (what RouteGroups and Rego policies see).
+    @ivar auth: C{spec.access.auth}: C{public}, or C{required} (which needs a session
+        or an IdP in the configuration).
+    @ivar route_type: C{spec.type} (C{app} or C{service}), or L{None} to leave it out
+        (edgegw infers it from the handler).
     """
 
     name: str
@@ -32,6 +39,8 @@ class RouteConfig:
     handler: Mapping[str, Any]
     authorize: Sequence[str] = ()
     labels: Mapping[str, str] = attrs.field(factory=dict)
+    auth: str = "public"
+    route_type: str | None = None
 
 
 def reverse_proxy(name: str, match: str, upstream: str) -> RouteConfig:
@@ -49,13 +58,21 @@ def static(name: str, match: str, directory: Path) -> RouteConfig:
 
 
 def health(
-    name: str, match: str, authorize: Sequence[str] = (), labels: Mapping[str, str] | None = None
+    name: str,
+    match: str,
+    authorize: Sequence[str] = (),
+    labels: Mapping[str, str] | None = None,
+    *,
+    auth: str = "public",
+    route_type: str | None = None,
 ) -> RouteConfig:
     """
-    A public C{health} route (always C{200 {"status":"ok"}}), needing the Policies
-    C{authorize}, with C{labels}.
+    A C{health} route (always C{200 {"status":"ok"}}), needing the Policies
+    C{authorize}, with C{labels}; public unless C{auth} says otherwise, of C{route_type}
+    when given.
     """
-    return RouteConfig(name, match, {"type": "health"}, tuple(authorize), dict(labels or {}))
+    handler = {"type": "health"}
+    return RouteConfig(name, match, handler, tuple(authorize), dict(labels or {}), auth, route_type)
 
 
 def api(name: str, match: str, backends: Sequence[Mapping[str, str]]) -> RouteConfig:
@@ -88,6 +105,24 @@ def require_policy(name: str, groups: Sequence[str]) -> dict[str, Any]:
     return resource("Policy", name, {"require": {"groups": list(groups)}})
 
 
+def gateway_fields(spec: Mapping[str, Any]) -> dict[str, Any]:
+    """
+    More fields for the C{Gateway} resource that L{write_config} writes (a C{session}
+    block, C{identity}): given among its C{resources}, this document is merged into that
+    Gateway's spec rather than written as a second Gateway.
+    """
+    return resource("Gateway", GATEWAY_NAME, spec)
+
+
+def idp(issuer: str, client_id: str, client_secret: str) -> dict[str, Any]:
+    """
+    An C{IdP} resource for browser login (OIDC at C{issuer}); it needs a C{session}
+    block in the Gateway (L{gateway_fields}).
+    """
+    spec = {"type": "oidc", "issuer": issuer, "clientID": client_id, "clientSecret": client_secret}
+    return resource("IdP", "idp", spec)
+
+
 def telemetry(service: str, endpoint: str, protocol: str) -> dict[str, Any]:
     """
     A C{Telemetry} resource exporting spans over OTLP with C{protocol} (C{http/protobuf}:
@@ -105,27 +140,39 @@ def write_config(
 ) -> Path:
     """
     Write a configuration directory: a Gateway on 127.0.0.1:C{port}, C{routes}, and
-    other C{resources} (documents made with L{resource}: Policies, a Telemetry).
+    other C{resources} (documents made with L{resource}: Policies, a Telemetry, an IdP;
+    a Gateway document among them, from L{gateway_fields}, adds its fields to the
+    Gateway's spec).
 
-    The access log goes to C{access.log} in C{directory}. Routes are made C{auth: public}
-    explicitly: a reverse-proxy route is a C{service}
-    route, which requires authentication by default, and the benchmark has no IdP.
+    The access log goes to C{access.log} in C{directory}. Each route's C{access.auth} is
+    written explicitly (C{public} unless the route says otherwise): a reverse-proxy route
+    is a C{service} route, which requires authentication by default, and most benchmarks
+    have no IdP.
     """
     directory.mkdir(parents=True, exist_ok=True)
     # The access log as a production gateway would write it: JSON lines to a file
     # (buffered), not through the daemon's log.
-    listen = {
+    gateway_spec: dict[str, Any] = {
         "listen": f"127.0.0.1:{port}",
         "accessLog": {"output": str(directory / "access.log")},
     }
-    documents = [resource("Gateway", "bench", listen)]
+    others = []
+    for document in resources:
+        if document.get("kind") == "Gateway":
+            gateway_spec.update(document["spec"])
+        else:
+            others.append(dict(document))
+    documents = [resource("Gateway", GATEWAY_NAME, gateway_spec)]
     for route in routes:
-        access: dict[str, Any] = {"auth": "public"}
+        access: dict[str, Any] = {"auth": route.auth}
         if route.authorize:
             access["authorize"] = list(route.authorize)
-        spec = {"match": route.match, "access": access, "handler": dict(route.handler)}
+        spec: dict[str, Any] = {"match": route.match}
+        if route.route_type is not None:
+            spec["type"] = route.route_type
+        spec |= {"access": access, "handler": dict(route.handler)}
         documents.append(resource("Route", route.name, spec, route.labels))
-    documents.extend(dict(document) for document in resources)
+    documents.extend(others)
     path = directory / "gateway.yaml"
     path.write_text(yaml.safe_dump_all(documents, sort_keys=False))
     return directory
@@ -172,7 +219,7 @@ def _without_location(problem: str) -> str:
     if not sep or "/" not in prefix:
         return problem
     _, _, rest = rest.partition(", ")
-    if rest.startswith(("Route ", "Gateway ", "Policy ", "Telemetry ")):
+    if rest.startswith(("Route ", "Gateway ", "Policy ", "Telemetry ", "IdP ")):
         _, _, rest = rest.partition(": ")
     return rest or problem
 

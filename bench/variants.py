@@ -1,7 +1,8 @@
 """
 Side-by-side runs of edgegw variants: one edgegw process per variant (configurations
 that differ in one feature), each serving the same URL, loaded with wrk in interleaved
-rounds. Used by C{python -m bench authz} and C{python -m bench telemetry}.
+rounds. Used by C{python -m bench authz}, C{python -m bench telemetry} and
+C{python -m bench session}.
 
 Variant C{a} is the baseline: every other variant's req/s is compared with C{a}'s in the
 same round (C{vs a}), and so is its CPU per request (C{+CPU µs/req}: what the feature
@@ -10,6 +11,7 @@ costs the gateway per request).
 
 from __future__ import annotations
 
+import http.client
 import os
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -23,7 +25,7 @@ from bench import gateway, report, wrk
 from bench.processes import StartupError, free_port, scratch, warn_if_busy
 from bench.report import Sample, Summary
 from bench.rounds import InterleavedRunner, say
-from bench.targets import Target, announce, expect, start_edgegw
+from bench.targets import Target, announce, start_edgegw
 from bench.tools import version
 
 BASELINE = "a"
@@ -61,6 +63,13 @@ class Variant:
     @ivar resources: Its other configuration documents (Policies, a Telemetry).
     @ivar status: The status every request is expected to get.
     @ivar body: The body every request is expected to get.
+    @ivar headers: Request headers (C{(name, value)}) sent with every request, the
+        check's and wrk's (a session cookie, the User-Agent it is bound to).
+    @ivar recheck: Ask for the URL once more after each recorded run (after its CPU
+        reading) and, when the answer is no longer the expected one, drop the run and
+        mark the variant unavailable: for an answer that rests on state that could lapse
+        during the run (a session), which wrk alone would not notice (it counts a
+        redirect as a success).
     """
 
     key: str
@@ -70,10 +79,38 @@ class Variant:
     resources: Sequence[Mapping[str, Any]] = ()
     status: int = 200
     body: bytes = b""
+    headers: Sequence[tuple[str, str]] = ()
+    recheck: bool = False
 
     def target(self) -> Target:
         """A target for it, on a free port, not started yet."""
         return Target(self.key, self.name, self.description, port=free_port())
+
+    def expect(self, port: int, path: str) -> str | None:
+        """
+        C{GET path} from 127.0.0.1:C{port} once, with L{headers}.
+
+        @return: L{None} if it answered L{status} with exactly L{body}, else what was
+            wrong (with where a redirect pointed).
+        """
+        connection = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+        try:
+            connection.request("GET", path, headers=dict(self.headers))
+            response = connection.getresponse()
+            got = response.read()
+        except (OSError, http.client.HTTPException) as e:
+            return f"GET {path} failed: {e}"
+        finally:
+            connection.close()
+        if response.status == self.status and got == self.body:
+            return None
+        location = response.getheader("Location")
+        to = f" to {location}" if location else ""
+        shown = f" {got[:100]!r}" if response.status != self.status else ""
+        return (
+            f"GET {path} answered {response.status}{to} with {len(got)} bytes{shown} "
+            f"(expected {self.status} with {len(self.body)} bytes)"
+        )
 
 
 def start(
@@ -92,7 +129,7 @@ def start(
             stack, tmp, f"{prefix}-{variant.key}", target, variant.routes, variant.resources
         )
         if target.unavailable is None:
-            target.unavailable = expect(target.port, path, variant.status, variant.body)
+            target.unavailable = variant.expect(target.port, path)
         targets.append(target)
     return targets
 
@@ -153,8 +190,9 @@ class Runner(InterleavedRunner):
         self.records: list[Record] = []
 
     def url(self, target: Target) -> str:
-        """The URL wrk loads on C{target}."""
-        return f"http://127.0.0.1:{target.port}{self.path}"
+        """The URL wrk loads on C{target}, with the variant's request headers."""
+        headers = [f"{name}: {value}" for name, value in self.variants[target.key].headers]
+        return wrk.Url(f"http://127.0.0.1:{target.port}{self.path}", headers)
 
     def warmed(self, target: Target, result: wrk.WrkResult) -> None:
         """Run the variant's L{AfterRun}, if any, on its warm-up too (figures unused)."""
@@ -174,9 +212,15 @@ class Runner(InterleavedRunner):
         measured = self.load(target, load, self.settings.duration, settle)
         if measured is None:
             return
+        variant = self.variants[target.key]
+        if variant.recheck:
+            wrong = variant.expect(target.port, self.path)
+            if wrong is not None:
+                target.unavailable = f"after round {round_}'s run: {wrong}"
+                return
         result, cpu = measured
         sample = Sample.of(round_, target.key, f"c{load}", result, cpu)
-        sample = attrs.evolve(sample, errors=unexpected(result, self.variants[target.key].status))
+        sample = attrs.evolve(sample, errors=unexpected(result, variant.status))
         self.records.append(Record(sample, figures))
         extra = "".join(f"  {key} {value}" for key, value in figures.items())
         say(
@@ -368,6 +412,7 @@ def write_results(
                     "name": target.name,
                     "description": target.description,
                     "expected_status": by_key[target.key].status,
+                    "request_headers": [name for name, _ in by_key[target.key].headers],
                     "routes": [attrs.asdict(route) for route in by_key[target.key].routes],
                     "resources": [dict(document) for document in by_key[target.key].resources],
                     "unavailable": target.unavailable,

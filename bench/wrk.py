@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import re
 import subprocess
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 
 import attrs
 
@@ -23,6 +23,23 @@ _TOTALS = re.compile(
 _SOCKET_ERRORS = re.compile(r"Socket errors: connect (\d+), read (\d+), write (\d+), timeout (\d+)")
 _NON_2XX = re.compile(r"Non-2xx or 3xx responses: (\d+)")
 _RPS = re.compile(r"^Requests/sec:\s+(\d+(?:\.\d+)?)", re.M)
+
+
+class Url(str):
+    """
+    A URL for wrk to load, with request headers (C{Name: value}) that wrk sends with
+    every request (one C{-H} each): it passes, as the string it is, through code that
+    only knows URLs (L{bench.rounds.InterleavedRunner}) down to L{run}.
+
+    @ivar headers: The request headers.
+    """
+
+    headers: tuple[str, ...]
+
+    def __new__(cls, url: str, headers: Sequence[str] = ()) -> Url:
+        self = super().__new__(cls, url)
+        self.headers = tuple(headers)
+        return self
 
 
 class WrkError(Exception):
@@ -91,16 +108,19 @@ def parse(output: str) -> WrkResult:
 
 def run(wrk: str, url: str, connections: int, duration: int, threads: int = 1) -> WrkResult:
     """
-    Run C{wrk -t<threads> -c<connections> -d<duration>s --latency URL} and parse it.
+    Run C{wrk -t<threads> -c<connections> -d<duration>s --latency URL} and parse it
+    (with C{-H HEADER} for each of the headers of a L{Url}).
 
     @raise WrkError: If wrk fails or its output cannot be parsed.
     """
+    headers = url.headers if isinstance(url, Url) else ()
     argv = [
         wrk,
         f"-t{threads}",
         f"-c{connections}",
         f"-d{duration}s",
         "--latency",
+        *(option for header in headers for option in ("-H", header)),
         url,
     ]
     try:
