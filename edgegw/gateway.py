@@ -221,7 +221,7 @@ def _identity(
     login = None
     if session is not None:
         cookie = SessionCookie(session, reactor)
-        session_read = session_stage(cookie, reactor.seconds)
+        session_read = session_stage(cookie, reactor.seconds, gateway.security.csrf.trusted_origins)
         if idp is not None and not idp.verification_only:
             agent = UpstreamAgent(
                 client,

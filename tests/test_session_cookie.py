@@ -27,8 +27,10 @@ from edgegw.identity.cookies import (
 from edgegw.identity.principal import ClaimValue, Principal
 from edgegw.identity.sealing import LOGIN_STATE_AAD, SESSION_AAD, Sealer
 from edgegw.identity.session_cookie import (
+    MAX_SESSION_CHUNKS,
     SessionCookie,
     SessionRecord,
+    SessionTooLargeError,
     fingerprint_of,
 )
 
@@ -375,12 +377,13 @@ class SessionCookieTests(SynchronousTestCase):
 
     def test_chunked(self) -> None:
         """
-        A large passport is split over more than three chunks and reads back equal.
+        A large passport is split over three chunks (the most a session may take) and
+        reads back equal.
         """
-        passport = many_claims(900)
+        passport = many_claims(300)
         record, jar, request = self.login(passport)
         names = set_names(request)
-        self.assertGreater(len(names), 3)
+        self.assertEqual(len(names), MAX_SESSION_CHUNKS)
         self.assertEqual(names, [b"gw_session.%d" % index for index in range(len(names))])
         self.assertEqual(sorted(jar), sorted(names))
         for name in names[:-1]:
@@ -393,10 +396,10 @@ class SessionCookieTests(SynchronousTestCase):
         A smaller session over a chunked one clears every old chunk; a chunked session
         over a longer one clears the stale higher chunks.
         """
-        big = many_claims(900)
+        big = many_claims(300)
         _, jar, _ = self.login(big)
         count = len(jar)
-        medium = many_claims(400)
+        medium = many_claims(150)
         record, jar2, request = self.login(medium, jar=jar)
         medium_count = len(set_names(request))
         self.assertLess(1, medium_count)
@@ -418,11 +421,42 @@ class SessionCookieTests(SynchronousTestCase):
         self.assertEqual(cleared(request), [b"gw_session"])
         self.assertEqual(self.cookie.read(make_request(jar4)), record)
 
+    def test_too_large(self) -> None:
+        """
+        A session that would need more than L{MAX_SESSION_CHUNKS} cookies is refused:
+        the browser would send them with every request past the header budget.
+        """
+        request = make_request()
+        record = self.cookie.new_record(request, "alice", many_claims(500), ())
+        self.assertRaises(SessionTooLargeError, self.cookie.write, request, record)
+        self.assertEqual(set_cookie_lines(request), [])
+
+    def test_opened_once(self) -> None:
+        """
+        The same sealed value is opened once; expiry and fingerprint are still checked
+        on every read.
+        """
+        record, jar, _ = self.login(many_claims(3))
+        opened = []
+        unseal = self.cookie.sealer.unseal
+
+        def counting(sealed: str | bytes, aad: bytes) -> bytes | None:
+            opened.append(sealed)
+            return unseal(sealed, aad)
+
+        self.cookie.sealer.unseal = counting  # type: ignore[method-assign]
+        self.assertEqual(self.cookie.read(make_request(jar)), record)
+        self.assertEqual(self.cookie.read(make_request(jar)), record)
+        self.assertEqual(len(opened), 1)
+        self.assertIsNone(self.cookie.read(make_request(jar, headers=((b"User-Agent", b"other"),))))
+        self.clock.advance(8 * 3600)
+        self.assertIsNone(self.cookie.read(make_request(jar)))
+
     def test_missing_chunk(self) -> None:
         """
         A session missing its first, a middle or its last chunk is no session.
         """
-        passport = many_claims(900)
+        passport = many_claims(300)
         _, jar, _ = self.login(passport)
         last = len(jar) - 1
         for missing in (0, 1, last):

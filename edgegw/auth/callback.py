@@ -5,8 +5,11 @@ C{GET} the callback path: finish the OIDC authorization-code flow and set the se
 from __future__ import annotations
 
 import hmac
+import re
+from collections import OrderedDict
 
 from twisted.internet.defer import CancelledError, Deferred
+from twisted.internet.interfaces import IReactorTime
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 from twisted.web.server import NOT_DONE_YET, Request
@@ -14,12 +17,25 @@ from twisted.web.server import NOT_DONE_YET, Request
 from edgegw.auth.context import BrowserLogin
 from edgegw.auth.endpoint import AuthEndpoint, answer_redirect, answer_text
 from edgegw.identity.claims import merge_userinfo, needs_userinfo, principal_of
+from edgegw.identity.login_state import LOGIN_LIFETIME
 from edgegw.identity.provider import IdPError
+from edgegw.identity.session_cookie import SessionTooLargeError
 from edgegw.identity.tokens import TokenError
 
 __all__ = ["CallbackResource", "LoginFailedError"]
 
 _log = Logger(namespace="edgegw.auth")
+
+MAX_EXCHANGES = 64
+"""Callbacks completing at once (token endpoint and userinfo calls in flight)."""
+MAX_CODE = 2048
+"""The longest authorization code accepted."""
+MAX_ACCESS_TOKEN = 8192
+"""The longest access token kept in a session (it also has to fit the cookie budget)."""
+MAX_SPENT = 50_000
+"""Spent login states remembered (each for the login-state lifetime)."""
+# RFC 6750 2.1: what a Bearer token may be made of.
+_B64TOKEN = re.compile(r"[A-Za-z0-9._~+/-]+=*")
 
 _BAD_REQUEST = (400, b"login failed\n")
 _BAD_GATEWAY = (502, b"bad gateway\n")
@@ -55,23 +71,39 @@ class CallbackResource(AuthEndpoint):
     def __init__(self, login: BrowserLogin) -> None:
         super().__init__()
         self.login = login
+        self.spent = SpentStates(login.reactor)
+        self.running = 0
 
-    def respond(self, request: Request) -> int:
+    def respond(self, request: Request) -> bytes | int:
         """
-        Run the exchange; the answer is written when it completes.
+        Run the exchange; the answer is written when it completes. Beyond
+        L{MAX_EXCHANGES} callbacks at once: 503 (the IdP rate-limits per client, and
+        a flood of callbacks must not spend that budget for everyone).
         """
+        if self.running >= MAX_EXCHANGES:
+            answer_text(request, 503, b"service unavailable\n", ((b"Retry-After", b"1"),))
+            return b""
+        self.running += 1
         running = Deferred.fromCoroutine(self._complete(request))
         running.addErrback(self._failed, request)
+        running.addBoth(self._done)
         request.notifyFinish().addErrback(lambda _: running.cancel())
         return NOT_DONE_YET
+
+    def _done(self, result: object) -> None:
+        self.running -= 1
 
     async def _complete(self, request: Request) -> None:
         login = self.login
         provider = login.provider
         args = request.args
         state = _first(args.get(b"state"))
-        # The login cookie is cleared whatever happens next: a state is used once.
+        # The login cookie is cleared whatever happens next, and the state is spent in
+        # this instance: the same login cookie replayed (by this browser or a copy of it)
+        # cannot buy another call to the token endpoint.
         pending = login.logins.take(request, state) if state else None
+        if pending is not None and not self.spent.spend(pending.state, pending.created_at):
+            raise LoginFailedError(400, "this login's state was already used")
         error = _first(args.get(b"error"))
         if error is not None:
             raise LoginFailedError(400, f"the IdP answered error={error[:100]!r}")
@@ -90,8 +122,8 @@ class CallbackResource(AuthEndpoint):
         ):
             raise LoginFailedError(400, f"the callback names another issuer: {issuer[:200]!r}")
         code = _first(args.get(b"code"))
-        if not code:
-            raise LoginFailedError(400, "no code in the callback")
+        if not code or len(code) > MAX_CODE or not code.isascii() or not code.isprintable():
+            raise LoginFailedError(400, "no usable code in the callback")
         try:
             tokens = await provider.exchange_code(
                 metadata,
@@ -109,37 +141,41 @@ class CallbackResource(AuthEndpoint):
             access_token = None
         identity = login.identity
         if access_token is not None and needs_userinfo(identity, claims):
+            # Fail closed: without the claims userinfo was needed for, the subject, the
+            # groups or a claim a policy denies on could differ from the user's own.
             try:
                 userinfo = await provider.userinfo(metadata, access_token)
             except IdPError as e:
-                if identity.user_info == "always":
-                    raise LoginFailedError(502, str(e)) from None
-                # auto: the id_token's claims stand alone (an access token for an API,
-                # RFC 8707, is often refused at userinfo); a missing claim or group only
-                # ever takes rights away.
-                _log.warn("userinfo unavailable, using the id_token alone: {reason}", reason=e)
-            else:
-                claims = merge_userinfo(claims, userinfo)
+                raise LoginFailedError(502, str(e)) from None
+            claims = merge_userinfo(claims, userinfo)
         elif identity.user_info == "always":
             raise LoginFailedError(502, "identity.userInfo is always, but no access token came")
         principal = principal_of(identity, login.groups, claims)
         if principal is None:
             raise LoginFailedError(502, "the id_token names no subject")
         now = int(login.reactor.seconds())
+        kept_token = None
         token_expiry = None
         if login.keep_access_token and access_token is not None:
-            expires_in = tokens.get("expires_in")
-            if isinstance(expires_in, int | float) and not isinstance(expires_in, bool):
-                token_expiry = now + int(expires_in)
+            if _B64TOKEN.fullmatch(access_token) and len(access_token) <= MAX_ACCESS_TOKEN:
+                kept_token = access_token
+                token_expiry = _expiry(now, tokens.get("expires_in"))
+            else:
+                # It could never be sent as a header: forward nothing rather than fail
+                # every request of the session.
+                _log.warn("the access token is not an RFC 6750 token; it is not kept")
         record = login.sessions.new_record(
             request,
             principal.subject,
             principal.passport,
             principal.groups,
-            access_token if login.keep_access_token else None,
+            kept_token,
             token_expiry,
         )
-        login.sessions.write(request, record)
+        try:
+            login.sessions.write(request, record)
+        except SessionTooLargeError as e:
+            raise LoginFailedError(502, f"session too large: {e}") from None
         _log.info("login of {subject}", subject=principal.subject)
         answer_redirect(request, pending.return_to.encode("ascii"))
 
@@ -159,6 +195,45 @@ class CallbackResource(AuthEndpoint):
             return
         _log.failure("login callback failed", failure=failure)
         answer_text(request, 500, b"internal server error\n")
+
+
+class SpentStates:
+    """
+    The login states this instance has taken a callback for, each remembered until its
+    login could no longer complete anyway (L{LOGIN_LIFETIME}), at most L{MAX_SPENT}.
+    """
+
+    def __init__(self, clock: IReactorTime) -> None:
+        self._clock = clock
+        self._until: OrderedDict[str, float] = OrderedDict()
+
+    def spend(self, state: str, created_at: int) -> bool:
+        """
+        Mark C{state} used; L{False} when it already was.
+        """
+        now = self._clock.seconds()
+        until = self._until
+        while until:
+            expiry = next(iter(until.values()))
+            if expiry > now and len(until) < MAX_SPENT:
+                break
+            until.popitem(last=False)
+        if state in until:
+            return False
+        until[state] = created_at + LOGIN_LIFETIME
+        return True
+
+
+def _expiry(now: int, expires_in: object) -> int | None:
+    """
+    When the access token expires: C{expires_in} seconds from now, a number or a string
+    of digits (some providers send one); L{None} when it says nothing usable.
+    """
+    if isinstance(expires_in, str) and expires_in.isascii() and expires_in.isdigit():
+        expires_in = int(expires_in)
+    if isinstance(expires_in, bool) or not isinstance(expires_in, int | float):
+        return None
+    return now + int(expires_in) if 0 < expires_in < 10 * 365 * 86400 else None
 
 
 def _first(values: list[bytes] | None) -> str | None:

@@ -48,5 +48,6 @@ class BrowserLogin:
         # The edge has validated and normalised Host (and X-Forwarded-* only ever come
         # from trusted proxies), and the IdP checks the value against its registration.
         host = request.getHeader(b"x-forwarded-host") or request.getHeader(b"host") or b""
+        host = host.split(b",", 1)[0].strip()  # the client's own, first in a proxy chain
         scheme = "https" if is_https(request) else "http"
         return f"{scheme}://{host.decode('ascii', 'replace')}{self.callback_path}"

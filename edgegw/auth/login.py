@@ -13,8 +13,14 @@ from edgegw.routing.redirects import is_local_redirect
 __all__ = ["LoginResource", "safe_return_to"]
 
 
-MAX_RETURN_TO = 2048
-"""The longest C{return_to} kept (a longer one would overflow the login-state cookie)."""
+MAX_RETURN_TO = 1024
+"""
+The longest C{return_to} kept: with L{MAX_PENDING<edgegw.identity.login_state.MAX_PENDING>}
+logins pending and a session of L{MAX_SESSION_CHUNKS
+<edgegw.identity.session_cookie.MAX_SESSION_CHUNKS>} chunks, the browser's cookies stay
+well inside the gateway's 16 KiB request-header budget (past it every request would be
+a 431, the logout included).
+"""
 
 
 def safe_return_to(values: list[bytes] | None) -> str:

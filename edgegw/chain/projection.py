@@ -22,6 +22,9 @@ SUBJECT_HEADER = b"X-User-Id"
 _SAFE = "".join(chr(c) for c in range(0x20, 0x7F) if chr(c) not in ",%")
 
 
+_CLAIM_HEADERS: dict[str, bytes] = {}
+
+
 def header_case(name: str) -> str:
     """
     C{given_name} -> C{Given-Name}: C{_} becomes C{-} and each word is capitalised.
@@ -35,7 +38,12 @@ def claim_header(claim: str) -> bytes:
     """
     The default header for a passport claim: C{X-User-} plus the claim in header case.
     """
-    return ("X-User-" + header_case(claim)).encode("ascii", "replace")
+    header = _CLAIM_HEADERS.get(claim)
+    if header is None:
+        header = ("X-User-" + header_case(claim)).encode("ascii", "replace")
+        if len(_CLAIM_HEADERS) < 1024:  # claim names come from the IdP: bound the memo
+            _CLAIM_HEADERS[claim] = header
+    return header
 
 
 def encode_value(value: str) -> str:
@@ -43,6 +51,8 @@ def encode_value(value: str) -> str:
     One header list item: printable ASCII stays, C{,}, C{%}, CR, LF and non-ASCII are
     percent-encoded.
     """
+    if value.isascii() and value.isprintable() and "," not in value and "%" not in value:
+        return value  # the common case: nothing to encode
     return quote(value, safe=_SAFE)
 
 
@@ -95,12 +105,11 @@ def projection(
         else None
     )
 
-    def inject(principal: Principal, exchange: Exchange) -> None:
-        set_header = exchange.request.requestHeaders.setRawHeaders
-        set_header(SUBJECT_HEADER, [encode_value(principal.subject).encode("ascii")])
+    def render(principal: Principal) -> list[tuple[bytes, list[bytes]]]:
+        headers = [(SUBJECT_HEADER, [encode_value(principal.subject).encode("ascii")])]
         if principal.groups:
             value = ",".join(encode_value(group) for group in principal.groups)
-            set_header(groups_header, [value.encode("ascii")])
+            headers.append((groups_header, [value.encode("ascii")]))
         passport = principal.passport
         pairs = (
             explicit
@@ -110,12 +119,23 @@ def projection(
         for claim, header in pairs:
             rendered = render_claim(passport.get(claim))
             if rendered is not None:
-                set_header(header, [rendered.encode("ascii")])
+                headers.append((header, [rendered.encode("ascii")]))
+        return headers
+
+    # This stage's own key in Principal.memo: one session's headers are rendered once
+    # per route shape, then only set on each of its requests.
+    key = object()
 
     async def project(exchange: Exchange, next: Handler) -> None:
         strip_user_headers(exchange, projected)
-        if exchange.principal is not None:
-            inject(exchange.principal, exchange)
+        principal = exchange.principal
+        if principal is not None:
+            headers = principal.memo.get(key)
+            if headers is None:
+                headers = principal.memo[key] = render(principal)
+            set_header = exchange.request.requestHeaders.setRawHeaders
+            for name, values in headers:
+                set_header(name, values)
         await next(exchange)
 
     return project

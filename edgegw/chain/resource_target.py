@@ -6,12 +6,16 @@ from __future__ import annotations
 
 from time import monotonic
 
+from twisted.logger import Logger
 from twisted.web.resource import IResource
 from twisted.web.server import NOT_DONE_YET, Request
 from zope.interface import implementer
 
 from edgegw.chain.access_log import AccessLog
 from edgegw.chain.pipeline import InFlight, IRouteTarget
+from edgegw.chain.respond import abort, write_text
+
+_log = Logger(namespace="edgegw.auth")
 
 
 @implementer(IRouteTarget)
@@ -38,7 +42,17 @@ class ResourceTarget:
         started = monotonic()
         self.inflight.started(request)
         request.notifyFinish().addBoth(self._done, request, started)
-        body = self.resource.render(request)
+        try:
+            body = self.resource.render(request)
+        except Exception:
+            # What recover does for a route: a logged 500 in plain words, never
+            # Twisted's HTML traceback page.
+            _log.failure("unhandled error in {pattern}", pattern=self.pattern)
+            if request.startedWriting:
+                abort(request)
+            else:
+                write_text(request, 500, b"internal server error\n")
+            return NOT_DONE_YET
         if body is not NOT_DONE_YET and not request.finished:
             # As Twisted's Request.render answers a resource's bytes.
             request.setHeader(b"content-length", b"%d" % len(body))

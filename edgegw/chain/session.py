@@ -7,17 +7,24 @@ unauthenticated and the auth-gate decides.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
+
+from twisted.web.server import Request
 
 from edgegw.chain.exchange import Exchange
 from edgegw.chain.pipeline import Handler, Stage
+from edgegw.identity.cookies import is_https
 from edgegw.identity.principal import Principal
 from edgegw.identity.session_cookie import SessionCookie
 
 __all__ = ["session_stage"]
 
 
-def session_stage(cookie: SessionCookie, seconds: Callable[[], float]) -> Stage:
+def session_stage(
+    cookie: SessionCookie,
+    seconds: Callable[[], float],
+    trusted_origins: Iterable[str] = (),
+) -> Stage:
     """
     Make the session stage (the same for app and service routes: Bearer tokens join it
     on service routes in their own stage).
@@ -25,21 +32,50 @@ def session_stage(cookie: SessionCookie, seconds: Callable[[], float]) -> Stage:
     @param cookie: Reads and checks the sealed session cookie.
     @param seconds: The reactor's C{seconds}: a stored access token past its expiry
         is not forwarded (the backend would refuse it; the session itself lives on).
+    @param trusted_origins: C{security.csrf.trustedOrigins}: besides the gateway's own
+        origin, the pages whose WebSocket handshakes carry the session.
     """
+    trusted = frozenset(origin.lower() for origin in trusted_origins)
 
     async def session(exchange: Exchange, next: Handler) -> None:
-        record = cookie.read(exchange.request)
+        request = exchange.request
+        if _cross_origin_websocket(request, trusted):
+            # A WebSocket handshake is a GET, which CSRF protection lets through, and the
+            # browser sends SameSite=Lax cookies with it from any same-site page: a
+            # socket opened by another origin's page is not the user's (CSWSH).
+            exchange.note("auth", "cross-origin WebSocket: session not used")
+            await next(exchange)
+            return
+        record = cookie.read(request)
         if record is not None:
-            token = record.access_token
             expires = record.access_token_expires_at
-            if token is not None and expires is not None and expires <= seconds():
-                token = None
-            exchange.principal = Principal(
-                subject=record.subject,
-                passport=record.passport,
-                groups=record.groups,
-                access_token=token,
-            )
+            if record.access_token is not None and expires is not None and expires <= seconds():
+                exchange.principal = Principal(
+                    subject=record.subject, passport=record.passport, groups=record.groups
+                )
+            else:
+                exchange.principal = record.principal()
         await next(exchange)
 
     return session
+
+
+def _cross_origin_websocket(request: Request, trusted: frozenset[str]) -> bool:
+    """
+    Whether C{request} is a WebSocket handshake from a page of another origin: its
+    C{Origin} is neither the gateway's own origin (as the browser addressed it) nor a
+    trusted one. Browsers always send C{Origin} on a handshake; a client without one
+    (not a browser) carries no ambient cookies to abuse.
+    """
+    headers = request.requestHeaders
+    upgrade = headers.getRawHeaders(b"upgrade")
+    if not upgrade or b"websocket" not in upgrade[0].lower():
+        return False
+    origins = headers.getRawHeaders(b"origin")
+    if not origins:
+        return False
+    origin = origins[0].decode("latin-1").strip().lower()
+    host = headers.getRawHeaders(b"x-forwarded-host") or headers.getRawHeaders(b"host") or [b""]
+    first = host[0].split(b",", 1)[0].strip()
+    own = ("https://" if is_https(request) else "http://") + first.decode("latin-1").lower()
+    return origin != own and origin not in trusted

@@ -255,6 +255,7 @@ class ProxyHandler(TerminalResource):
         # (text/html) on a response that had none.
         request.defaultContentType = None
         skip = self.skip_response
+        own = self.own_cookie
         named: frozenset[bytes] = frozenset()
         grouped: dict[bytes, list[bytes]] = {}
         for name, value in response.headers:
@@ -263,6 +264,14 @@ class ProxyHandler(TerminalResource):
                 named = named | connection_tokens([value])
                 continue
             if lower in skip:
+                continue
+            if own is not None and lower == b"set-cookie" and own(_cookie_name(value)):
+                # A backend never sets (or clears) the gateway's session or login
+                # cookies: it could swap a visitor's session for another one.
+                _log.warn(
+                    "dropped a Set-Cookie for the gateway's own cookie from {upstream}",
+                    upstream=self.spec.upstream,
+                )
                 continue
             values = grouped.get(lower)
             if values is None:
@@ -373,3 +382,10 @@ def _values(response: UpstreamResponse, name: bytes) -> list[bytes]:
 class _Discard:
     def write(self, data: bytes) -> None:
         pass
+
+
+def _cookie_name(set_cookie: bytes) -> bytes:
+    """
+    The cookie name of a C{Set-Cookie} value (as a browser reads it: up to C{=}, trimmed).
+    """
+    return set_cookie.partition(b";")[0].partition(b"=")[0].strip(b" \t")

@@ -92,7 +92,9 @@ def parse_discovery(document: object, issuer: str) -> ProviderMetadata:
     algorithms = document.get("id_token_signing_alg_values_supported", ["RS256"])
     if not isinstance(algorithms, list):
         raise DiscoveryError("id_token_signing_alg_values_supported is not a list")
-    accepted = tuple(alg for alg in algorithms if alg in ASYMMETRIC_ALGORITHMS)
+    accepted = tuple(
+        alg for alg in algorithms if isinstance(alg, str) and alg in ASYMMETRIC_ALGORITHMS
+    )
     if not accepted:
         raise DiscoveryError(
             "id_token_signing_alg_values_supported has no asymmetric algorithm "
@@ -101,6 +103,7 @@ def parse_discovery(document: object, issuer: str) -> ProviderMetadata:
     methods = document.get("token_endpoint_auth_methods_supported", ["client_secret_basic"])
     if not isinstance(methods, list):
         raise DiscoveryError("token_endpoint_auth_methods_supported is not a list")
+    methods = [method for method in methods if isinstance(method, str)]
     method = (
         "client_secret_post"
         if "client_secret_post" in methods and "client_secret_basic" not in methods

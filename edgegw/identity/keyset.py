@@ -136,7 +136,7 @@ def load_key(jwk: object) -> VerificationKey | str:
     if not _SECRET_MEMBERS.isdisjoint(jwk):
         return "holds private key material"
     alg = jwk.get("alg")
-    if alg is not None and alg not in ASYMMETRIC_ALGORITHMS:
+    if alg is not None and (not isinstance(alg, str) or alg not in ASYMMETRIC_ALGORITHMS):
         return "unsupported algorithm"
     crv = jwk.get("crv")
     if crv is not None and not isinstance(crv, str):

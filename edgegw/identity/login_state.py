@@ -24,7 +24,7 @@ from edgegw.identity.cookies import clear_cookie, is_https, is_token, set_cookie
 from edgegw.identity.sealing import LOGIN_STATE_AAD, Sealer, b64url
 
 LOGIN_LIFETIME = 600
-MAX_PENDING = 5
+MAX_PENDING = 3
 
 _VERSION = 1
 _RANDOM_BYTES = 32

@@ -18,10 +18,9 @@ from collections.abc import Mapping
 from typing import Any
 from urllib.parse import quote, quote_plus, urlencode
 
-import treq
 from treq.client import HTTPClient
 from twisted.application.service import Service
-from twisted.internet.defer import CancelledError, Deferred
+from twisted.internet.defer import CancelledError, Deferred, TimeoutError
 from twisted.internet.interfaces import IDelayedCall, IReactorTime
 from twisted.logger import Logger
 from twisted.python.failure import Failure
@@ -36,15 +35,18 @@ from edgegw.identity.discovery import (
 from edgegw.identity.keyset import KeySet, KeySetError
 from edgegw.identity.tokens import TokenError, UnknownKeyError, verify_id_token
 from edgegw.upstream.agent import NullCookieJar, UpstreamAgent
-from edgegw.upstream.shared import BodyTooLargeError, NotJSONError, read_json
+from edgegw.upstream.shared import read_body, read_json
 
 __all__ = ["IdPError", "IdentityProvider", "TokenEndpointError", "UserInfoError"]
 
 MAX_DOCUMENT = 1024 * 1024
 """The largest discovery document, key set, token or userinfo response read (bytes)."""
 
+MAX_ERROR_BODY = 64 * 1024
+"""The most of an IdP error response's body drained before its connection is dropped."""
+
 CALL_TIMEOUT = 10.0
-"""Seconds for one IdP call's connect, request and response head."""
+"""Seconds for one whole IdP call: connecting, the request, the response and its body."""
 
 _log = Logger(namespace="edgegw.idp")
 _ACCEPT_JSON = Headers({b"Accept": [b"application/json"]})
@@ -281,8 +283,8 @@ class IdentityProvider(Service):
         """
         Exchange an authorization code (with its PKCE verifier) at the token endpoint.
 
-        @raise TokenEndpointError: The endpoint failed, was unreachable, or answered
-            without an C{id_token}.
+        @raise TokenEndpointError: The endpoint failed, was unreachable, took longer than
+            L{CALL_TIMEOUT} in all, or answered without an C{id_token}.
         """
         form = {
             "grant_type": "authorization_code",
@@ -305,26 +307,13 @@ class IdentityProvider(Service):
         else:
             headers.setRawHeaders(b"Authorization", [_basic(self.spec.client_id, secret)])
         try:
-            response = await self._http.post(
-                metadata.token_endpoint,
-                data=form,
-                headers=headers,
-                allow_redirects=False,
-                timeout=CALL_TIMEOUT,
+            code_, body = await self._call(
+                "POST", metadata.token_endpoint, headers, form, "token endpoint"
             )
-            body = await read_json(response, MAX_DOCUMENT)
-        except (BodyTooLargeError, NotJSONError) as e:
-            raise TokenEndpointError(f"token endpoint: {_describe(e)}") from None
-        except CancelledError:
-            raise
-        except Exception as e:  # any transport failure: unreachable, reset, timeout
-            raise TokenEndpointError(f"token endpoint: {_describe(e)}") from None
-        if response.code != 200:
-            error = body.get("error") if isinstance(body, Mapping) else None
-            raise TokenEndpointError(
-                f"token endpoint answered {response.code}"
-                + (f" ({str(error)[:100]})" if isinstance(error, str) else "")
-            )
+        except IdPError as e:
+            raise TokenEndpointError(str(e)) from None
+        if code_ != 200:
+            raise TokenEndpointError(f"token endpoint answered {code_}")
         if not isinstance(body, Mapping) or not isinstance(body.get("id_token"), str):
             raise TokenEndpointError("token endpoint answered no id_token")
         return body
@@ -365,32 +354,24 @@ class IdentityProvider(Service):
         """
         The userinfo claims for C{access_token}.
 
-        @raise UserInfoError: The IdP has no userinfo endpoint, the call failed, or the
-            answer is not a JSON object.
+        @raise UserInfoError: The IdP has no userinfo endpoint, the call failed or took
+            longer than L{CALL_TIMEOUT}, or the answer is not a JSON object.
         """
         url = metadata.userinfo_endpoint
         if url is None:
             raise UserInfoError("the IdP has no userinfo endpoint")
+        headers = Headers(
+            {
+                b"Authorization": [b"Bearer " + access_token.encode("ascii", "replace")],
+                b"Accept": [b"application/json"],
+            }
+        )
         try:
-            response = await self._http.get(
-                url,
-                headers=Headers(
-                    {
-                        b"Authorization": [b"Bearer " + access_token.encode("ascii", "replace")],
-                        b"Accept": [b"application/json"],
-                    }
-                ),
-                allow_redirects=False,
-                timeout=CALL_TIMEOUT,
-            )
-            if response.code != 200:
-                await treq.content(response)
-                raise UserInfoError(f"userinfo answered {response.code}")
-            body = await read_json(response, MAX_DOCUMENT)
-        except (UserInfoError, CancelledError):
-            raise
-        except Exception as e:
-            raise UserInfoError(f"userinfo: {_describe(e)}") from None
+            code, body = await self._call("GET", url, headers, None, "userinfo")
+        except IdPError as e:
+            raise UserInfoError(str(e)) from None
+        if code != 200:
+            raise UserInfoError(f"userinfo answered {code}")
         if not isinstance(body, dict):
             raise UserInfoError("userinfo answered something other than a JSON object")
         return body
@@ -398,21 +379,56 @@ class IdentityProvider(Service):
     # -- plumbing ---------------------------------------------------------------------
 
     async def _get_json(self, url: str, what: str) -> Any:
+        code, body = await self._call("GET", url, _ACCEPT_JSON, None, what)
+        if code != 200:
+            raise IdPError(f"{what} {url} answered {code}")
+        return body
+
+    async def _call(
+        self,
+        method: str,
+        url: str,
+        headers: Headers,
+        form: Mapping[str, str] | None,
+        what: str,
+    ) -> tuple[int, Any]:
+        """
+        One IdP call, all of it (connecting, the head, the body) within L{CALL_TIMEOUT}:
+        the status and, for a 200, the JSON body (at most L{MAX_DOCUMENT} bytes); any
+        other status's body is read up to L{MAX_ERROR_BODY} bytes and dropped.
+
+        @raise IdPError: The call failed or timed out, or a 200's body is not JSON.
+        """
+        running = Deferred.fromCoroutine(self._exchange(method, url, headers, form))
+        running.addTimeout(CALL_TIMEOUT, self._reactor)
         try:
-            response = await self._http.get(
-                url,
-                headers=_ACCEPT_JSON,
-                allow_redirects=False,
-                timeout=CALL_TIMEOUT,
-            )
-            if response.code != 200:
-                await treq.content(response)
-                raise IdPError(f"{what} {url} answered {response.code}")
-            return await read_json(response, MAX_DOCUMENT)
-        except (IdPError, CancelledError):
+            return await running
+        except CancelledError:
             raise
-        except Exception as e:
-            raise IdPError(f"{what} {url}: {_describe(e)}") from None
+        except TimeoutError:
+            raise IdPError(f"{what}: no complete answer within {CALL_TIMEOUT:g}s") from None
+        except Exception as e:  # any transport failure: unreachable, reset, bad framing
+            raise IdPError(f"{what}: {_describe(e)}") from None
+
+    async def _exchange(
+        self, method: str, url: str, headers: Headers, form: Mapping[str, str] | None
+    ) -> tuple[int, Any]:
+        response = await self._http.request(
+            method,
+            url,
+            headers=headers,
+            data=dict(form) if form is not None else None,
+            allow_redirects=False,
+        )
+        if response.code != 200:
+            # The status says it all: the body is only drained (or dropped past the cap).
+            await read_body(response, MAX_ERROR_BODY).addErrback(_ignore_unless_cancelled)
+            return response.code, None
+        return response.code, await read_json(response, MAX_DOCUMENT)
+
+
+def _ignore_unless_cancelled(failure: Failure) -> Failure | None:
+    return failure if failure.check(CancelledError) else None
 
 
 def _relay(result: KeySet | Failure, waiting: Deferred[KeySet]) -> KeySet | Failure:

@@ -20,13 +20,34 @@ from twisted.internet.interfaces import IReactorTime
 from twisted.web.server import Request
 
 from edgegw.config.model import SessionSpec
-from edgegw.identity.cookies import clear_chunked, is_https, read_chunked, write_chunked
+from edgegw.identity.cookies import (
+    MAX_CHUNK,
+    clear_chunked,
+    is_https,
+    read_chunked,
+    write_chunked,
+)
 from edgegw.identity.login_state import login_cookie_prefix
 from edgegw.identity.principal import ClaimValue, Principal
 from edgegw.identity.sealing import SESSION_AAD, Sealer
 
 _VERSION = 1
 _FINGERPRINT_SIZE = hashlib.sha256().digest_size
+
+MAX_OPENED = 4096
+"""Opened session cookies kept per gateway (the sealed value -> its record)."""
+
+MAX_SESSION_CHUNKS = 3
+"""
+The most cookies one session may take (about 11 KB sealed): with the pending login-state
+cookies and the usual request headers it stays inside the gateway's 16 KiB header budget.
+"""
+
+
+class SessionTooLargeError(ValueError):
+    """
+    A session record too large to be carried in the browser's cookies.
+    """
 
 
 @attrs.frozen
@@ -52,12 +73,18 @@ class SessionRecord:
     fingerprint: bytes = attrs.field(repr=False)
     access_token: str | None = attrs.field(default=None, repr=False)
     access_token_expires_at: int | None = None
+    _principal: Principal | None = attrs.field(default=None, init=False, eq=False, repr=False)
 
     def principal(self) -> Principal:
         """
-        The caller this session authenticates.
+        The caller this session authenticates (one object per record: what projection
+        renders for it is kept on it, see L{Principal.memo}).
         """
-        return Principal(self.subject, self.passport, self.groups, self.access_token)
+        principal = self._principal
+        if principal is None:
+            principal = Principal(self.subject, self.passport, self.groups, self.access_token)
+            object.__setattr__(self, "_principal", principal)
+        return principal
 
 
 class Fingerprint:
@@ -179,6 +206,7 @@ class SessionCookie:
         self._chunk_prefix = self._name + b"."
         self._login_prefix = login_cookie_prefix(spec.cookie_name).encode("ascii")
         self._fingerprint = Fingerprint(spec.fingerprint_headers)
+        self._opened: dict[bytes, SessionRecord] = {}
 
     def read(self, request: Request) -> SessionRecord | None:
         """
@@ -191,11 +219,22 @@ class SessionCookie:
         sealed = read_chunked(request.received_cookies, self._name)
         if sealed is None:
             return None
-        plaintext = self.sealer.unseal(sealed, SESSION_AAD)
-        if plaintext is None:
-            return None
-        record = _decode(plaintext)
-        if record is None or record.expires_at <= self._clock.seconds():
+        opened = self._opened
+        record = opened.get(sealed)
+        if record is None:
+            plaintext = self.sealer.unseal(sealed, SESSION_AAD)
+            if plaintext is None:
+                return None
+            record = _decode(plaintext)
+            if record is None:
+                return None
+            # A browser sends the same sealed value with every request: open it once.
+            # Only authentic values get here; expiry and fingerprint are checked below
+            # on every request all the same.
+            if len(opened) >= MAX_OPENED:
+                opened.clear()
+            opened[sealed] = record
+        if record.expires_at <= self._clock.seconds():
             return None
         if not hmac.compare_digest(record.fingerprint, self._fingerprint.of(request)):
             return None
@@ -205,16 +244,19 @@ class SessionCookie:
         """
         Set the session cookie to C{record}, living until the record expires.
 
-        @raise ValueError: The sealed record is too long for the cookie chunks.
+        @raise SessionTooLargeError: The sealed record needs more than
+            L{MAX_SESSION_CHUNKS} cookies: the browser would send them back with every
+            request past the gateway's request-header budget (a 431 for everything,
+            the logout included, for the session's whole life).
         """
+        sealed = self.sealer.seal(_encode(record), SESSION_AAD)
+        if len(sealed) > MAX_SESSION_CHUNKS * MAX_CHUNK:
+            raise SessionTooLargeError(
+                f"the sealed session is {len(sealed)} characters, over "
+                f"{MAX_SESSION_CHUNKS} cookies of {MAX_CHUNK}"
+            )
         max_age = max(0, record.expires_at - int(self._clock.seconds()))
-        write_chunked(
-            request,
-            self._name,
-            self.sealer.seal(_encode(record), SESSION_AAD),
-            max_age=max_age,
-            secure=is_https(request),
-        )
+        write_chunked(request, self._name, sealed, max_age=max_age, secure=is_https(request))
 
     def clear(self, request: Request) -> None:
         """

@@ -76,6 +76,10 @@ def _segments(token: str) -> list[str]:
     return parts
 
 
+# A \u escape of a UTF-16 surrogate: only a document holding one needs the encode check.
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
+
+
 def _json_object(data: bytes, what: str) -> dict[str, object]:
     try:
         value = json.loads(data, parse_constant=_reject_constant)
@@ -83,6 +87,13 @@ def _json_object(data: bytes, what: str) -> dict[str, object]:
         raise TokenError(f"malformed {what}") from None
     if not isinstance(value, dict):
         raise TokenError(f"malformed {what}")
+    if _SURROGATE_ESCAPE.search(data):
+        # A lone surrogate ("\ud800") parses into a string that cannot be encoded
+        # again: it would break every header or document the claims go into.
+        try:
+            json.dumps(value, ensure_ascii=False).encode("utf-8")
+        except UnicodeEncodeError:
+            raise TokenError(f"malformed {what} (lone surrogate)") from None
     return value
 
 

@@ -48,7 +48,8 @@ def read_body(response: IResponse, limit: int) -> Deferred[bytes]:
     than C{limit} bytes: past it the upstream connection is dropped.
 
     @return: Fires with the body; fails with L{BodyTooLargeError} when the declared or
-        received length is over C{limit}, or with the upstream's failure.
+        received length is over C{limit}, or with the upstream's failure. Cancelling it
+        aborts the upstream connection (when the response can be aborted).
     """
     length = response.length
     if isinstance(length, int) and length > limit:
@@ -58,7 +59,26 @@ def read_body(response: IResponse, limit: int) -> Deferred[bytes]:
         return fail(BodyTooLargeError(f"body of {length} bytes"))
     collector = _CappedCollector(limit)
     collecting: Deferred[None] = treq.collect(response, collector.collect)
-    return collecting.addCallbacks(collector.body, collector.failed)
+    # Cancelling the read (a caller's deadline) drops the connection: a body that stalls
+    # must not keep it, nor keep arriving into a collector nobody waits for.
+    reading: Deferred[bytes] = Deferred(lambda _: _abort(response))
+    collecting.addCallbacks(collector.body, collector.failed).addBoth(_settle, reading)
+    return reading
+
+
+def _abort(response: IResponse) -> None:
+    abort = getattr(response, "abort", None)
+    if abort is not None:
+        abort()
+
+
+def _settle(result: bytes | Failure, reading: Deferred[bytes]) -> None:
+    if reading.called:
+        return  # cancelled: the connection's failure that follows is expected
+    if isinstance(result, Failure):
+        reading.errback(result)
+    else:
+        reading.callback(result)
 
 
 class _CappedCollector:
