@@ -9,7 +9,7 @@ C{--check} catches everything startup would.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import attrs
 from opentelemetry.sdk.trace import SpanProcessor
@@ -25,7 +25,7 @@ from edgegw.auth.session_view import SessionViewResource
 from edgegw.authz.policy import CompiledPolicy, RoutePolicies, compile_policies
 from edgegw.chain.access_log import AccessLog
 from edgegw.chain.access_writer import LineWriter
-from edgegw.chain.auth_gate import auth_gate
+from edgegw.chain.auth_gate import auth_gate, refusal
 from edgegw.chain.authz import authz
 from edgegw.chain.pipeline import InFlight, IRouteTarget, RouteRunner, Stage, compose
 from edgegw.chain.projection import USER_PREFIX, groups_header_name, projection
@@ -101,11 +101,15 @@ class IdentityStages:
     What identity adds to the per-route chains (rule 4: nothing when neither a session
     block nor an IdP is configured).
 
-    @ivar session: The session stage, when a session block is configured.
+    @ivar session: The session cookie, when a session block is configured.
+    @ivar seconds: The reactor's clock.
+    @ivar trusted_origins: C{security.csrf.trustedOrigins}.
     @ivar login_path: Where app routes send anonymous navigations, when login is mounted.
     """
 
-    session: Stage | None
+    session: SessionCookie | None
+    seconds: Callable[[], float]
+    trusted_origins: tuple[str, ...]
     login_path: str | None
 
 
@@ -217,11 +221,10 @@ def _identity(
     idp = config.idp
     if session is None and idp is None:
         return None, None
-    session_read = None
+    cookie = None
     login = None
     if session is not None:
         cookie = SessionCookie(session, reactor)
-        session_read = session_stage(cookie, reactor.seconds, gateway.security.csrf.trusted_origins)
         if idp is not None and not idp.verification_only:
             agent = UpstreamAgent(
                 client,
@@ -241,7 +244,9 @@ def _identity(
                 reactor=reactor,
             )
     return login, IdentityStages(
-        session=session_read,
+        session=cookie,
+        seconds=reactor.seconds,
+        trusted_origins=gateway.security.csrf.trusted_origins,
         login_path=gateway.auth.login_path if login is not None else None,
     )
 
@@ -369,9 +374,18 @@ def route_runner(
     projection_spec = access.projection
     stages: list[Stage] = [recover, request_id, log_stage]
     if identity is not None:
+        required = route.auth == "required"
         if identity.session is not None:
-            stages.append(identity.session)
-        if route.auth == "required":
+            # On a required route the session stage applies the gate's refusal itself.
+            stages.append(
+                session_stage(
+                    identity.session,
+                    identity.seconds,
+                    identity.trusted_origins,
+                    refusal(effective.type, identity.login_path) if required else None,
+                )
+            )
+        elif required:
             stages.append(auth_gate(effective.type, identity.login_path))
     if access.authorize:
         needed = [(policies or {})[name] for name in access.authorize]

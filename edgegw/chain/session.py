@@ -24,6 +24,7 @@ def session_stage(
     cookie: SessionCookie,
     seconds: Callable[[], float],
     trusted_origins: Iterable[str] = (),
+    refuse: Callable[[Exchange], None] | None = None,
 ) -> Stage:
     """
     Make the session stage (the same for app and service routes: Bearer tokens join it
@@ -34,6 +35,9 @@ def session_stage(
         is not forwarded (the backend would refuse it; the session itself lives on).
     @param trusted_origins: C{security.csrf.trustedOrigins}: besides the gateway's own
         origin, the pages whose WebSocket handshakes carry the session.
+    @param refuse: On a route whose auth is required, the auth-gate's answer to a
+        request left without a principal (L{refusal<edgegw.chain.auth_gate.refusal>}):
+        the gate then runs here rather than as a stage of its own.
     """
     trusted = frozenset(origin.lower() for origin in trusted_origins)
 
@@ -44,7 +48,10 @@ def session_stage(
             # browser sends SameSite=Lax cookies with it from any same-site page: a
             # socket opened by another origin's page is not the user's (CSWSH).
             exchange.note("auth", "cross-origin WebSocket: session not used")
-            await next(exchange)
+            if refuse is not None:
+                refuse(exchange)
+            else:
+                await next(exchange)
             return
         record = cookie.read(request)
         if record is not None:
@@ -55,6 +62,9 @@ def session_stage(
                 )
             else:
                 exchange.principal = record.principal()
+        elif refuse is not None:
+            refuse(exchange)
+            return
         await next(exchange)
 
     return session
