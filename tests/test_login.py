@@ -118,6 +118,13 @@ spec:
   access: {{auth: required, authorize: [admins], onDeny: {{redirect: /denied}}}}
   handler: {{type: reverse-proxy, upstream: "{upstream}"}}
 {self.extra_routes}"""
+        await self.serve(text, wait)
+
+    async def serve(self, text: str, wait: bool = True) -> None:
+        """
+        Build the gateway from the configuration C{text}, listen, register the callback
+        at the IdP and start discovery (waiting for it unless told not to).
+        """
         root = write_tree(self.test.mktemp(), {"a.yaml": text})
         client = UpstreamClient(reactor)
         self.gateway = build_gateway(load_config(root, {}), reactor, client)

@@ -14,14 +14,13 @@ import hmac
 import json
 import os
 import re
-from typing import Any
 
 import attrs
 from twisted.internet.interfaces import IReactorTime
 from twisted.web.server import Request
 
 from edgegw.identity.cookies import clear_cookie, is_https, is_token, set_cookie
-from edgegw.identity.sealing import LOGIN_STATE_AAD, Sealer, b64url
+from edgegw.identity.sealing import LOGIN_STATE_AAD, Sealer, b64url, open_record
 
 LOGIN_LIFETIME = 600
 MAX_PENDING = 3
@@ -70,11 +69,8 @@ class LoginState:
 
 
 def _parse(plaintext: bytes) -> LoginState | None:
-    try:
-        data: Any = json.loads(plaintext)
-    except (ValueError, RecursionError):
-        return None
-    if not isinstance(data, dict) or type(data.get("v")) is not int or data["v"] != _VERSION:
+    data = open_record(plaintext, _VERSION)
+    if data is None:
         return None
     state, nonce, verifier = data.get("s"), data.get("n"), data.get("c")
     return_to, created_at = data.get("r"), data.get("t")

@@ -10,8 +10,10 @@ so that a value sealed as one kind of cookie (say a login state) never opens as 
 from __future__ import annotations
 
 import binascii
+import json
 import os
 from base64 import urlsafe_b64encode
+from typing import Any
 
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
@@ -98,3 +100,17 @@ class Sealer:
             return self._aead.decrypt(raw[:NONCE_SIZE], raw[NONCE_SIZE:], aad)
         except InvalidTag:
             return None
+
+
+def open_record(plaintext: bytes, version: int) -> dict[str, Any] | None:
+    """
+    An unsealed record's JSON object, when it is one of C{version} (its C{"v"} member,
+    an int: C{true} or C{1.0} are not C{1}); L{None} otherwise.
+    """
+    try:
+        data: Any = json.loads(plaintext)
+    except (ValueError, RecursionError):
+        return None
+    if not isinstance(data, dict) or type(data.get("v")) is not int or data["v"] != version:
+        return None
+    return data

@@ -29,7 +29,7 @@ from edgegw.identity.cookies import (
 )
 from edgegw.identity.login_state import login_cookie_prefix
 from edgegw.identity.principal import ClaimValue, Principal
-from edgegw.identity.sealing import SESSION_AAD, Sealer
+from edgegw.identity.sealing import SESSION_AAD, Sealer, open_record
 
 _VERSION = 1
 _FINGERPRINT_SIZE = hashlib.sha256().digest_size
@@ -151,11 +151,8 @@ def _encode(record: SessionRecord) -> bytes:
 
 
 def _decode(plaintext: bytes) -> SessionRecord | None:
-    try:
-        data: Any = json.loads(plaintext)
-    except (ValueError, RecursionError):
-        return None
-    if not isinstance(data, dict) or type(data.get("v")) is not int or data["v"] != _VERSION:
+    data = open_record(plaintext, _VERSION)
+    if data is None:
         return None
     subject, passport, groups = data.get("s"), data.get("p"), data.get("g")
     issued_at, expires_at, fingerprint = data.get("i"), data.get("e"), data.get("f")

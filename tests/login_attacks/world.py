@@ -1,4 +1,6 @@
-"""Scratch helpers for the security review: a LoginWorld whose config can be extended."""
+"""
+A L{LoginWorld} whose routes and Gateway blocks each attack test writes itself.
+"""
 
 from __future__ import annotations
 
@@ -7,13 +9,8 @@ from typing import Any
 from twisted.internet import reactor as _reactor
 from twisted.trial.unittest import TestCase
 
-from edgegw.config.parse import load_config
-from edgegw.gateway import build_gateway
-from edgegw.upstream.pool import UpstreamClient
 from tests.support.backends import SiteBackend, answer
-from tests.support.configs import write_tree
 from tests.support.fake_idp import FakeIdP
-from tests.support.processes import listen_local, port_of
 from tests.test_login import KEY, LoginWorld
 
 reactor: Any = _reactor
@@ -49,21 +46,7 @@ spec:
 {idp_spec}
 ---
 """ + routes.replace("UPSTREAM", upstream)
-        root = write_tree(self.test.mktemp(), {"a.yaml": text})
-        client = UpstreamClient(reactor)
-        self.gateway = build_gateway(load_config(root, {}), reactor, client)
-        listening = listen_local(self.gateway.site)
-        self.test.addCleanup(listening.stopListening)
-        self.test.addCleanup(client.close)
-        self.port = port_of(listening)
-        self.idp.redirect_uris.append(self.url("/auth/callback"))
-        provider = self.gateway.idp
-        assert provider is not None
-        provider.first_retry = 0.05
-        provider.retry_cap = 0.2
-        provider.startService()
-        self.test.addCleanup(provider.stopService)
-        await self.ready()
+        await self.serve(text)
 
 
 async def rworld(test: TestCase, routes: str, **kw: Any) -> RWorld:
