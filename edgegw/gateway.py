@@ -52,6 +52,7 @@ from edgegw.handlers.api import ApiHandler
 from edgegw.handlers.health import HealthHandler
 from edgegw.handlers.proxy import ProxyHandler
 from edgegw.handlers.static import StaticHandler
+from edgegw.identity.bearer import BearerVerifier
 from edgegw.identity.groups import GroupRenderer
 from edgegw.identity.login_state import LoginStates
 from edgegw.identity.provider import CALL_TIMEOUT, IdentityProvider
@@ -105,12 +106,14 @@ class IdentityStages:
     @ivar seconds: The reactor's clock.
     @ivar trusted_origins: C{security.csrf.trustedOrigins}.
     @ivar login_path: Where app routes send anonymous navigations, when login is mounted.
+    @ivar bearer: Verifies Bearer tokens on service routes, when an IdP is configured.
     """
 
     session: SessionCookie | None
     seconds: Callable[[], float]
     trusted_origins: tuple[str, ...]
     login_path: str | None
+    bearer: BearerVerifier | None = None
 
 
 def build_gateway(
@@ -159,7 +162,7 @@ def build_gateway(
         client, reactor, tracer=telemetry.tracer if telemetry is not None else None
     )
     projected = projected_header_names(routes, groups_as)
-    login, identity = _identity(config, routes, client, reactor, telemetry)
+    provider, login, identity = _identity(config, routes, client, reactor, telemetry)
     endpoints: tuple[tuple[str, str], ...] = ()
     reserved: dict[str, IRouteTarget] = {}
     if login is not None:
@@ -201,7 +204,7 @@ def build_gateway(
         agent=agent,
         access_log=access,
         telemetry=telemetry,
-        idp=login.provider if login is not None else None,
+        idp=provider,
         auth_endpoints=endpoints,
     )
 
@@ -212,42 +215,54 @@ def _identity(
     client: UpstreamClient,
     reactor: IReactorTime,
     telemetry: Telemetry | None,
-) -> tuple[BrowserLogin | None, IdentityStages | None]:
+) -> tuple[IdentityProvider | None, BrowserLogin | None, IdentityStages | None]:
     """
-    The browser login (session and IdP both configured) and the identity stages.
+    The IdP client (with any IdP), the browser login (session and IdP both configured)
+    and the identity stages.
     """
     gateway = config.gateway
     session = gateway.session
     idp = config.idp
     if session is None and idp is None:
-        return None, None
+        return None, None, None
     cookie = None
     login = None
+    provider = None
+    bearer = None
+    groups = GroupRenderer(gateway.identity.groups)
+    if idp is not None:
+        agent = UpstreamAgent(
+            client,
+            reactor,
+            timeout=CALL_TIMEOUT,
+            tracer=telemetry.tracer if telemetry is not None else None,
+        )
+        provider = IdentityProvider(idp, agent, reactor)
+        bearer = BearerVerifier(provider, gateway.identity, groups, reactor)
     if session is not None:
         cookie = SessionCookie(session, reactor)
-        if idp is not None and not idp.verification_only:
-            agent = UpstreamAgent(
-                client,
-                reactor,
-                timeout=CALL_TIMEOUT,
-                tracer=telemetry.tracer if telemetry is not None else None,
-            )
+        if provider is not None and idp is not None and not idp.verification_only:
             login = BrowserLogin(
-                provider=IdentityProvider(idp, agent, reactor),
+                provider=provider,
                 sessions=cookie,
                 logins=LoginStates(cookie.sealer, session.cookie_name, reactor),
                 identity=gateway.identity,
-                groups=GroupRenderer(gateway.identity.groups),
+                groups=groups,
                 callback_path=idp.callback_path,
                 redirect_url=idp.redirect_url,
                 keep_access_token=any(_forwards_access_token(route) for route in routes),
                 reactor=reactor,
             )
-    return login, IdentityStages(
-        session=cookie,
-        seconds=reactor.seconds,
-        trusted_origins=gateway.security.csrf.trusted_origins,
-        login_path=gateway.auth.login_path if login is not None else None,
+    return (
+        provider,
+        login,
+        IdentityStages(
+            session=cookie,
+            seconds=reactor.seconds,
+            trusted_origins=gateway.security.csrf.trusted_origins,
+            login_path=gateway.auth.login_path if login is not None else None,
+            bearer=bearer,
+        ),
     )
 
 
@@ -375,7 +390,8 @@ def route_runner(
     stages: list[Stage] = [recover, request_id, log_stage]
     if identity is not None:
         required = route.auth == "required"
-        if identity.session is not None:
+        bearer = identity.bearer if effective.type == "service" else None
+        if identity.session is not None or bearer is not None:
             # On a required route the session stage applies the gate's refusal itself.
             stages.append(
                 session_stage(
@@ -383,6 +399,7 @@ def route_runner(
                     identity.seconds,
                     identity.trusted_origins,
                     refusal(effective.type, identity.login_path) if required else None,
+                    bearer,
                 )
             )
         elif required:
@@ -485,11 +502,5 @@ def _refuse_unavailable(config: Config, problems: Problems) -> None:
     ):
         if present:
             problems.add(where, field, f"{feature}: not available in this version of edgegw")
-    if config.idp is not None and config.idp.verification_only:
-        problems.add(
-            config.idp.location,
-            "spec.verificationOnly",
-            "Bearer verification: not available in this version of edgegw",
-        )
     for plugin in (*config.request_plugins, *config.response_plugins):
         problems.add(plugin.location, "", f"{plugin.kind}: not available in this version of edgegw")

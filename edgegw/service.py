@@ -7,10 +7,10 @@ L{GatewayService} (a C{MultiService}) has one child per long-lived part, in star
   - C{access-log}: L{AccessLogService}, the buffered access-log writer (flushed on stop);
   - C{upstream-pool}: L{UpstreamPoolService}, the upstream connection pool (idle
     connections closed on stop);
-  - C{idp}: L{IdentityProvider<edgegw.identity.provider.IdentityProvider>}, only with
-    browser login (session and IdP): discovery at start without holding the gateway up,
-    retried with capped backoff, then the discovery document and key set refreshed
-    periodically; timers and calls in flight cancelled on stop;
+  - C{idp}: L{IdentityProvider<edgegw.identity.provider.IdentityProvider>}, with an IdP
+    resource (browser login, Bearer verification): discovery at start without holding
+    the gateway up, retried with capped backoff, then the discovery document and key
+    sets refreshed periodically; timers and calls in flight cancelled on stop;
   - C{telemetry}: L{TelemetryService}, only with a Telemetry resource (spans flushed to
     the exporter on stop).
 

@@ -22,6 +22,8 @@ from edgegw.chain.respond import write_text
 __all__ = ["auth_gate", "refusal", "return_to_of"]
 
 _CHALLENGE = ((b"WWW-Authenticate", b"Bearer"),)
+# RFC 6750 3.1: a token was sent and is not accepted (the reason goes to the log only).
+_INVALID_TOKEN = ((b"WWW-Authenticate", b'Bearer error="invalid_token"'),)
 _NO_STORE = (b"Cache-Control", b"no-store")
 
 
@@ -54,25 +56,27 @@ def auth_gate(route_type: Literal["app", "service"], login_path: str | None) -> 
         if exchange.principal is not None:
             await next(exchange)
         else:
-            refuse(exchange)
+            refuse(exchange, False)
 
     return gate
 
 
 def refusal(
     route_type: Literal["app", "service"], login_path: str | None
-) -> Callable[[Exchange], None]:
+) -> Callable[[Exchange, bool], None]:
     """
     What the auth-gate answers an anonymous request on a required route: the login
     redirect or 401 (see the module docstring). The session stage applies it itself on
-    such routes, which saves the chain a stage per request.
+    such routes, which saves the chain a stage per request. Its second argument says
+    that a Bearer token was sent and rejected (the 401 then says C{invalid_token}).
     """
     login = login_path.encode("ascii") if login_path is not None else None
     redirects = route_type == "app" and login is not None
 
-    def refuse(exchange: Exchange) -> None:
+    def refuse(exchange: Exchange, invalid_token: bool) -> None:
         request = exchange.request
-        exchange.note("auth", "no credential")
+        if not invalid_token:
+            exchange.note("auth", "no credential")
         if redirects:
             mode = request.requestHeaders.getRawHeaders(b"sec-fetch-mode")
             if mode is None or mode[0].lower() == b"navigate":
@@ -81,6 +85,6 @@ def refusal(
                 location = login + b"?return_to=" + target.encode("ascii")
                 write_text(request, 302, b"redirecting\n", ((b"Location", location), _NO_STORE))
                 return
-        write_text(request, 401, b"unauthorized\n", _CHALLENGE)
+        write_text(request, 401, b"unauthorized\n", _INVALID_TOKEN if invalid_token else _CHALLENGE)
 
     return refuse

@@ -13,6 +13,7 @@ from twisted.web.server import Request
 
 from edgegw.chain.exchange import Exchange
 from edgegw.chain.pipeline import Handler, Stage
+from edgegw.identity.bearer import BearerRejectedError, BearerVerifier, bearer_token
 from edgegw.identity.cookies import is_https
 from edgegw.identity.principal import Principal
 from edgegw.identity.session_cookie import SessionCookie
@@ -21,16 +22,17 @@ __all__ = ["session_stage"]
 
 
 def session_stage(
-    cookie: SessionCookie,
+    cookie: SessionCookie | None,
     seconds: Callable[[], float],
     trusted_origins: Iterable[str] = (),
-    refuse: Callable[[Exchange], None] | None = None,
+    refuse: Callable[[Exchange, bool], None] | None = None,
+    bearer: BearerVerifier | None = None,
 ) -> Stage:
     """
-    Make the session stage (the same for app and service routes: Bearer tokens join it
-    on service routes in their own stage).
+    Make the session stage of one route.
 
-    @param cookie: Reads and checks the sealed session cookie.
+    @param cookie: Reads and checks the sealed session cookie (L{None} without a session
+        block: a verification-only instance).
     @param seconds: The reactor's C{seconds}: a stored access token past its expiry
         is not forwarded (the backend would refuse it; the session itself lives on).
     @param trusted_origins: C{security.csrf.trustedOrigins}: besides the gateway's own
@@ -38,36 +40,67 @@ def session_stage(
     @param refuse: On a route whose auth is required, the auth-gate's answer to a
         request left without a principal (L{refusal<edgegw.chain.auth_gate.refusal>}):
         the gate then runs here rather than as a stage of its own.
+    @param bearer: On a service route, the Bearer verifier: without a valid session
+        cookie, C{Authorization: Bearer} is verified (the cookie wins when both are
+        sent). App routes never look at Bearer tokens.
     """
     trusted = frozenset(origin.lower() for origin in trusted_origins)
 
     async def session(exchange: Exchange, next: Handler) -> None:
         request = exchange.request
-        if _cross_origin_websocket(request, trusted):
-            # A WebSocket handshake is a GET, which CSRF protection lets through, and the
-            # browser sends SameSite=Lax cookies with it from any same-site page: a
-            # socket opened by another origin's page is not the user's (CSWSH).
-            exchange.note("auth", "cross-origin WebSocket: session not used")
-            if refuse is not None:
-                refuse(exchange)
+        principal = None
+        rejected = False
+        if cookie is not None:
+            if _cross_origin_websocket(request, trusted):
+                # A WebSocket handshake is a GET, which CSRF protection lets through,
+                # and the browser sends SameSite=Lax cookies with it from any same-site
+                # page: a socket opened by another origin's page is not the user's.
+                exchange.note("auth", "cross-origin WebSocket: session not used")
             else:
-                await next(exchange)
-            return
-        record = cookie.read(request)
-        if record is not None:
-            expires = record.access_token_expires_at
-            if record.access_token is not None and expires is not None and expires <= seconds():
-                exchange.principal = Principal(
-                    subject=record.subject, passport=record.passport, groups=record.groups
-                )
-            else:
-                exchange.principal = record.principal()
+                record = cookie.read(request)
+                if record is not None:
+                    expires = record.access_token_expires_at
+                    if (
+                        record.access_token is not None
+                        and expires is not None
+                        and expires <= seconds()
+                    ):
+                        principal = Principal(
+                            subject=record.subject, passport=record.passport, groups=record.groups
+                        )
+                    else:
+                        principal = record.principal()
+        if principal is None and bearer is not None:
+            token = bearer_token(request.requestHeaders)
+            if isinstance(token, str):
+                principal = bearer.cached(token)
+                if principal is None:
+                    try:
+                        principal = await bearer.verify(token)
+                    except BearerRejectedError as e:
+                        rejected = True
+                        _rejected(exchange, e.reason)
+            elif token is not None:
+                rejected = True
+                _rejected(exchange, "malformed Bearer credential")
+        if principal is not None:
+            exchange.principal = principal
         elif refuse is not None:
-            refuse(exchange)
+            refuse(exchange, rejected)
             return
         await next(exchange)
 
     return session
+
+
+def _rejected(exchange: Exchange, reason: str) -> None:
+    """
+    Record why a Bearer token was rejected: the access log and the span, never the body.
+    """
+    exchange.note("auth", f"Bearer rejected: {reason}")
+    span = exchange.span
+    if span is not None:
+        span.add_event("auth.rejected", {"reason": reason})
 
 
 def _cross_origin_websocket(request: Request, trusted: frozenset[str]) -> bool:

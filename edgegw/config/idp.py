@@ -42,6 +42,7 @@ def read_idp(spec: Node, name: str) -> IdpSpec:
             audience_claim=bearer_node.string("audienceClaim", "aud", nonempty=True) or "aud",
             audience=bearer_node.string("audience", nonempty=True),
             signing_algs=algs,
+            cache_ttl=_cache_ttl(bearer_node),
         )
         bearer_node.finish()
     return IdpSpec(
@@ -65,3 +66,17 @@ def _resource(spec: Node) -> str | None:
     if resource is not None and (":" not in resource or "#" in resource):
         spec.error("resource", f'"{resource}" is not an absolute URI without a fragment')
     return resource
+
+
+def _cache_ttl(bearer: Node) -> float:
+    """
+    C{bearer.cacheTTL}: the longest a verified token is trusted without being verified
+    again (never past its own C{exp}); C{0s} turns the cache off.
+    """
+    ttl = bearer.duration("cacheTTL", 300.0)
+    if ttl is None:
+        return 300.0
+    if ttl < 0:
+        bearer.error("cacheTTL", "must not be negative")
+        return 300.0
+    return ttl

@@ -235,6 +235,7 @@ class BearerSpec:
     audience_claim: str = "aud"
     audience: str | None = None
     signing_algs: tuple[str, ...] | None = None
+    cache_ttl: float = 300.0
 
 
 @attrs.frozen

@@ -32,6 +32,7 @@ from edgegw.identity.discovery import (
     discovery_url,
     parse_discovery,
 )
+from edgegw.identity.key_source import KeySource
 from edgegw.identity.keyset import KeySet, KeySetError
 from edgegw.identity.tokens import TokenError, UnknownKeyError, verify_id_token
 from edgegw.upstream.agent import NullCookieJar, UpstreamAgent
@@ -108,16 +109,16 @@ class IdentityProvider(Service):
         self.first_retry = first_retry
         self.retry_cap = retry_cap
         self.refresh_every = refresh_every
-        self.refetch_interval = refetch_interval
         self.metadata: ProviderMetadata | None = None
-        self.keys = KeySet.from_jwks({"keys": []})
+        self.id_token_keys = KeySource("id_token", self._fetch_keys, reactor, refetch_interval)
+        self.access_token_keys = KeySource(
+            "access token", self._fetch_keys, reactor, refetch_interval
+        )
         self.last_error: str | None = None
         self._failures = 0
         self._next: IDelayedCall | None = None
         self._next_at = 0.0
         self._running: Deferred[None] | None = None
-        self._refetching: Deferred[KeySet] | None = None
-        self._last_refetch = float("-inf")
 
     # -- the service ------------------------------------------------------------------
 
@@ -136,9 +137,10 @@ class IdentityProvider(Service):
         if self._next is not None and self._next.active():
             self._next.cancel()
         self._next = None
-        for pending in (self._running, self._refetching):
-            if pending is not None:
-                pending.cancel()
+        if self._running is not None:
+            self._running.cancel()
+        self.id_token_keys.cancel()
+        self.access_token_keys.cancel()
 
     @property
     def ready(self) -> bool:
@@ -160,12 +162,43 @@ class IdentityProvider(Service):
         self._running = Deferred.fromCoroutine(self._discover())
         self._running.addBoth(self._refreshed)
 
+    @property
+    def keys(self) -> KeySet:
+        """
+        The key set id_tokens are verified against.
+        """
+        return self.id_token_keys.keys
+
+    @property
+    def refetch_interval(self) -> float:
+        """
+        The least time between two key-set fetches caused by unknown key ids.
+        """
+        return self.id_token_keys.refetch_interval
+
+    @refetch_interval.setter
+    def refetch_interval(self, seconds: float) -> None:
+        self.id_token_keys.refetch_interval = seconds
+        self.access_token_keys.refetch_interval = seconds
+
+    def access_token_keys_url(self, metadata: ProviderMetadata) -> str:
+        """
+        Where access tokens' keys are: C{bearer.jwksURL}, else the discovery document's
+        C{jwks_access_token_uri}, else its C{jwks_uri}.
+        """
+        return self.spec.bearer.jwks_url or metadata.access_token_jwks_uri
+
     async def _discover(self) -> None:
         document = await self._get_json(discovery_url(self.spec.issuer), "discovery")
         metadata = parse_discovery(document, self.spec.issuer)
-        keys = await self._fetch_keys(metadata.jwks_uri)
+        await self.id_token_keys.load(metadata.jwks_uri)
+        access_url = self.access_token_keys_url(metadata)
+        if access_url == metadata.jwks_uri:
+            self.access_token_keys.url = access_url
+            self.access_token_keys.keys = self.id_token_keys.keys
+        else:
+            await self.access_token_keys.load(access_url)
         self.metadata = metadata
-        self.keys = keys
 
     def _refreshed(self, result: object) -> None:
         self._running = None
@@ -219,33 +252,9 @@ class IdentityProvider(Service):
 
     async def keys_for(self, kid: str | None) -> KeySet:
         """
-        The key set, refetched first when it lacks C{kid}: at most once per refetch
-        interval, one fetch shared by every caller waiting for it.
+        The id_token key set, refetched first (rate limited) when it lacks C{kid}.
         """
-        keys = self.keys
-        metadata = self.metadata
-        if kid is None or keys.has_kid(kid) or metadata is None:
-            return keys
-        if self._refetching is None:
-            now = self._reactor.seconds()
-            if now - self._last_refetch < self.refetch_interval:
-                return keys
-            self._last_refetch = now
-            self._refetching = Deferred.fromCoroutine(self._fetch_keys(metadata.jwks_uri))
-            self._refetching.addBoth(self._refetched)
-        waiting: Deferred[KeySet] = Deferred()
-        self._refetching.addBoth(_relay, waiting)
-        return await waiting
-
-    def _refetched(self, result: KeySet | Failure) -> KeySet | Failure:
-        self._refetching = None
-        if isinstance(result, KeySet):
-            self.keys = result
-            _log.info("IdP key set refetched: {count} signing keys", count=len(result))
-            return result
-        if not result.check(CancelledError):
-            _log.warn("IdP key set refetch failed: {reason}", reason=_reason(result))
-        return self.keys
+        return await self.id_token_keys.keys_for(kid)
 
     # -- the login flow ---------------------------------------------------------------
 
@@ -429,14 +438,6 @@ class IdentityProvider(Service):
 
 def _ignore_unless_cancelled(failure: Failure) -> Failure | None:
     return failure if failure.check(CancelledError) else None
-
-
-def _relay(result: KeySet | Failure, waiting: Deferred[KeySet]) -> KeySet | Failure:
-    if isinstance(result, Failure):
-        waiting.errback(result)
-    else:
-        waiting.callback(result)
-    return result
 
 
 def _basic(client_id: str, secret: str) -> bytes:
