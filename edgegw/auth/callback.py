@@ -102,8 +102,12 @@ class CallbackResource(AuthEndpoint):
         # this instance: the same login cookie replayed (by this browser or a copy of it)
         # cannot buy another call to the token endpoint.
         pending = login.logins.take(request, state) if state else None
-        if pending is not None and not self.spent.spend(pending.state, pending.created_at):
-            raise LoginFailedError(400, "this login's state was already used")
+        if pending is not None:
+            spent = self.spent.spend(pending.state, pending.created_at)
+            if spent is None:
+                raise LoginFailedError(503, "too many logins in progress to remember")
+            if not spent:
+                raise LoginFailedError(400, "this login's state was already used")
         error = _first(args.get(b"error"))
         if error is not None:
             raise LoginFailedError(400, f"the IdP answered error={error[:100]!r}")
@@ -207,19 +211,20 @@ class SpentStates:
         self._clock = clock
         self._until: OrderedDict[str, float] = OrderedDict()
 
-    def spend(self, state: str, created_at: int) -> bool:
+    def spend(self, state: str, created_at: int) -> bool | None:
         """
-        Mark C{state} used; L{False} when it already was.
+        Mark C{state} used; L{False} when it already was; L{None} when L{MAX_SPENT}
+        states are remembered and none has expired (forgetting one would let its login
+        cookie be replayed: the callback is refused instead).
         """
         now = self._clock.seconds()
         until = self._until
-        while until:
-            expiry = next(iter(until.values()))
-            if expiry > now and len(until) < MAX_SPENT:
-                break
+        while until and next(iter(until.values())) <= now:
             until.popitem(last=False)
         if state in until:
             return False
+        if len(until) >= MAX_SPENT:
+            return None
         until[state] = created_at + LOGIN_LIFETIME
         return True
 

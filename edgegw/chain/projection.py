@@ -122,9 +122,9 @@ def projection(
                 headers.append((header, [rendered.encode("ascii")]))
         return headers
 
-    # This stage's own key in Principal.memo: one session's headers are rendered once
-    # per route shape, then only set on each of its requests.
-    key = object()
+    # The key in Principal.memo: one session's headers are rendered once per projection
+    # shape (routes that project alike share it), then only set on each request.
+    key = ("projection", groups_header, explicit)
 
     async def project(exchange: Exchange, next: Handler) -> None:
         strip_user_headers(exchange, projected)

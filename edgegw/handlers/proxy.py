@@ -30,7 +30,7 @@ from edgegw.chain.terminal import TerminalResource
 from edgegw.config.model import ProxyHandlerSpec
 from edgegw.handlers.headers import HOP_BY_HOP, connection_tokens, is_websocket_upgrade
 from edgegw.handlers.tunnel import Tunnel
-from edgegw.identity.cookies import without_cookies
+from edgegw.identity.cookies import set_cookie_name, without_cookies
 from edgegw.upstream.calls import UpstreamCall, describe_error, start_call
 from edgegw.upstream.http11 import UpstreamResponse
 from edgegw.upstream.pool import Upstream, UpstreamClient, UpstreamUnavailableError
@@ -265,7 +265,7 @@ class ProxyHandler(TerminalResource):
                 continue
             if lower in skip:
                 continue
-            if own is not None and lower == b"set-cookie" and own(_cookie_name(value)):
+            if own is not None and lower == b"set-cookie" and own(set_cookie_name(value)):
                 # A backend never sets (or clears) the gateway's session or login
                 # cookies: it could swap a visitor's session for another one.
                 _log.warn(
@@ -336,7 +336,7 @@ class ProxyHandler(TerminalResource):
                 write_text(request, 502, b"bad gateway\n")
                 return
             call.end(response.code)
-            tunnel = Tunnel(request, response)
+            tunnel = Tunnel(request, response, self.own_cookie)
             await tunnel.start()
             exchange.note("tunnel_bytes_up", tunnel.to_upstream)
             return
@@ -382,10 +382,3 @@ def _values(response: UpstreamResponse, name: bytes) -> list[bytes]:
 class _Discard:
     def write(self, data: bytes) -> None:
         pass
-
-
-def _cookie_name(set_cookie: bytes) -> bytes:
-    """
-    The cookie name of a C{Set-Cookie} value (as a browser reads it: up to C{=}, trimmed).
-    """
-    return set_cookie.partition(b";")[0].partition(b"=")[0].strip(b" \t")

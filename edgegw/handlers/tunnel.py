@@ -8,6 +8,7 @@ the streaming producer of the other, so that a slow reader pauses the fast write
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from twisted.internet.defer import Deferred
@@ -18,6 +19,7 @@ from twisted.python.failure import Failure
 from twisted.web.server import Request
 
 from edgegw.handlers.headers import HOP_BY_HOP, connection_tokens
+from edgegw.identity.cookies import set_cookie_name
 from edgegw.upstream.http11 import UpstreamResponse
 
 
@@ -51,9 +53,19 @@ class Tunnel:
     @ivar to_upstream: Bytes relayed from the client to the upstream.
     """
 
-    def __init__(self, request: Request, response: UpstreamResponse) -> None:
+    def __init__(
+        self,
+        request: Request,
+        response: UpstreamResponse,
+        own_cookie: Callable[[bytes], bool] | None = None,
+    ) -> None:
+        """
+        @param own_cookie: Says whether a cookie name is the gateway's own: a backend's
+            C{Set-Cookie} for one is left out of the 101, as from any other response.
+        """
         self.request = request
         self.response = response
+        self.own_cookie = own_cookie
         self.client_side = _Side(self)
         self.upstream_side = _Side(self)
         self.done: Deferred[None] = Deferred()
@@ -114,6 +126,9 @@ class Tunnel:
             lower = name.lower()
             # A 101 has no body: a Content-Length on it could only mislead the client.
             if lower in HOP_BY_HOP or lower in tokens or lower == b"content-length":
+                continue
+            own = self.own_cookie
+            if own is not None and lower == b"set-cookie" and own(set_cookie_name(value)):
                 continue
             lines.append(name + b": " + value)
         lines.extend(name + b": " + value for name, value in extra)

@@ -171,3 +171,18 @@ def without_cookies(values: list[bytes], drop: Callable[[bytes], bool]) -> bytes
             if not drop(pair.split(b"=", 1)[0].rstrip(_WHITESPACE)):
                 kept.append(pair)
     return b"; ".join(kept) if kept else None
+
+
+def set_cookie_name(value: bytes) -> bytes:
+    """
+    The name a browser gives the cookie of a C{Set-Cookie} value: up to the first C{=},
+    trimmed; for a nameless cookie (C{=gw_session=x}, or no C{=} at all), which browsers
+    send back as its bare value (RFC 6265bis), the name that value would be read as.
+    """
+    pair = value.partition(b";")[0]
+    name, equals, rest = pair.partition(b"=")
+    name = name.strip(b" \t")
+    if name and equals:
+        return name
+    bare = rest if equals else pair
+    return bare.partition(b"=")[0].strip(b" \t")

@@ -69,15 +69,18 @@ class KeySource:
         url = self.url
         if kid is None or url is None or keys.has_kid(kid):
             return keys
-        if self._refetching is None:
+        refetching = self._refetching
+        if refetching is None:
             now = self._clock.seconds()
             if now - self._last_refetch < self.refetch_interval:
                 return keys
             self._last_refetch = now
-            self._refetching = Deferred.fromCoroutine(self._fetch(url))
-            self._refetching.addBoth(self._refetched)
+            # A local: a fetch that fails at once has already run _refetched (which
+            # clears self._refetching) by the time fromCoroutine returns.
+            refetching = self._refetching = Deferred.fromCoroutine(self._fetch(url))
+            refetching.addBoth(self._refetched)
         waiting: Deferred[KeySet] = Deferred()
-        self._refetching.addBoth(_relay, waiting)
+        refetching.addBoth(_relay, waiting)
         return await waiting
 
     def cancel(self) -> None:

@@ -37,6 +37,9 @@ _FINGERPRINT_SIZE = hashlib.sha256().digest_size
 MAX_OPENED = 4096
 """Opened session cookies kept per gateway (the sealed value -> its record)."""
 
+MAX_OPENED_SIZE = 4096
+"""The largest sealed value kept opened (a one-cookie session, in practice)."""
+
 MAX_SESSION_CHUNKS = 3
 """
 The most cookies one session may take (about 11 KB sealed): with the pending login-state
@@ -227,10 +230,12 @@ class SessionCookie:
                 return None
             # A browser sends the same sealed value with every request: open it once.
             # Only authentic values get here; expiry and fingerprint are checked below
-            # on every request all the same.
-            if len(opened) >= MAX_OPENED:
-                opened.clear()
-            opened[sealed] = record
+            # on every request all the same. Large sessions are not kept (they would
+            # make the memory bound a matter of what IdP accounts carry).
+            if len(sealed) <= MAX_OPENED_SIZE:
+                if len(opened) >= MAX_OPENED:
+                    opened.clear()
+                opened[sealed] = record
         if record.expires_at <= self._clock.seconds():
             return None
         if not hmac.compare_digest(record.fingerprint, self._fingerprint.of(request)):

@@ -60,25 +60,44 @@ def read_body(response: IResponse, limit: int) -> Deferred[bytes]:
     collector = _CappedCollector(limit)
     collecting: Deferred[None] = treq.collect(response, collector.collect)
     # Cancelling the read (a caller's deadline) drops the connection: a body that stalls
-    # must not keep it, nor keep arriving into a collector nobody waits for.
-    reading: Deferred[bytes] = Deferred(lambda _: _abort(response))
-    collecting.addCallbacks(collector.body, collector.failed).addBoth(_settle, reading)
+    # must not keep it busy in the pool, nor keep arriving into a collector nobody waits
+    # for. Whatever the abort makes the body protocol report, the read then fails with
+    # CancelledError, as a cancelled Deferred does.
+    read = _Read()
+    reading: Deferred[bytes] = Deferred(lambda _: read.cancel(response))
+    collecting.addCallbacks(collector.body, collector.failed).addBoth(read.settle, reading)
     return reading
 
 
-def _abort(response: IResponse) -> None:
-    abort = getattr(response, "abort", None)
-    if abort is not None:
-        abort()
+class _Read:
+    """
+    The state of one body read: whether it was cancelled.
+    """
 
+    cancelled = False
 
-def _settle(result: bytes | Failure, reading: Deferred[bytes]) -> None:
-    if reading.called:
-        return  # cancelled: the connection's failure that follows is expected
-    if isinstance(result, Failure):
-        reading.errback(result)
-    else:
-        reading.callback(result)
+    def cancel(self, response: IResponse) -> None:
+        self.cancelled = True
+        # treq wraps the agent's response (_Response, _BufferedResponse), each holding
+        # the one it wraps as `original`: the gateway's own response is the one that can
+        # abort its connection.
+        wrapped: Any = response
+        for _ in range(8):
+            abort = getattr(wrapped, "abort", None)
+            if abort is not None:
+                abort()
+                return
+            wrapped = getattr(wrapped, "original", None)
+            if wrapped is None:
+                return
+
+    def settle(self, result: bytes | Failure, reading: Deferred[bytes]) -> None:
+        if self.cancelled or reading.called:
+            return  # cancelled: the connection's failure that follows is expected
+        if isinstance(result, Failure):
+            reading.errback(result)
+        else:
+            reading.callback(result)
 
 
 class _CappedCollector:
