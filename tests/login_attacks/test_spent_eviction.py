@@ -1,9 +1,9 @@
 """
 SpentStates: when full of unexpired states, spend() must not evict the oldest unexpired
 one, or a state spent earlier would be accepted again (a replayed callback buys a second
-token-endpoint call). Filling it is cheap: GET /auth/login then GET /auth/callback?state=S&error=x with
-that login cookie spends S with no IdP call at all (2 requests per state, 50,000 states
-inside the 600 s login lifetime).
+token-endpoint call). Filling it is cheap: GET /auth/login, then
+GET /auth/callback?state=S&error=x with that login cookie spends S with no IdP call at
+all (2 requests per state, 50,000 states inside the 600 s login lifetime).
 """
 
 from __future__ import annotations
