@@ -114,6 +114,7 @@ bench: $(STAMP)
 	$(BIN)/python -m bench authz
 	$(BIN)/python -m bench telemetry
 	$(BIN)/python -m bench session
+	$(BIN)/python -m bench bearer
 
 clean:
 	rm -rf $(VENV) $(OLDEST) _trial_temp* build *.egg-info .mypy_cache .ruff_cache

@@ -1,5 +1,6 @@
 """
-C{python -m bench proxy|memory|api|authz|telemetry|session}: the benchmark harness's command line.
+C{python -m bench proxy|memory|api|authz|telemetry|session|bearer}: the benchmark
+harness's command line.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from collections.abc import Sequence
 from types import FrameType
 from typing import Any, Protocol
 
-from bench import api, authz, memory, proxy, session, telemetry, variants
+from bench import api, authz, bearer, memory, proxy, session, telemetry, variants
 from bench.tools import MissingToolsError
 
 MEMORY_DESCRIPTION = """\
@@ -241,6 +242,23 @@ def parser() -> argparse.ArgumentParser:
         variants.Settings(),
         "wrk connections",
     )
+    _wrk_options(
+        commands.add_parser(
+            "bearer",
+            help="a Bearer token on a service route (none, cached, uncached): CPU/request",
+            description=(
+                "Measure, interleaved over rounds, one edgegw per variant with the same "
+                "verificationOnly IdP (a static OpenID provider in the harness, one RSA "
+                "key), serving the same service route: (a) public, no Authorization "
+                "header, (b) auth required with a valid RS256 token and the verified-token "
+                "cache at its default, (c) the same with bearer.cacheTTL: 0s (every request "
+                "verifies the signature); and the Bearer path in-process. Target: b at "
+                "least 0.9x a's throughput."
+            ),
+        ),
+        variants.Settings(),
+        "wrk connections",
+    )
     return top
 
 
@@ -273,6 +291,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return telemetry.run(variants.Settings(**_wrk_settings(args)))
         if args.command == "session":
             return session.run(variants.Settings(**_wrk_settings(args)))
+        if args.command == "bearer":
+            return bearer.run(variants.Settings(**_wrk_settings(args)))
         return memory.run(
             memory.Settings(
                 download_size=args.download_size,
