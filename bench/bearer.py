@@ -337,7 +337,7 @@ def _verifier(
     return BearerVerifier(provider, IDENTITY, GroupRenderer(IDENTITY.groups), clock)
 
 
-def _verified(verifier: BearerVerifier, token: str) -> Principal | None:
+def _verified(verifier: BearerVerifier, token: bytes) -> Principal | None:
     """C{verifier.verify(token)}, which completes at once when the keys are known."""
     got: list[Principal | None] = []
     done = Deferred.fromCoroutine(verifier.verify(token))
@@ -366,17 +366,17 @@ def time_paths(
     """
     headers = Headers({b"Authorization": [f"Bearer {token}".encode("ascii")]})
     cached = _verifier(issuer, discovery, jwks, DEFAULT_CACHE_TTL)
-    valid = _verified(cached, token) is not None
+    valid = _verified(cached, token.encode("ascii")) is not None
 
     def lookup() -> Principal | None:
         credential = bearer_token(headers)
-        return cached.cached(credential) if isinstance(credential, str) else None
+        return cached.cached(credential) if isinstance(credential, bytes) else None
 
     uncached = _verifier(issuer, discovery, jwks, 0.0)
 
     def verify() -> Principal | None:
         credential = bearer_token(headers)
-        return _verified(uncached, credential) if isinstance(credential, str) else None
+        return _verified(uncached, credential) if isinstance(credential, bytes) else None
 
     keys = KeySet.from_jwks(dict(jwks))
     now = time.time()

@@ -271,6 +271,41 @@ class ProjectionTests(SynchronousTestCase):
         self.assertEqual(seen[b"X-User-Name"], [b"Zo%C3%AB%0D%0AX: y"])
         self.assertNotIn(b"X-User-Nothing", seen)
 
+    def test_principal_projected_through_set_raw_headers(self) -> None:
+        """
+        On a Twisted whose Headers is not the plain dict the fast path writes into, the
+        same headers are set through Headers.setRawHeaders.
+        """
+        from edgegw.chain import projection as module
+
+        self.patch(module, "_DIRECT", False)
+        self.test_principal_projected()
+
+    def test_principal_projected_twice_from_the_memo(self) -> None:
+        """
+        A principal's second request gets the headers rendered for its first.
+        """
+        principal = Principal(subject="user-1", passport={"email": "a@example.com"})
+        seen: list[dict[bytes, Sequence[bytes]]] = []
+
+        async def set_principal(exchange: Exchange, next: Handler) -> None:
+            exchange.principal = principal
+            await next(exchange)
+
+        async def terminal(exchange: Exchange) -> None:
+            seen.append(dict(exchange.request.requestHeaders.getAllRawHeaders()))
+            await ok_terminal(exchange)
+
+        client = Harness(
+            self, terminal, stages=[set_principal, projection(b"X-User-Groups", None)]
+        ).client
+        client.request("GET", "/", {"X-User-Email": "forged"})
+        client.request("GET", "/", {"X-User-Email": "forged"})
+        self.assertEqual(len(principal.memo), 1)
+        for headers in seen:
+            self.assertEqual(headers[b"X-User-Id"], [b"user-1"])
+            self.assertEqual(headers[b"X-User-Email"], [b"a@example.com"])
+
     def test_explicit_claims_map(self) -> None:
         seen: list[dict[bytes, list[bytes]]] = []
 

@@ -11,6 +11,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from urllib.parse import quote
 
+from twisted.web.http_headers import Headers
+
 from edgegw.chain.exchange import Exchange
 from edgegw.chain.pipeline import Handler, Stage
 from edgegw.identity.principal import ClaimValue, Principal
@@ -23,6 +25,33 @@ _SAFE = "".join(chr(c) for c in range(0x20, 0x7F) if chr(c) not in ",%")
 
 
 _CLAIM_HEADERS: dict[str, bytes] = {}
+
+
+def _canonical_name(name: bytes) -> bytes:
+    """
+    The name as Twisted's C{Headers} stores it (its canonical capitalisation).
+    """
+    probe = Headers()
+    probe.setRawHeaders(name, [b""])
+    return next(probe.getAllRawHeaders())[0]
+
+
+def _direct_writes_work() -> bool:
+    """
+    Whether C{Headers._rawHeaders} is still the plain dict of canonical name -> list of
+    values that L{project} writes into (the fast path below checks itself at import).
+    """
+    headers = Headers()
+    headers.setRawHeaders(b"x-user-probe", [b"v"])
+    raw = getattr(headers, "_rawHeaders", None)
+    return isinstance(raw, dict) and raw == {_canonical_name(b"x-user-probe"): [b"v"]}
+
+
+# Setting the projected headers straight into the request's header dict (names in
+# Twisted's canonical form and values already safe: see encode_value) saves
+# Headers.setRawHeaders' per-value sanitising, about a microsecond a request; a Twisted
+# whose Headers is built otherwise gets setRawHeaders.
+_DIRECT = _direct_writes_work()
 
 
 def header_case(name: str) -> str:
@@ -105,11 +134,11 @@ def projection(
         else None
     )
 
-    def render(principal: Principal) -> list[tuple[bytes, list[bytes]]]:
-        headers = [(SUBJECT_HEADER, [encode_value(principal.subject).encode("ascii")])]
+    def render(principal: Principal) -> list[tuple[bytes, bytes]]:
+        headers = [(SUBJECT_HEADER, encode_value(principal.subject).encode("ascii"))]
         if principal.groups:
             value = ",".join(encode_value(group) for group in principal.groups)
-            headers.append((groups_header, [value.encode("ascii")]))
+            headers.append((groups_header, value.encode("ascii")))
         passport = principal.passport
         pairs = (
             explicit
@@ -119,7 +148,9 @@ def projection(
         for claim, header in pairs:
             rendered = render_claim(passport.get(claim))
             if rendered is not None:
-                headers.append((header, [rendered.encode("ascii")]))
+                headers.append((header, rendered.encode("ascii")))
+        if _DIRECT:
+            return [(_canonical_name(name), value) for name, value in headers]
         return headers
 
     # The key in Principal.memo: one session's headers are rendered once per projection
@@ -133,9 +164,14 @@ def projection(
             headers = principal.memo.get(key)
             if headers is None:
                 headers = principal.memo[key] = render(principal)
-            set_header = exchange.request.requestHeaders.setRawHeaders
-            for name, values in headers:
-                set_header(name, values)
+            if _DIRECT:
+                raw = exchange.request.requestHeaders._rawHeaders
+                for name, value in headers:
+                    raw[name] = [value]
+            else:
+                set_header = exchange.request.requestHeaders.setRawHeaders
+                for name, value in headers:
+                    set_header(name, [value])
         await next(exchange)
 
     return project

@@ -72,7 +72,7 @@ def session_stage(
                         principal = record.principal()
         if principal is None and bearer is not None:
             token = bearer_token(request.requestHeaders)
-            if isinstance(token, str):
+            if isinstance(token, bytes):
                 principal = bearer.cached(token)
                 if principal is None:
                     try:

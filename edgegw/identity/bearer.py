@@ -45,34 +45,39 @@ class BearerRejectedError(Exception):
         self.reason = reason
 
 
-def bearer_token(headers: Headers) -> str | bytes | None:
+def bearer_token(headers: Headers) -> bytes | bool | None:
     """
-    The Bearer credential of a request: its token (C{str}) when there is exactly one
-    C{Authorization} header with the C{Bearer} scheme (any case) and a token of RFC 6750
-    characters; the raw header (C{bytes}) when a Bearer credential is there but malformed;
-    L{None} when no Bearer credential was sent (no header, or another scheme).
+    The Bearer credential of a request: its token (C{bytes}, its characters not yet
+    checked: L{BearerVerifier.cached} looks it up as it is) when there is exactly one
+    C{Authorization} header with the C{Bearer} scheme (any case); L{False} when a Bearer
+    credential is there but malformed (two headers, no token, too long); L{None} when no
+    Bearer credential was sent (no header, or another scheme).
     """
     values = headers.getRawHeaders(b"authorization")
     if not values:
         return None
     if len(values) != 1:
-        return values[0]
+        return False
     value = values[0]
     if value[:7].lower() != _SCHEME:
         return None
     token = value[7:].strip(b" ")
-    if not token or len(token) > MAX_TOKEN or not _is_b64token(token):
-        return value
-    return token.decode("ascii")
+    if not token or len(token) > MAX_TOKEN:
+        return False
+    return token
 
 
-_B64TOKEN_BYTES = frozenset(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-._~+/")
+# RFC 6750 2.1: b64token = 1*( ALPHA / DIGIT / "-" / "." / "_" / "~" / "+" / "/" ) *"="
+_B64TOKEN_BYTES = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-._~+/"
 
 
-def _is_b64token(token: bytes) -> bool:
-    # RFC 6750 2.1: 1*( ALPHA / DIGIT / "-" / "." / "_" / "~" / "+" / "/" ) *"="
+def is_b64token(token: bytes) -> bool:
+    """
+    Whether C{token} is made of RFC 6750 token characters.
+    """
     body = token.rstrip(b"=")
-    return bool(body) and _B64TOKEN_BYTES.issuperset(body)
+    # translate() deletes the allowed bytes: anything left is not allowed.
+    return bool(body) and not body.translate(None, _B64TOKEN_BYTES)
 
 
 class BearerVerifier:
@@ -114,7 +119,7 @@ class BearerVerifier:
         self._verified: OrderedDict[bytes, tuple[Principal, float]] = OrderedDict()
         self._pending: dict[bytes, list[Deferred[Principal]]] = {}
 
-    def cached(self, token: str) -> Principal | None:
+    def cached(self, token: bytes) -> Principal | None:
         """
         The principal of a token verified before and still trusted, or L{None}.
         """
@@ -128,13 +133,15 @@ class BearerVerifier:
             return None
         return principal
 
-    async def verify(self, token: str) -> Principal:
+    async def verify(self, token: bytes) -> Principal:
         """
         Verify C{token} and resolve its principal (concurrent requests with the same new
         token share one verification).
 
         @raise BearerRejectedError: The token does not authenticate anyone.
         """
+        if not is_b64token(token):
+            raise BearerRejectedError("malformed Bearer credential")
         key = _key(token)
         waiting: Deferred[Principal] = Deferred()
         waiters = self._pending.get(key)
@@ -142,7 +149,9 @@ class BearerVerifier:
             waiters.append(waiting)
         else:
             self._pending[key] = [waiting]
-            Deferred.fromCoroutine(self._verify(token, key)).addBoth(self._settled, key)
+            Deferred.fromCoroutine(self._verify(token.decode("ascii"), key)).addBoth(
+                self._settled, key
+            )
         return await waiting
 
     def _settled(self, result: Principal | Failure, key: bytes) -> None:
@@ -206,5 +215,5 @@ class BearerVerifier:
         )
 
 
-def _key(token: str) -> bytes:
-    return hashlib.sha256(token.encode("ascii")).digest()
+def _key(token: bytes) -> bytes:
+    return hashlib.sha256(token).digest()
