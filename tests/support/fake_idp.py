@@ -10,6 +10,13 @@ an authorization error, a missing or wrong C{iss} in the authorization response,
 error from the token endpoint, or an ID token that is bad in one chosen way
 (L{ID_TOKEN_MODES}).
 
+For Bearer tests it also mints access tokens directly (L{FakeIdP.mint_access_token}:
+any claims, header members, signing key or algorithm), can hold an Ed25519 key
+(C{key_algs}), publish extra JWKS entries (L{FakeIdP.extra_jwks}: an C{enc}-use key)
+and a separate access-token key set (L{FakeIdP.access_token_keys}, announced as
+C{jwks_access_token_uri}); L{compact_jws} builds what PyJWT refuses to (C{alg: none},
+HMAC keyed with a public key).
+
 Usage::
 
     idp = FakeIdP(redirect_uris=["http://127.0.0.1:8080/callback"])
@@ -34,8 +41,8 @@ from urllib.parse import parse_qs, unquote_plus, urlencode
 
 import jwt
 from cryptography.hazmat.primitives import serialization
-from cryptography.hazmat.primitives.asymmetric import ec, rsa
-from jwt.algorithms import ECAlgorithm, RSAAlgorithm
+from cryptography.hazmat.primitives.asymmetric import ec, ed25519, rsa
+from jwt.algorithms import ECAlgorithm, OKPAlgorithm, RSAAlgorithm, get_default_algorithms
 from twisted.internet import reactor as _global_reactor
 from twisted.internet.defer import Deferred
 from twisted.internet.protocol import connectionDone
@@ -53,6 +60,7 @@ __all__ = [
     "FakeIdP",
     "SigningKey",
     "b64url",
+    "compact_jws",
     "pkce_challenge",
 ]
 
@@ -105,12 +113,13 @@ def pkce_challenge(verifier: str) -> str:
     return b64url(hashlib.sha256(verifier.encode("ascii")).digest())
 
 
-def _compact_jws(
+def compact_jws(
     header: dict[str, Any], claims: dict[str, Any], sign: Callable[[bytes], bytes]
 ) -> str:
     """
     A compact JWS built by hand: C{sign} gets the signing input and returns the
-    signature (what PyJWT refuses to produce: C{alg: none}, HMAC keyed with a PEM).
+    signature (what PyJWT refuses to produce: C{alg: none}, HMAC keyed with a PEM). An
+    empty signature leaves the token ending in C{.}.
     """
     signing_input = (
         b64url(json.dumps(header, separators=(",", ":")).encode())
@@ -118,6 +127,13 @@ def _compact_jws(
         + b64url(json.dumps(claims, separators=(",", ":")).encode())
     )
     return signing_input + "." + b64url(sign(signing_input.encode("ascii")))
+
+
+PrivateKey = rsa.RSAPrivateKey | ec.EllipticCurvePrivateKey | ed25519.Ed25519PrivateKey
+"""A private signing key of one of the types L{SigningKey} generates."""
+
+#: The key id prefix of each algorithm's generated keys (C{rsa-1}, C{ec-1}, C{ed-1}).
+_KID_PREFIXES = {"RS256": "rsa", "ES256": "ec", "EdDSA": "ed"}
 
 
 @dataclass
@@ -128,18 +144,20 @@ class SigningKey:
 
     kid: str
     alg: str
-    private: rsa.RSAPrivateKey | ec.EllipticCurvePrivateKey
+    private: PrivateKey
 
     @classmethod
     def generate(cls, kid: str, alg: str) -> SigningKey:
         """
-        A new key for C{alg}: RSA 2048 for RS256, P-256 for ES256.
+        A new key for C{alg}: RSA 2048 for RS256, P-256 for ES256, Ed25519 for EdDSA.
         """
-        private: rsa.RSAPrivateKey | ec.EllipticCurvePrivateKey
+        private: PrivateKey
         if alg == "RS256":
             private = rsa.generate_private_key(public_exponent=65537, key_size=2048)
         elif alg == "ES256":
             private = ec.generate_private_key(ec.SECP256R1())
+        elif alg == "EdDSA":
+            private = ed25519.Ed25519PrivateKey.generate()
         else:
             raise ValueError(f"unsupported algorithm {alg}")
         return cls(kid, alg, private)
@@ -161,8 +179,10 @@ class SigningKey:
         jwk: dict[str, Any]
         if isinstance(public, rsa.RSAPublicKey):
             jwk = dict(RSAAlgorithm.to_jwk(public, as_dict=True))
-        else:
+        elif isinstance(public, ec.EllipticCurvePublicKey):
             jwk = dict(ECAlgorithm.to_jwk(public, as_dict=True))
+        else:
+            jwk = dict(OKPAlgorithm.to_jwk(public, as_dict=True))
         jwk.update(kid=self.kid, use="sig", alg=self.alg)
         return jwk
 
@@ -171,6 +191,13 @@ class SigningKey:
         C{claims} as a JWT signed with this key (header: C{alg}, C{typ}, C{kid}).
         """
         return jwt.encode(claims, self.private, algorithm=self.alg, headers={"kid": self.kid})
+
+    def signature(self, data: bytes, alg: str | None = None) -> bytes:
+        """
+        The JWS signature of C{data} with this key under C{alg} (default: the key's own;
+        another one the key type supports, PS256 with an RSA key say, when given).
+        """
+        return get_default_algorithms()[alg or self.alg].sign(data, self.private)
 
 
 @dataclass
@@ -283,6 +310,14 @@ class FakeIdP:
     @ivar code_lifetime: Seconds an authorization code can be exchanged. Only a
         successful exchange uses a code up: a failed one leaves it usable.
     @ivar clock: The provider's time (seconds since the epoch).
+    @ivar extra_jwks: JWKS entries published after the signing keys, as they are (an
+        C{enc}-use key, say).
+    @ivar access_token_keys: When not L{None}, a key set of its own for access tokens,
+        published at C{/access-jwks} (404 while L{None}).
+    @ivar announce_access_jwks: Whether discovery names C{/access-jwks} as
+        C{jwks_access_token_uri} (only while L{access_token_keys} is set).
+    @ivar signing_algs: Discovery's C{id_token_signing_alg_values_supported}; L{None}:
+        the algorithms of L{keys}, in order.
 
     Records:
 
@@ -294,7 +329,9 @@ class FakeIdP:
         access tokens issued for them are revoked, RFC 6749 10.5).
     @ivar discovery_requests: How many discovery requests were received.
     @ivar jwks_requests: How many JWKS requests were received.
+    @ivar access_jwks_requests: How many C{/access-jwks} requests were received.
     @ivar userinfo_requests: How many userinfo requests were received.
+    @ivar userinfo_tokens: The Bearer credential of every userinfo request, in order.
     """
 
     def __init__(
@@ -302,7 +339,12 @@ class FakeIdP:
         client_id: str = "gw",
         client_secret: str = "gw-secret",
         redirect_uris: Iterable[str] = (),
+        key_algs: Iterable[str] = ("RS256", "ES256"),
     ) -> None:
+        """
+        @param key_algs: The algorithms of the signing keys (one key each, also after
+            L{rotate}): C{RS256}, C{ES256}, C{EdDSA}.
+        """
         self.client_id = client_id
         self.client_secret = client_secret
         self.redirect_uris: list[str] = list(redirect_uris)
@@ -322,13 +364,23 @@ class FakeIdP:
         self.token_lifetime = 300
         self.code_lifetime = 60
         self.clock: Callable[[], float] = time.time
+        self.extra_jwks: list[dict[str, Any]] = []
+        self.access_token_keys: list[SigningKey] | None = None
+        self.announce_access_jwks = True
+        self.signing_algs: list[str] | None = None
+        self.key_algs = tuple(key_algs)
+        unknown = set(self.key_algs) - set(_KID_PREFIXES)
+        if unknown:
+            raise ValueError(f"unsupported key algorithms {sorted(unknown)}")
 
         self.authorize_requests: list[dict[str, str]] = []
         self.token_requests: list[dict[str, str]] = []
         self.replayed_codes: list[str] = []
         self.discovery_requests = 0
         self.jwks_requests = 0
+        self.access_jwks_requests = 0
         self.userinfo_requests = 0
+        self.userinfo_tokens: list[str] = []
 
         self.generation = 1
         self.keys: list[SigningKey] = self._generate_keys()
@@ -345,8 +397,8 @@ class FakeIdP:
 
     def _generate_keys(self) -> list[SigningKey]:
         return [
-            SigningKey.generate(f"rsa-{self.generation}", "RS256"),
-            SigningKey.generate(f"ec-{self.generation}", "ES256"),
+            SigningKey.generate(f"{_KID_PREFIXES[alg]}-{self.generation}", alg)
+            for alg in self.key_algs
         ]
 
     def key(self, kid: str) -> SigningKey:
@@ -381,6 +433,13 @@ class FakeIdP:
         """
         return next(key for key in self.keys if key.alg == "ES256")
 
+    @property
+    def ed_key(self) -> SigningKey:
+        """
+        The current Ed25519 key (only with C{EdDSA} in C{key_algs}).
+        """
+        return next(key for key in self.keys if key.alg == "EdDSA")
+
     def rotate(self) -> None:
         """
         Replace both keys with new ones under new key ids (C{rsa-2}, C{ec-2}, ...): the
@@ -394,9 +453,71 @@ class FakeIdP:
 
     def jwks(self) -> dict[str, Any]:
         """
-        The JWKS document (public keys).
+        The JWKS document (public keys, then L{extra_jwks}).
         """
-        return {"keys": [key.public_jwk() for key in self.keys]}
+        return {"keys": [key.public_jwk() for key in self.keys] + list(self.extra_jwks)}
+
+    # -- access tokens ---------------------------------------------------------------
+
+    def access_token_claims(self, user_claims: bool = False) -> dict[str, Any]:
+        """
+        The claims of an access token as the token endpoint issues them, for L{user},
+        valid now for L{token_lifetime}; with L{user}'s other claims too when
+        C{user_claims}.
+        """
+        now = int(self.clock())
+        claims: dict[str, Any] = dict(self.user) if user_claims else {}
+        claims.update(
+            {
+                "iss": self.issuer,
+                "sub": self.user["sub"],
+                "aud": self.access_token_audience,
+                "client_id": self.client_id,
+                "exp": now + self.token_lifetime,
+                "iat": now,
+                "scope": "openid profile email",
+                "jti": secrets.token_urlsafe(12),
+            }
+        )
+        return claims
+
+    def mint_access_token(
+        self,
+        claims: dict[str, Any] | None = None,
+        *,
+        key: SigningKey | None = None,
+        alg: str | None = None,
+        header: dict[str, Any] | None = None,
+        drop: Iterable[str] = (),
+        user_claims: bool = False,
+        register: bool = True,
+    ) -> str:
+        """
+        An access token as the test wants it: L{access_token_claims} updated with
+        C{claims}, without the claims named in C{drop}, signed by C{key} (default: the
+        signing key; any L{SigningKey}, one the JWKS never lists included) with C{alg}
+        (default: the key's own). The header is C{alg}, C{typ} and the key's C{kid},
+        updated with C{header}; a member set to L{None} there is left out.
+
+        @param register: Whether the userinfo endpoint accepts the token (until its
+            C{exp}), as it does the tokens it issued.
+        """
+        key = key or self.signing_key
+        alg = alg or key.alg
+        body = self.access_token_claims(user_claims)
+        body.update(claims or {})
+        for name in drop:
+            body.pop(name, None)
+        head: dict[str, Any] = {"alg": alg, "typ": "at+jwt", "kid": key.kid}
+        head.update(header or {})
+        head = {name: value for name, value in head.items() if value is not None}
+        token = compact_jws(head, body, lambda data: key.signature(data, alg))
+        if register:
+            expires = body.get("exp")
+            if not isinstance(expires, int | float):
+                expires = self.clock() + self.token_lifetime
+            self._access_tokens[token] = float(expires)
+        return token
 
     # -- claims ----------------------------------------------------------------------
 
@@ -517,6 +638,7 @@ class FakeIdP:
             _Endpoint({b"GET": self._render_userinfo, b"POST": self._render_userinfo}),
         )
         root.putChild(b"jwks", _Endpoint({b"GET": self._render_jwks}))
+        root.putChild(b"access-jwks", _Endpoint({b"GET": self._render_access_jwks}))
         return root
 
     # -- endpoints -------------------------------------------------------------------
@@ -526,7 +648,10 @@ class FakeIdP:
         The discovery document as it is now.
         """
         issuer = self.issuer
-        return {
+        algs = self.signing_algs
+        if algs is None:
+            algs = list(dict.fromkeys(key.alg for key in self.keys))
+        document = {
             "issuer": self.discovery_issuer if self.discovery_issuer is not None else issuer,
             "authorization_endpoint": issuer + "/authorize",
             "token_endpoint": issuer + "/token",
@@ -536,13 +661,16 @@ class FakeIdP:
             "response_modes_supported": ["query"],
             "grant_types_supported": ["authorization_code"],
             "subject_types_supported": ["public"],
-            "id_token_signing_alg_values_supported": ["RS256", "ES256"],
+            "id_token_signing_alg_values_supported": list(algs),
             "code_challenge_methods_supported": ["S256"],
             "token_endpoint_auth_methods_supported": list(self.token_auth_methods),
             "scopes_supported": ["openid", "profile", "email", "groups"],
             "claims_supported": sorted({"iss", "sub", "aud", "exp", "iat", "nonce", *self.user}),
             "authorization_response_iss_parameter_supported": True,
         }
+        if self.access_token_keys is not None and self.announce_access_jwks:
+            document["jwks_access_token_uri"] = issuer + "/access-jwks"
+        return document
 
     def _render_discovery(self, request: Request) -> Any:
         self.discovery_requests += 1
@@ -553,6 +681,12 @@ class FakeIdP:
     def _render_jwks(self, request: Request) -> Any:
         self.jwks_requests += 1
         return self.jwks()
+
+    def _render_access_jwks(self, request: Request) -> Any:
+        self.access_jwks_requests += 1
+        if self.access_token_keys is None:
+            raise _OAuthError(404, "not_found", "no access-token key set")
+        return {"keys": [key.public_jwk() for key in self.access_token_keys]}
 
     def _render_authorize(self, request: Request) -> Any:
         query = parse_qs(
@@ -762,10 +896,10 @@ class FakeIdP:
         elif mode == "wrong_azp":
             claims["azp"] = OTHER_CLIENT
         elif mode == "alg_none":
-            return _compact_jws({"alg": "none", "typ": "JWT"}, claims, lambda _: b"")
+            return compact_jws({"alg": "none", "typ": "JWT"}, claims, lambda _: b"")
         elif mode == "hs256_public":
             secret = self.rsa_key.public_pem
-            return _compact_jws(
+            return compact_jws(
                 {"alg": "HS256", "typ": "JWT", "kid": self.rsa_key.kid},
                 claims,
                 lambda data: hmac.new(secret, data, hashlib.sha256).digest(),
@@ -793,6 +927,7 @@ class FakeIdP:
         self.userinfo_requests += 1
         challenge = [("WWW-Authenticate", 'Bearer error="invalid_token"')]
         scheme, _, token = (request.getHeader("Authorization") or "").partition(" ")
+        self.userinfo_tokens.append(token.strip())
         expiry = self._access_tokens.get(token.strip())
         if scheme.lower() != "bearer" or expiry is None:
             raise _OAuthError(401, "invalid_token", "unknown access token", challenge)
