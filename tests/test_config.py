@@ -1116,6 +1116,30 @@ class HeaderValueTests(SynchronousTestCase):
         )
 
 
+class BearerCacheTtlTests(SynchronousTestCase):
+    def test_cache_ttl(self) -> None:
+        def idp(ttl: str) -> str:
+            return f"""\
+            kind: IdP
+            metadata: {{name: i}}
+            spec:
+              type: oidc
+              verificationOnly: true
+              issuer: "https://idp.example"
+              clientID: c
+              bearer: {{cacheTTL: "{ttl}"}}
+            """
+
+        for text, seconds in (("0s", 0.0), ("90s", 90.0)):
+            loaded = load_text(self.mktemp(), idp(text)).idp
+            assert loaded is not None
+            self.assertEqual(loaded.bearer.cache_ttl, seconds)
+        self.assertEqual(
+            problems_of(self.mktemp(), idp("-1s")),
+            ['document 2, IdP "i": spec.bearer.cacheTTL: must not be negative, got "-1s"'],
+        )
+
+
 class UrlTests(SynchronousTestCase):
     """
     Upstream, IdP and OTLP URLs are checked strictly at load, so that nothing fails when

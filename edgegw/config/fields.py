@@ -235,8 +235,11 @@ class Node:
         except ValueError as e:
             self.error(key, f'{e}; use a number with a unit, such as "500ms", "30s", "1h30m"')
             return default
-        if seconds < 0 or (positive and seconds == 0):
+        if positive and seconds <= 0:
             self.error(key, f'must be greater than 0, got "{value}"')
+            return default
+        if seconds < 0:
+            self.error(key, f'must not be negative, got "{value}"')
             return default
         return seconds
 

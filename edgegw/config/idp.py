@@ -74,9 +74,4 @@ def _cache_ttl(bearer: Node) -> float:
     again (never past its own C{exp}); C{0s} turns the cache off.
     """
     ttl = bearer.duration("cacheTTL", 300.0)
-    if ttl is None:
-        return 300.0
-    if ttl < 0:
-        bearer.error("cacheTTL", "must not be negative")
-        return 300.0
-    return ttl
+    return 300.0 if ttl is None else ttl

@@ -60,7 +60,9 @@ def bearer_token(headers: Headers) -> bytes | bool | None:
         return False
     value = values[0]
     if value[:7].lower() != _SCHEME:
-        return None
+        # Twisted strips trailing whitespace from header values: "Bearer " arrives as
+        # "Bearer", a Bearer credential without its token.
+        return False if value.lower() == _SCHEME[:-1] else None
     token = value[7:].strip(b" ")
     if not token or len(token) > MAX_TOKEN:
         return False
