@@ -38,7 +38,11 @@ def free_port() -> int:
         return int(probe.getsockname()[1])
 
 
-class RealProviderLoginTests(TestCase):
+class ProviderGateway(TestCase):
+    """
+    A gateway with browser login against the real provider (no tests of its own).
+    """
+
     async def serve(self, idp_extra: str = "") -> tuple[str, SiteBackend, Any]:
         port = free_port()
         origin = f"http://127.0.0.1:{port}"
@@ -109,6 +113,8 @@ spec:
         self.assertEqual(view.status, 200)
         return view.json()
 
+
+class RealProviderLoginTests(ProviderGateway):
     async def test_login_with_userinfo_and_an_opaque_access_token(self) -> None:
         origin, backend, _ = await self.serve()
         view = await self.login(origin, "alice")
@@ -136,3 +142,69 @@ spec:
         # A JWT access token for the API (three dot-separated parts).
         self.assertEqual(token.count(b"."), 2, token[:40])
         self.assertEqual(view["passport"]["email"], "bob@example.com")
+
+
+class RealProviderBearerTests(ProviderGateway):
+    """
+    A verification-only gateway accepting the real provider's JWT access tokens (RFC 9068
+    `at+jwt`, audience the resource indicator), obtained through a browser login at a
+    first gateway that forwards them to its backend.
+    """
+
+    async def test_access_token_from_the_login_is_accepted_by_a_verifying_gateway(self) -> None:
+        origin, backend, provider = await self.serve(f"  resource: {RESOURCE}\n")
+        await self.login(origin, "alice")
+        forwarded = backend.requests[-1].header(b"Authorization")
+        assert forwarded is not None
+        api = SiteBackend(answer(body=b"api")).start()
+        self.addCleanup(api.stop)
+        text = f"""\
+kind: Gateway
+metadata: {{name: api-gw}}
+spec:
+  listen: "127.0.0.1:0"
+  identity:
+    userInfo: never
+    claims: []
+---
+kind: IdP
+metadata: {{name: op}}
+spec:
+  type: oidc
+  verificationOnly: true
+  issuer: "{provider.issuer}"
+  clientID: "{provider.client_id}"
+  bearer: {{audience: "{RESOURCE}"}}
+---
+kind: Route
+metadata: {{name: api}}
+spec:
+  match: /api/
+  handler: {{type: reverse-proxy, upstream: "http://127.0.0.1:{api.port}"}}
+"""
+        root = write_tree(self.mktemp(), {"a.yaml": text})
+        client = UpstreamClient(reactor)
+        gateway = build_gateway(load_config(root, {}), reactor, client)
+        listening = reactor.listenTCP(0, gateway.site, interface="127.0.0.1")
+        self.addCleanup(listening.stopListening)
+        self.addCleanup(client.close)
+        idp = gateway.idp
+        assert idp is not None
+        idp.startService()
+        self.addCleanup(idp.stopService)
+        for _ in range(250):
+            if idp.ready:
+                break
+            await deferLater(reactor, 0.02, lambda: None)
+        self.assertTrue(idp.ready, idp.last_error)
+        url = f"http://127.0.0.1:{listening.getHost().port}/api/x"
+        caller = CookieClient()
+        accepted = await caller.request("GET", url, headers={"Authorization": forwarded.decode()})
+        self.assertEqual((accepted.status, accepted.body), (200, b"api"))
+        self.assertEqual(api.requests[-1].header(b"X-User-Id"), b"alice")
+        tampered = forwarded[:-4] + (b"AAAA" if not forwarded.endswith(b"AAAA") else b"BBBB")
+        refused = await caller.request("GET", url, headers={"Authorization": tampered.decode()})
+        self.assertEqual(refused.status, 401)
+        self.assertEqual(refused.headers.get("www-authenticate"), 'Bearer error="invalid_token"')
+        anonymous = await caller.request("GET", url)
+        self.assertEqual(anonymous.status, 401)
