@@ -39,6 +39,7 @@ setup(
         "hyperlink>=21.0,<22",
         "cryptography>=45.0.7,<51",
         "PyJWT>=2.10.1,<3",
+        "PyNaCl>=1.5.0,<2",
         "opentelemetry-api>=1.35,<2",
         "opentelemetry-sdk>=1.35,<2",
         "opentelemetry-exporter-otlp-proto-http>=1.35,<2",

@@ -52,6 +52,7 @@ from edgegw.handlers.api import ApiHandler
 from edgegw.handlers.health import HealthHandler
 from edgegw.handlers.proxy import ProxyHandler
 from edgegw.handlers.static import StaticHandler
+from edgegw.identity.assertion import AssertionIssuer, AssertionVerifier
 from edgegw.identity.bearer import BearerVerifier
 from edgegw.identity.groups import GroupRenderer
 from edgegw.identity.login_state import LoginStates
@@ -107,6 +108,8 @@ class IdentityStages:
     @ivar trusted_origins: C{security.csrf.trustedOrigins}.
     @ivar login_path: Where app routes send anonymous navigations, when login is mounted.
     @ivar bearer: Verifies Bearer tokens on service routes, when an IdP is configured.
+    @ivar assertions: Verifies inbound identity assertions on service routes, with
+        C{identity.assertion.accept}.
     """
 
     session: SessionCookie | None
@@ -114,6 +117,7 @@ class IdentityStages:
     trusted_origins: tuple[str, ...]
     login_path: str | None
     bearer: BearerVerifier | None = None
+    assertions: AssertionVerifier | None = None
 
 
 def build_gateway(
@@ -223,7 +227,9 @@ def _identity(
     gateway = config.gateway
     session = gateway.session
     idp = config.idp
-    if session is None and idp is None:
+    assertion = gateway.identity.assertion
+    accept = assertion.accept if assertion is not None else None
+    if session is None and idp is None and accept is None:
         return None, None, None
     cookie = None
     login = None
@@ -262,6 +268,7 @@ def _identity(
             trusted_origins=gateway.security.csrf.trusted_origins,
             login_path=gateway.auth.login_path if login is not None else None,
             bearer=bearer,
+            assertions=AssertionVerifier(accept, reactor) if accept is not None else None,
         ),
     )
 
@@ -390,8 +397,10 @@ def route_runner(
     stages: list[Stage] = [recover, request_id, log_stage]
     if identity is not None:
         required = route.auth == "required"
-        bearer = identity.bearer if effective.type == "service" else None
-        if identity.session is not None or bearer is not None:
+        service = effective.type == "service"
+        bearer = identity.bearer if service else None
+        assertions = identity.assertions if service else None
+        if identity.session is not None or bearer is not None or assertions is not None:
             # On a required route the session stage applies the gate's refusal itself.
             stages.append(
                 session_stage(
@@ -400,6 +409,7 @@ def route_runner(
                     identity.trusted_origins,
                     refusal(effective.type, identity.login_path) if required else None,
                     bearer,
+                    assertions,
                 )
             )
         elif required:
@@ -456,6 +466,8 @@ class _TerminalContext:
         if assertion is not None and assertion.accept is not None:
             names.add(assertion.accept.header.lower().encode("ascii"))
         self.assertion_headers = frozenset(names)
+        issue = assertion.issue if assertion is not None else None
+        self.issuer = AssertionIssuer(issue, reactor) if issue is not None else None
 
 
 def _terminal(
@@ -464,7 +476,7 @@ def _terminal(
     spec = effective.spec.handler
     try:
         if isinstance(spec, ApiHandlerSpec):
-            return ApiHandler(spec, context.agent, context.reactor)
+            return ApiHandler(spec, context.agent, context.reactor, context.issuer)
         if isinstance(spec, ProxyHandlerSpec):
             return ProxyHandler(
                 spec,
@@ -475,6 +487,7 @@ def _terminal(
                 assertion_headers=context.assertion_headers,
                 identity_headers=context.projected,
                 own_cookie=context.own_cookie,
+                issuer=context.issuer,
             )
     except ValueError as e:
         # What load-time validation let through (an upstream URL the client refuses).
@@ -497,7 +510,6 @@ def _refuse_unavailable(config: Config, problems: Problems) -> None:
     gateway = config.gateway
     where = gateway.location
     for present, field, feature in (
-        (gateway.identity.assertion is not None, "spec.identity.assertion", "identity assertions"),
         (gateway.state_provider is not None, "spec.stateProvider", "server-side session state"),
     ):
         if present:

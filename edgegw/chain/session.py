@@ -7,12 +7,13 @@ unauthenticated and the auth-gate decides.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 
 from twisted.web.server import Request
 
 from edgegw.chain.exchange import Exchange
 from edgegw.chain.pipeline import Handler, Stage
+from edgegw.identity.assertion import AssertionRefusedError, AssertionVerifier
 from edgegw.identity.bearer import BearerRejectedError, BearerVerifier, bearer_token
 from edgegw.identity.cookies import is_https
 from edgegw.identity.principal import Principal
@@ -27,6 +28,7 @@ def session_stage(
     trusted_origins: Iterable[str] = (),
     refuse: Callable[[Exchange, bool], None] | None = None,
     bearer: BearerVerifier | None = None,
+    assertions: AssertionVerifier | None = None,
 ) -> Stage:
     """
     Make the session stage of one route.
@@ -43,13 +45,28 @@ def session_stage(
     @param bearer: On a service route, the Bearer verifier: without a valid session
         cookie, C{Authorization: Bearer} is verified (the cookie wins when both are
         sent). App routes never look at Bearer tokens.
+    @param assertions: On a service route, with C{identity.assertion.accept}: the
+        inbound assertion header is taken off the request first (ordering rule 3: no
+        later stage or backend sees a client's), then verified after the Bearer token;
+        with C{requireBearer} it only enriches a Bearer principal of the same subject,
+        without it a valid assertion alone authenticates. An invalid or unusable
+        assertion is ignored (the reason goes to the access log), never an error.
     """
     trusted = frozenset(origin.lower() for origin in trusted_origins)
+    assertion_header = assertions.header if assertions is not None else b""
+    require_bearer = assertions.spec.require_bearer if assertions is not None else True
 
     async def session(exchange: Exchange, next: Handler) -> None:
         request = exchange.request
         principal = None
         rejected = False
+        asserted = None
+        if assertions is not None:
+            headers = request.requestHeaders
+            asserted = headers.getRawHeaders(assertion_header)
+            if asserted is not None:
+                headers.removeHeader(assertion_header)
+        from_bearer = False
         if cookie is not None:
             if _cross_origin_websocket(request, trusted):
                 # A WebSocket handshake is a GET, which CSRF protection lets through,
@@ -80,9 +97,14 @@ def session_stage(
                     except BearerRejectedError as e:
                         rejected = True
                         _rejected(exchange, e.reason)
+                from_bearer = principal is not None
             elif token is not None:
                 rejected = True
                 _rejected(exchange, "malformed Bearer credential")
+        if asserted is not None and assertions is not None:
+            principal = _with_assertion(
+                exchange, assertions, asserted, principal, from_bearer, require_bearer
+            )
         if principal is not None:
             exchange.principal = principal
         elif refuse is not None:
@@ -91,6 +113,45 @@ def session_stage(
         await next(exchange)
 
     return session
+
+
+def _with_assertion(
+    exchange: Exchange,
+    assertions: AssertionVerifier,
+    values: Sequence[bytes],
+    principal: Principal | None,
+    from_bearer: bool,
+    require_bearer: bool,
+) -> Principal | None:
+    """
+    The principal once the inbound assertion is taken into account: enriched with its
+    groups and claims, or (without C{requireBearer}) authenticated by it alone; as it was
+    when the assertion is invalid or does not fit.
+    """
+    if len(values) != 1:
+        return _ignored(exchange, "more than one assertion header", principal)
+    if require_bearer and not from_bearer:
+        # Checked before the signature: an unaccompanied assertion costs nothing.
+        return _ignored(exchange, "not accompanied by a verified Bearer token", principal)
+    try:
+        asserted = assertions.verify(values[0])
+    except AssertionRefusedError as e:
+        return _ignored(exchange, e.reason, principal)
+    if principal is None:
+        exchange.note("assertion", "accepted")
+        return Principal(asserted.subject, asserted.claims, asserted.groups)
+    if asserted.subject != principal.subject:
+        return _ignored(exchange, "subject differs from the token's", principal)
+    exchange.note("assertion", "accepted")
+    return Principal(principal.subject, asserted.claims, asserted.groups, principal.access_token)
+
+
+def _ignored(exchange: Exchange, reason: str, principal: Principal | None) -> Principal | None:
+    exchange.note("assertion", f"ignored: {reason}")
+    span = exchange.span
+    if span is not None:
+        span.add_event("assertion.ignored", {"reason": reason})
+    return principal
 
 
 def _rejected(exchange: Exchange, reason: str) -> None:

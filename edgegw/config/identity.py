@@ -66,6 +66,7 @@ def _assertion(node: Node | None) -> AssertionSpec | None:
             seed=ed25519_key(issue_node, "key", "the Ed25519 seed"),
             ttl=issue_node.duration("ttl", 60.0, positive=True) or 60.0,
             header=header,
+            audience=issue_node.string("audience", nonempty=True),
         )
         issue_node.finish()
     accept = None
@@ -74,10 +75,15 @@ def _assertion(node: Node | None) -> AssertionSpec | None:
         header = accept_node.string("header", "X-Gw-Identity") or ""
         check_header_name(accept_node, "header", header)
         keys = []
-        for key_node in accept_node.nodes("keys", required=True):
+        seen: set[str] = set()
+        for index, key_node in enumerate(accept_node.nodes("keys", required=True)):
+            key_id = key_node.required_string("keyId")
+            if key_id in seen:
+                accept_node.error(f"keys[{index}].keyId", f'"{key_id}" is listed twice')
+            seen.add(key_id)
             keys.append(
                 AssertionKeySpec(
-                    key_id=key_node.required_string("keyId"),
+                    key_id=key_id,
                     public_key=ed25519_key(key_node, "publicKey", "the Ed25519 public key"),
                 )
             )
@@ -87,6 +93,7 @@ def _assertion(node: Node | None) -> AssertionSpec | None:
             keys=tuple(keys),
             header=header,
             require_bearer=accept_node.boolean("requireBearer", True),
+            audience=accept_node.string("audience", nonempty=True),
         )
         accept_node.finish()
     if issue is None and accept is None:

@@ -96,6 +96,7 @@ class AssertionIssueSpec:
     seed: bytes = attrs.field(repr=False)
     ttl: float = 60.0
     header: str = "X-Gw-Identity"
+    audience: str | None = None
 
 
 @attrs.frozen
@@ -114,6 +115,7 @@ class AssertionAcceptSpec:
     keys: tuple[AssertionKeySpec, ...]
     header: str = "X-Gw-Identity"
     require_bearer: bool = True
+    audience: str | None = None
 
 
 @attrs.frozen

@@ -35,6 +35,7 @@ from edgegw.chain.exchange import Exchange, exchange_of
 from edgegw.chain.respond import write_text
 from edgegw.chain.terminal import TerminalResource
 from edgegw.config.model import ApiBackendSpec, ApiHandlerSpec
+from edgegw.identity.assertion import AssertionIssuer
 from edgegw.routing.paths import has_dot_segment
 from edgegw.upstream.agent import NullCookieJar, PreparedURL, UpstreamAgent
 from edgegw.upstream.calls import describe_error
@@ -166,9 +167,19 @@ class ApiHandler(TerminalResource):
     @param clock: For the overall timeout.
     """
 
-    def __init__(self, spec: ApiHandlerSpec, agent: UpstreamAgent, clock: IReactorTime) -> None:
+    def __init__(
+        self,
+        spec: ApiHandlerSpec,
+        agent: UpstreamAgent,
+        clock: IReactorTime,
+        issuer: AssertionIssuer | None = None,
+    ) -> None:
+        """
+        @param issuer: Mints the identity assertion for backends with C{forwardIdentity}.
+        """
         super().__init__()
         self.spec = spec
+        self.issuer = issuer
         self.agent = agent
         self.clock = clock
         self.timeout = spec.timeout
@@ -219,6 +230,10 @@ class ApiHandler(TerminalResource):
         if backend.spec.forward_access_token and principal is not None and principal.access_token:
             token = b"Bearer " + principal.access_token.encode("ascii")
             headers = [*headers, (b"Authorization", token)]
+        issuer = self.issuer
+        if backend.spec.forward_identity and issuer is not None and principal is not None:
+            # A fresh assertion per call: each has its own token id.
+            headers = [*headers, (issuer.header, issuer.mint(principal))]
         # The request's headers ride with the call's agent as the byte pairs the pool
         # writes: a Twisted Headers object here would be copied by treq's content-decoder
         # wrapper and flattened again by the agent, for nothing.

@@ -30,6 +30,7 @@ from edgegw.chain.terminal import TerminalResource
 from edgegw.config.model import ProxyHandlerSpec
 from edgegw.handlers.headers import HOP_BY_HOP, connection_tokens, is_websocket_upgrade
 from edgegw.handlers.tunnel import Tunnel
+from edgegw.identity.assertion import AssertionIssuer
 from edgegw.identity.cookies import set_cookie_name, without_cookies
 from edgegw.upstream.calls import UpstreamCall, describe_error, start_call
 from edgegw.upstream.http11 import UpstreamResponse
@@ -105,13 +106,16 @@ class ProxyHandler(TerminalResource):
         assertion_headers: frozenset[bytes] = frozenset({b"x-gw-identity"}),
         identity_headers: frozenset[bytes] = frozenset(),
         own_cookie: Callable[[bytes], bool] | None = None,
+        issuer: AssertionIssuer | None = None,
     ) -> None:
         """
         @param own_cookie: Says whether a cookie name is the gateway's own (session,
             login state): with C{forwardCookies} such cookies are still never sent.
+        @param issuer: Mints the identity assertion sent with C{forwardIdentity}.
         """
         super().__init__()
         self.spec = spec
+        self.issuer = issuer if spec.forward_identity else None
         self.client = client
         self.reactor = reactor
         self.upstream = Upstream.from_url(spec.upstream, verify_tls=not spec.insecure_skip_verify)
@@ -232,6 +236,11 @@ class ProxyHandler(TerminalResource):
         principal = exchange.principal
         if self.spec.forward_access_token and principal is not None and principal.access_token:
             out.append((b"Authorization", b"Bearer " + principal.access_token.encode("ascii")))
+        issuer = self.issuer
+        if issuer is not None and principal is not None:
+            # Minted for this request (the client's own was dropped with the other
+            # assertion headers): a backend only sees assertions this gateway made.
+            out.append((issuer.header, issuer.mint(principal)))
         if upgrade:
             # Only WebSocket is tunnelled, whatever else the client offered (h2c above all:
             # a backend switching to it would take the connection past the gateway).

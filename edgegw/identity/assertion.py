@@ -1,0 +1,223 @@
+"""
+Identity assertions: a gateway hands the principal it authenticated to the gateway
+behind it as a compact JWS signed with Ed25519 (header C{{alg: EdDSA, kid}}, claims C{iss,
+sub, iat, exp, jti, groups, claims} and C{aud} when bound to one peer).
+
+The minting side (L{AssertionIssuer}) signs with the C{identity.assertion.issue} seed; the
+accepting side (L{AssertionVerifier}) verifies against C{identity.assertion.accept.keys},
+with 30 s of clock leeway and a bounded in-memory record of the token ids it accepted
+(a replayed assertion is refused).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections import OrderedDict
+from collections.abc import Mapping
+
+import attrs
+from nacl.exceptions import BadSignatureError
+from nacl.signing import SigningKey, VerifyKey
+from twisted.internet.interfaces import IReactorTime
+
+from edgegw.config.model import AssertionAcceptSpec, AssertionIssueSpec
+from edgegw.identity.principal import ClaimValue, Principal
+from edgegw.identity.sealing import b64url, b64url_decode
+
+__all__ = ["Asserted", "AssertionIssuer", "AssertionRefusedError", "AssertionVerifier"]
+
+LEEWAY = 30.0
+"""Seconds of clock difference tolerated between the two gateways."""
+
+MAX_ASSERTION = 16 * 1024
+"""The longest assertion header looked at."""
+
+MAX_SEEN = 100_000
+"""Accepted token ids remembered (each until its assertion has expired)."""
+
+
+class AssertionRefusedError(Exception):
+    """
+    An inbound assertion that is not accepted; C{reason} is for the log only.
+    """
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+@attrs.frozen
+class Asserted:
+    """
+    What a verified assertion says about the caller.
+    """
+
+    subject: str
+    groups: tuple[str, ...]
+    claims: Mapping[str, ClaimValue]
+
+
+class AssertionIssuer:
+    """
+    Mints assertions for the principals of this gateway's requests.
+    """
+
+    def __init__(self, spec: AssertionIssueSpec, clock: IReactorTime) -> None:
+        self.spec = spec
+        self.header = spec.header.encode("ascii")
+        self._key = SigningKey(spec.seed)
+        self._clock = clock
+        self._head = b64url(
+            json.dumps({"alg": "EdDSA", "kid": spec.key_id}, separators=(",", ":")).encode()
+        ).encode("ascii")
+
+    def mint(self, principal: Principal) -> bytes:
+        """
+        A fresh assertion for C{principal}: issued now, valid for C{issue.ttl}, with a
+        random token id.
+        """
+        spec = self.spec
+        now = int(self._clock.seconds())
+        claims: dict[str, object] = {
+            "iss": spec.name,
+            "sub": principal.subject,
+            "iat": now,
+            "exp": now + max(1, int(spec.ttl)),
+            "jti": b64url(os.urandom(16)),
+            "groups": list(principal.groups),
+            "claims": dict(principal.passport),
+        }
+        if spec.audience is not None:
+            claims["aud"] = spec.audience
+        payload = b64url(
+            json.dumps(claims, separators=(",", ":"), ensure_ascii=True).encode("ascii")
+        ).encode("ascii")
+        signing_input = self._head + b"." + payload
+        signature = self._key.sign(signing_input).signature
+        return signing_input + b"." + b64url(signature).encode("ascii")
+
+
+class AssertionVerifier:
+    """
+    Verifies inbound assertions: the kid names a configured key, the signature, the
+    algorithm exactly C{EdDSA}, C{iss} equal to C{accept.issuer}, C{aud} when
+    C{accept.audience} is set, C{exp} and C{iat} with 30 s leeway, a token id not seen
+    before within its validity.
+    """
+
+    def __init__(self, spec: AssertionAcceptSpec, clock: IReactorTime) -> None:
+        self.spec = spec
+        self.header = spec.header.encode("ascii")
+        self._keys = {key.key_id: VerifyKey(key.public_key) for key in spec.keys}
+        self._clock = clock
+        # jti -> when its assertion expires (then it can no longer be replayed anyway).
+        self._seen: OrderedDict[str, float] = OrderedDict()
+
+    def verify(self, token: bytes) -> Asserted:
+        """
+        The caller C{token} vouches for.
+
+        @raise AssertionRefusedError: It is not a valid, fresh, unseen assertion.
+        """
+        if len(token) > MAX_ASSERTION:
+            raise AssertionRefusedError("too long")
+        parts = token.split(b".")
+        if len(parts) != 3:
+            raise AssertionRefusedError("not a compact JWS")
+        head, payload, signature = parts
+        header = _json_object(head, "header")
+        if header.get("alg") != "EdDSA":
+            raise AssertionRefusedError("alg is not EdDSA")
+        if "crit" in header:
+            raise AssertionRefusedError("crit header")
+        kid = header.get("kid")
+        key = self._keys.get(kid) if isinstance(kid, str) else None
+        if key is None:
+            raise AssertionRefusedError("unknown kid")
+        raw_signature = b64url_decode(signature)
+        if raw_signature is None or len(raw_signature) != 64:
+            raise AssertionRefusedError("malformed signature")
+        try:
+            key.verify(head + b"." + payload, raw_signature)
+        except BadSignatureError:
+            raise AssertionRefusedError("bad signature") from None
+        claims = _json_object(payload, "claims")
+        return self._check(claims)
+
+    def _check(self, claims: Mapping[str, object]) -> Asserted:
+        spec = self.spec
+        if claims.get("iss") != spec.issuer:
+            raise AssertionRefusedError("wrong issuer")
+        if spec.audience is not None:
+            audience = claims.get("aud")
+            if not (
+                audience == spec.audience
+                or (isinstance(audience, list) and spec.audience in audience)
+            ):
+                raise AssertionRefusedError("wrong audience")
+        now = self._clock.seconds()
+        expires, issued = claims.get("exp"), claims.get("iat")
+        if not _number(expires) or not _number(issued):
+            raise AssertionRefusedError("exp or iat missing or not a number")
+        assert isinstance(expires, int | float) and isinstance(issued, int | float)
+        if expires <= now - LEEWAY:
+            raise AssertionRefusedError("expired")
+        if issued > now + LEEWAY:
+            raise AssertionRefusedError("issued in the future")
+        subject, jti = claims.get("sub"), claims.get("jti")
+        if not isinstance(subject, str) or not subject:
+            raise AssertionRefusedError("no subject")
+        if not isinstance(jti, str) or not jti or len(jti) > 256:
+            raise AssertionRefusedError("no token id")
+        groups = claims.get("groups", [])
+        if not isinstance(groups, list) or not all(isinstance(g, str) for g in groups):
+            raise AssertionRefusedError("groups is not a list of strings")
+        passport = claims.get("claims", {})
+        if not isinstance(passport, dict) or not all(
+            _claim_value(value) for value in passport.values()
+        ):
+            raise AssertionRefusedError("claims is not an object of claim values")
+        self._remember(jti, float(expires) + LEEWAY, now)
+        return Asserted(subject, tuple(groups), passport)
+
+    def _remember(self, jti: str, until: float, now: float) -> None:
+        seen = self._seen
+        while seen and next(iter(seen.values())) <= now:
+            seen.popitem(last=False)
+        if jti in seen:
+            raise AssertionRefusedError("replayed token id")
+        if len(seen) >= MAX_SEEN:
+            # Forgetting an unexpired id would let it be replayed: refuse instead.
+            raise AssertionRefusedError("too many assertions in flight to remember")
+        seen[jti] = until
+
+
+def _json_object(segment: bytes, what: str) -> dict[str, object]:
+    data = b64url_decode(segment)
+    if data is None:
+        raise AssertionRefusedError(f"malformed {what}")
+    try:
+        value = json.loads(data, parse_constant=_no_constant)
+        if isinstance(value, dict):
+            # The values go into headers and documents: they must encode again.
+            json.dumps(value, ensure_ascii=False).encode("utf-8")
+    except (ValueError, RecursionError, UnicodeEncodeError):
+        raise AssertionRefusedError(f"malformed {what}") from None
+    if not isinstance(value, dict):
+        raise AssertionRefusedError(f"malformed {what}")
+    return value
+
+
+def _no_constant(name: str) -> object:
+    raise ValueError(f"{name} is not JSON")
+
+
+def _number(value: object) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def _claim_value(value: object) -> bool:
+    if value is None or isinstance(value, str | int | float | bool):
+        return True
+    return isinstance(value, list) and all(isinstance(item, str) for item in value)
