@@ -244,7 +244,13 @@ def _identity(
             tracer=telemetry.tracer if telemetry is not None else None,
         )
         provider = IdentityProvider(idp, agent, reactor)
-        bearer = BearerVerifier(provider, gateway.identity, groups, reactor)
+        bearer = BearerVerifier(
+            provider,
+            gateway.identity,
+            groups,
+            reactor,
+            keep_token=any(_forwards_access_token(route) for route in routes),
+        )
     if session is not None:
         cookie = SessionCookie(session, reactor)
         if provider is not None and idp is not None and not idp.verification_only:

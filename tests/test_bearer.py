@@ -28,6 +28,7 @@ from twisted.trial.unittest import SynchronousTestCase, TestCase
 from edgegw.config.parse import load_config
 from edgegw.gateway import build_gateway
 from edgegw.identity import bearer as bearer_module
+from edgegw.identity.bearer import REFUSAL_SECONDS
 from edgegw.identity.tokens import verify_jwt as real_verify_jwt
 from edgegw.upstream.pool import UpstreamClient
 from tests.support.backends import SiteBackend, answer
@@ -271,6 +272,21 @@ class BearerTestCase(TestCase):
         self.assertEqual(last_header(w.backend, b"X-User-Id"), subject)
         return response
 
+    async def assert_unavailable(
+        self, w: BearerWorld, token: str, path: str = "/api/x"
+    ) -> BrowserResponse:
+        """
+        The token could not be checked (the IdP is away): 503 with Retry-After, not
+        invalid_token (the client keeps its token), and nothing reaches the backend.
+        """
+        before = len(w.backend.requests)
+        response = await w.call(path, token)
+        self.assertEqual(response.status, 503, token[:120])
+        self.assertEqual(response.header("Retry-After"), "5")
+        self.assertEqual(challenges(response), [])
+        self.assertEqual(len(w.backend.requests), before)
+        return response
+
     async def assert_rejected(
         self,
         w: BearerWorld,
@@ -366,7 +382,7 @@ class ValidTokenTests(BearerTestCase):
         self.addCleanup(backend.stop)
         w = BearerWorld(self, idp, backend)
         await w.start_bearer(wait=False)
-        await self.assert_rejected(w, w.token(key=token_key))
+        await self.assert_unavailable(w, w.token(key=token_key))
         await idp.restart()
         await w.ready()
         await self.assert_accepted(w, w.token(key=token_key))
@@ -514,8 +530,32 @@ class RejectionTests(BearerTestCase):
                     token = compact_jws(header, claims, hmac_signer(secret, digest))
                     await self.assert_rejected(w, token, message=f"{what} {alg} {kid}")
 
-    async def test_hmac_refused_whatever_signing_algs_says(self) -> None:
-        w = await bearer_world(self, idp_spec="  bearer: {signingAlgs: [HS256, RS256]}\n")
+    def test_hmac_and_none_in_signing_algs_are_config_errors(self) -> None:
+        problems = problems_of(
+            self.mktemp(),
+            """\
+            kind: IdP
+            metadata: {name: i}
+            spec:
+              type: oidc
+              verificationOnly: true
+              issuer: "https://idp.example"
+              clientID: c
+              bearer: {signingAlgs: [HS256, none, rs256, RS256]}
+            """,
+        )
+        accepted = "ES256, ES384, ES512, EdDSA, PS256, PS384, PS512, RS256, RS384, RS512"
+        self.assertEqual(
+            problems,
+            [
+                f'document 2, IdP "i": spec.bearer.signingAlgs[{index}]: "{alg}" is not '
+                f"accepted: one of {accepted} (none and HMAC algorithms never are)"
+                for index, alg in ((0, "HS256"), (1, "none"), (2, "rs256"))
+            ],
+        )
+
+    async def test_hmac_refused_whatever_the_discovery_document_says(self) -> None:
+        w = await bearer_world(self, configure=_algs("HS256", "RS256"))
         claims = w.idp.access_token_claims(user_claims=True) | {"aud": CLIENT_ID}
         secret = w.idp.rsa_key.public_pem
         token = compact_jws(
@@ -896,7 +936,7 @@ class CacheTests(BearerTestCase):
         self.assertEqual(checked, [token])
         self.assertEqual(w.idp.userinfo_requests, 1)
         # A rejected one: every waiter gets the rejection.
-        w.idp.userinfo_status = 500
+        w.idp.userinfo_status = 401
         failing = w.token(user_claims=False)
         responses = await gatherResults(
             [Deferred.fromCoroutine(w.call("/api/x", failing)) for _ in range(10)]
@@ -975,13 +1015,14 @@ class CacheTests(BearerTestCase):
     async def test_a_token_refused_by_userinfo_is_not_cached(self) -> None:
         w = await bearer_world(self, identity_spec="    userInfo: always\n")
         token = w.token()
-        w.idp.userinfo_status = 503
+        w.idp.userinfo_status = 401
         await self.assert_rejected(w, token)
         await self.assert_rejected(w, token)
         w.idp.userinfo_status = 200
+        w.clock.advance(REFUSAL_SECONDS)
         await self.assert_accepted(w, token)
         await self.assert_accepted(w, token)
-        self.assertEqual(w.idp.userinfo_requests, 3)
+        self.assertEqual(w.idp.userinfo_requests, 2)
 
 
 class UserInfoTests(BearerTestCase):
@@ -1031,9 +1072,14 @@ class UserInfoTests(BearerTestCase):
 
     async def test_userinfo_failure_rejects_the_token(self) -> None:
         w = await bearer_world(self)
-        for status in (500, 503, 401):
+        # The IdP failing is not the token's fault: 503, the client keeps its token.
+        for status in (500, 503):
             w.idp.userinfo_status = status
-            await self.assert_rejected(w, w.token(user_claims=False))
+            await self.assert_unavailable(w, w.token({"jti": f"s{status}"}, user_claims=False))
+        # Userinfo refusing the token: it is invalid.
+        for status in (401, 403):
+            w.idp.userinfo_status = status
+            await self.assert_rejected(w, w.token({"jti": f"s{status}"}, user_claims=False))
         # A token the userinfo endpoint does not know.
         w.idp.userinfo_status = 200
         await self.assert_rejected(w, w.token(user_claims=False, register=False))
@@ -1042,9 +1088,24 @@ class UserInfoTests(BearerTestCase):
         w = await bearer_world(self)
         token = w.token(user_claims=False)
         await w.idp.stop()
-        await self.assert_rejected(w, token)
+        await self.assert_unavailable(w, token)
         await w.idp.restart()
+        # The outage is remembered for the token a few seconds (a replayed token must
+        # not cost a userinfo call per request), then it is checked again.
+        await self.assert_unavailable(w, token)
+        w.clock.advance(REFUSAL_SECONDS)
         await self.assert_accepted(w, token)
+
+    async def test_a_token_userinfo_refuses_costs_one_call_per_interval(self) -> None:
+        w = await bearer_world(self)
+        token = w.token(user_claims=False)
+        w.idp.userinfo_status = 401
+        for _ in range(20):
+            await self.assert_rejected(w, token)
+        self.assertEqual(w.idp.userinfo_requests, 1)
+        w.clock.advance(REFUSAL_SECONDS)
+        await self.assert_rejected(w, token)
+        self.assertEqual(w.idp.userinfo_requests, 2)
 
 
 class VerificationOnlyConfigTests(SynchronousTestCase):
@@ -1260,7 +1321,7 @@ class LogTests(BearerTestCase):
             await self.assert_rejected(w, token)
         await self.assert_rejected(w, headers={"Authorization": f"Bearer {good}$"})
         await self.assert_rejected(w, challenge="Bearer")
-        w.idp.userinfo_status = 500
+        w.idp.userinfo_status = 401
         failing = w.token(user_claims=False)
         await self.assert_rejected(w, failing)
         writer = w.gateway.access_log.writer
@@ -1284,7 +1345,7 @@ class LogTests(BearerTestCase):
                 "Bearer rejected: bad signature",
                 "Bearer rejected: malformed Bearer credential",
                 "no credential",
-                "Bearer rejected: userinfo: userinfo answered 500",
+                "Bearer rejected: userinfo: userinfo answered 401",
             ],
         )
         logged = text + "\n".join(repr(event) for event in events)

@@ -8,9 +8,11 @@ subject header, the groups header and one header per projected claim.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from urllib.parse import quote
 
+from twisted.logger import Logger
 from twisted.web.http_headers import Headers
 
 from edgegw.chain.exchange import Exchange
@@ -25,6 +27,9 @@ _SAFE = "".join(chr(c) for c in range(0x20, 0x7F) if chr(c) not in ",%")
 
 
 _CLAIM_HEADERS: dict[str, bytes] = {}
+# RFC 9110 token: what a header name may be made of.
+_HEADER_NAME = re.compile(rb"[!#$%&'*+.^_`|~0-9A-Za-z-]+")
+_log = Logger(namespace="edgegw.projection")
 
 
 def _canonical_name(name: bytes) -> bytes:
@@ -147,8 +152,15 @@ def projection(
         )
         for claim, header in pairs:
             rendered = render_claim(passport.get(claim))
-            if rendered is not None:
-                headers.append((header, rendered.encode("ascii")))
+            if rendered is None:
+                continue
+            if not _HEADER_NAME.fullmatch(header):
+                # A claim whose name cannot be a header name (a namespaced URL claim,
+                # non-ASCII): left out, not a failed request; an explicit
+                # projection.session.claims mapping can give it a name.
+                _log.warn("claim {claim!r} has no usable header name; not projected", claim=claim)
+                continue
+            headers.append((header, rendered.encode("ascii")))
         if _DIRECT:
             return [(_canonical_name(name), value) for name, value in headers]
         return headers

@@ -13,13 +13,21 @@ from twisted.web.server import Request
 
 from edgegw.chain.exchange import Exchange
 from edgegw.chain.pipeline import Handler, Stage
+from edgegw.chain.respond import write_text
 from edgegw.identity.assertion import AssertionRefusedError, AssertionVerifier
-from edgegw.identity.bearer import BearerRejectedError, BearerVerifier, bearer_token
+from edgegw.identity.bearer import (
+    BearerRejectedError,
+    BearerUnavailableError,
+    BearerVerifier,
+    bearer_token,
+)
 from edgegw.identity.cookies import is_https
 from edgegw.identity.principal import Principal
 from edgegw.identity.session_cookie import SessionCookie
 
 __all__ = ["session_stage"]
+
+_RETRY_SOON = ((b"Retry-After", b"5"),)
 
 
 def session_stage(
@@ -94,6 +102,12 @@ def session_stage(
                 if principal is None:
                     try:
                         principal = await bearer.verify(token)
+                    except BearerUnavailableError as e:
+                        _rejected(exchange, e.reason)
+                        if refuse is not None:
+                            # Not the token's fault: retry later, keep the token.
+                            write_text(request, 503, b"service unavailable\n", _RETRY_SOON)
+                            return
                     except BearerRejectedError as e:
                         rejected = True
                         _rejected(exchange, e.reason)

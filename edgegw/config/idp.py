@@ -8,6 +8,15 @@ from edgegw.config.fields import Node
 from edgegw.config.model import BearerSpec, IdpSpec
 from edgegw.config.urls import check_url
 
+ASYMMETRIC_ALGORITHMS = frozenset(
+    {"RS256", "RS384", "RS512", "PS256", "PS384", "PS512", "ES256", "ES384", "ES512", "EdDSA"}
+)
+"""
+The only JWS algorithms ever accepted (here, where configuration checks
+C{bearer.signingAlgs} against it; C{edgegw.identity} verifies with it). C{none} and every
+HMAC algorithm are refused whatever a configuration or discovery document says.
+"""
+
 __all__ = ["read_idp"]
 
 
@@ -31,12 +40,24 @@ def read_idp(spec: Node, name: str) -> IdpSpec:
     bearer_node = spec.mapping("bearer")
     if bearer_node is not None:
         jwks = bearer_node.string("jwksURL")
-        check_url(bearer_node, "jwksURL", jwks, ("https", "http"))
+        # Plain http only when the issuer itself is (a provider on loopback): keys fetched
+        # in cleartext could be swapped by anyone on the path.
+        check_url(
+            bearer_node, "jwksURL", jwks, ("https", "http") if _is_http(issuer) else ("https",)
+        )
         algs = (
             bearer_node.strings("signingAlgs", nonempty=True)
             if bearer_node.has("signingAlgs")
             else None
         )
+        for index, alg in enumerate(algs or ()):
+            if alg not in ASYMMETRIC_ALGORITHMS:
+                bearer_node.error(
+                    f"signingAlgs[{index}]",
+                    f'"{alg}" is not accepted: one of '
+                    + ", ".join(sorted(ASYMMETRIC_ALGORITHMS))
+                    + " (none and HMAC algorithms never are)",
+                )
         bearer = BearerSpec(
             jwks_url=jwks,
             audience_claim=bearer_node.string("audienceClaim", "aud", nonempty=True) or "aud",
@@ -75,3 +96,7 @@ def _cache_ttl(bearer: Node) -> float:
     """
     ttl = bearer.duration("cacheTTL", 300.0)
     return 300.0 if ttl is None else ttl
+
+
+def _is_http(url: str | None) -> bool:
+    return bool(url) and str(url).lower().startswith("http://")

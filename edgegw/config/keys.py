@@ -20,7 +20,13 @@ def _decode_key(text: str) -> bytes | None:
         data = (text + "=" * (-len(text) % 4)).encode("ascii")
     except UnicodeEncodeError:
         return None
-    for altchars in (None, b"-_"):
+    if b"+" in data or b"/" in data:
+        alphabets: tuple[bytes | None, ...] = (None,)  # standard only: no - or _ then
+    else:
+        alphabets = (None, b"-_")
+    for altchars in alphabets:
+        if altchars is None and (b"-" in data or b"_" in data):
+            continue
         try:
             return base64.b64decode(data, altchars=altchars, validate=True)
         except binascii.Error:
@@ -35,7 +41,7 @@ def ed25519_key(node: Node, key: str, what: str) -> bytes:
 
     @param what: What the key is, for messages (C{"the Ed25519 seed"}).
     """
-    text = node.string(key, required=True)
+    text = node.string(key, required=True, nonempty=True)
     if not text:
         return b""
     raw = _decode_key(text)

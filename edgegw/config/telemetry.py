@@ -36,6 +36,9 @@ RESERVED_ACCESS_LOG_FIELDS = frozenset(
 )
 """Fields of an access-log line that constant C{accessLog.fields} may not overwrite."""
 
+# Request headers that carry credentials: never written to the access log.
+_SECRET_HEADERS = frozenset({"authorization", "proxy-authorization", "cookie", "x-gw-identity"})
+
 
 def read_telemetry(spec: Node) -> TelemetrySpec:
     """
@@ -86,6 +89,11 @@ def read_telemetry(spec: Node) -> TelemetrySpec:
         log_headers = access_log.strings("requestHeaders")
         for index, name in enumerate(log_headers):
             check_header_name(access_log, f"requestHeaders[{index}]", name)
+            if name.lower() in _SECRET_HEADERS:
+                access_log.error(
+                    f"requestHeaders[{index}]",
+                    f"{name} carries credentials, which are never logged",
+                )
         log_fields = access_log.string_map("fields") or {}
         for name in log_fields:
             if name in RESERVED_ACCESS_LOG_FIELDS:

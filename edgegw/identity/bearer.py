@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 from collections import OrderedDict
+from collections.abc import Mapping
 
 from twisted.internet.defer import Deferred
 from twisted.internet.interfaces import IReactorTime
@@ -19,13 +20,32 @@ from edgegw.identity.claims import merge_userinfo, needs_userinfo, principal_of
 from edgegw.identity.groups import GroupRenderer
 from edgegw.identity.keyset import KeySet
 from edgegw.identity.principal import Principal
-from edgegw.identity.provider import IdentityProvider, IdPError
-from edgegw.identity.tokens import TokenError, UnknownKeyError, verify_jwt
+from edgegw.identity.provider import IdentityProvider, UserInfoError
+from edgegw.identity.tokens import TokenError, UnknownKeyError, peek_header, verify_jwt
 
-__all__ = ["BearerRejectedError", "BearerVerifier", "bearer_token"]
+__all__ = ["BearerRejectedError", "BearerUnavailableError", "BearerVerifier", "bearer_token"]
 
 MAX_CACHED = 10_000
-"""Verified tokens kept (the oldest go first)."""
+"""Verified tokens kept (the least recently used go first)."""
+
+MAX_CACHED_BYTES = 32 * 1024 * 1024
+"""About the most memory the verified tokens kept may take."""
+
+MAX_CACHED_ENTRY = 64 * 1024
+"""A verified token whose principal is larger is not kept (it is verified each time)."""
+
+REFUSAL_SECONDS = 10.0
+"""
+How long a token that userinfo refused (or could not answer for) is refused again without
+asking: a replayed token must not turn into a userinfo call per request.
+"""
+
+# Members only ID tokens, logout tokens or security-event tokens carry (OIDC Core 3.1.3.6,
+# Back-Channel Logout 2.4, RFC 8417): such a token is never accepted as an access token.
+_NOT_ACCESS_CLAIMS = ("nonce", "at_hash", "c_hash", "s_hash", "events")
+_ACCESS_TYPES = frozenset({"jwt", "at+jwt", "application/jwt", "application/at+jwt"})
+# Keycloak marks its tokens with a "typ" claim.
+_NOT_ACCESS_TYP_CLAIMS = frozenset({"id", "logout", "refresh"})
 
 
 MAX_TOKEN = 16 * 1024
@@ -43,6 +63,14 @@ class BearerRejectedError(Exception):
     def __init__(self, reason: str) -> None:
         super().__init__(reason)
         self.reason = reason
+
+
+class BearerUnavailableError(BearerRejectedError):
+    """
+    The token could not be checked because the IdP is not reachable (not discovered
+    yet, userinfo down): not the token's fault, so the client is told to retry (503)
+    rather than to throw its token away (C{invalid_token}).
+    """
 
 
 def bearer_token(headers: Headers) -> bytes | bool | None:
@@ -96,8 +124,9 @@ class BearerVerifier:
     with the token when the rules ask for it; its failure rejects the token: fail closed).
 
     Verified tokens are trusted again without verification for C{bearer.cacheTTL}
-    (default 5 minutes, never past their C{exp}; C{0s}: no cache), so that a key the
-    IdP withdraws, or userinfo that changes, is noticed within that time.
+    (default 5 minutes, never past their C{exp}; C{0s}: no cache): userinfo that changes
+    is noticed within that time, a key the IdP withdraws within the key set's periodic
+    refresh plus that time.
     """
 
     def __init__(
@@ -106,7 +135,11 @@ class BearerVerifier:
         identity: IdentitySpec,
         groups: GroupRenderer,
         clock: IReactorTime,
+        keep_token: bool = True,
     ) -> None:
+        """
+        @param keep_token: Some route forwards the access token: the principal keeps it.
+        """
         spec = provider.spec
         self.provider = provider
         self.identity = identity
@@ -117,8 +150,12 @@ class BearerVerifier:
         self._audience = spec.bearer.audience or spec.client_id
         self._audience_claim = spec.bearer.audience_claim
         self._algorithms = spec.bearer.signing_algs
-        # sha256(token) -> (principal, trusted until); only verified tokens get in.
-        self._verified: OrderedDict[bytes, tuple[Principal, float]] = OrderedDict()
+        # sha256(token) -> (principal, trusted until, size); only verified tokens get in.
+        self._verified: OrderedDict[bytes, tuple[Principal, float, int]] = OrderedDict()
+        self._bytes = 0
+        # sha256(token) -> (error, until): tokens userinfo refused, for a few seconds.
+        self._refused: OrderedDict[bytes, tuple[BearerRejectedError, float]] = OrderedDict()
+        self.keep_token = keep_token
         self._pending: dict[bytes, list[Deferred[Principal]]] = {}
 
     def cached(self, token: bytes) -> Principal | None:
@@ -127,12 +164,15 @@ class BearerVerifier:
         """
         if not self.cache_ttl:
             return None
-        entry = self._verified.get(_key(token))
+        key = _key(token)
+        verified = self._verified
+        entry = verified.get(key)
         if entry is None:
             return None
-        principal, until = entry
+        principal, until, _ = entry
         if until <= self._clock.seconds():
             return None
+        verified.move_to_end(key)  # least recently used goes first
         return principal
 
     async def verify(self, token: bytes) -> Principal:
@@ -169,7 +209,7 @@ class BearerVerifier:
         provider = self.provider
         metadata = provider.metadata
         if metadata is None:
-            raise BearerRejectedError("the IdP is not discovered yet")
+            raise BearerUnavailableError("the IdP is not discovered yet")
         algorithms = self._algorithms or metadata.id_token_algorithms
         source = provider.access_token_keys
         try:
@@ -182,27 +222,57 @@ class BearerVerifier:
                 raise BearerRejectedError(again.reason) from None
         except TokenError as e:
             raise BearerRejectedError(e.reason) from None
+        _refuse_other_token_types(token, claims)
         identity = self.identity
         if needs_userinfo(identity, claims):
+            refused = self._refused.get(key)
+            if refused is not None and refused[1] > self._clock.seconds():
+                raise refused[0]
             try:
                 userinfo = await provider.userinfo(metadata, token)
-            except IdPError as e:
-                raise BearerRejectedError(f"userinfo: {e}") from None
+            except UserInfoError as e:
+                error = (
+                    BearerRejectedError(f"userinfo: {e}")
+                    if e.status in (401, 403)
+                    else BearerUnavailableError(f"userinfo: {e}")
+                )
+                self._remember_refusal(key, error)
+                raise error from None
             claims = merge_userinfo(claims, userinfo)
-        principal = principal_of(identity, self.groups, claims, access_token=token)
+        principal = principal_of(
+            identity, self.groups, claims, access_token=token if self.keep_token else None
+        )
         if principal is None:
             raise BearerRejectedError("the token names no subject")
         if self.cache_ttl:
-            expires = claims.get("exp")
-            now = self._clock.seconds()
-            until = now + self.cache_ttl
-            if isinstance(expires, int | float) and not isinstance(expires, bool):
-                until = min(until, float(expires))
-            verified = self._verified
-            if len(verified) >= MAX_CACHED:
-                verified.popitem(last=False)
-            verified[key] = (principal, until)
+            self._cache(key, principal, claims.get("exp"), len(token))
         return principal
+
+    def _cache(self, key: bytes, principal: Principal, expires: object, size: int) -> None:
+        now = self._clock.seconds()
+        until = now + self.cache_ttl
+        if isinstance(expires, int | float) and not isinstance(expires, bool) and expires < until:
+            until = float(expires)
+        # What an entry keeps, roughly: the token (when kept) and the principal's claims.
+        size += len(principal.subject) + sum(len(group) for group in principal.groups)
+        size += sum(len(name) + len(str(value)) for name, value in principal.passport.items())
+        if size > MAX_CACHED_ENTRY:
+            return  # verified again next time rather than held
+        verified = self._verified
+        while verified and (len(verified) >= MAX_CACHED or self._bytes + size > MAX_CACHED_BYTES):
+            _, (_, _, dropped) = verified.popitem(last=False)
+            self._bytes -= dropped
+        verified[key] = (principal, until, size)
+        self._bytes += size
+
+    def _remember_refusal(self, key: bytes, error: BearerRejectedError) -> None:
+        refused = self._refused
+        now = self._clock.seconds()
+        while refused and next(iter(refused.values()))[1] <= now:
+            refused.popitem(last=False)
+        if len(refused) >= MAX_CACHED:
+            refused.popitem(last=False)
+        refused[key] = (error, now + REFUSAL_SECONDS)
 
     def _check(self, token: str, keys: KeySet, algorithms: tuple[str, ...]) -> dict[str, object]:
         return verify_jwt(
@@ -215,6 +285,28 @@ class BearerVerifier:
             now=self._clock.seconds(),
             required=("exp",),
         )
+
+
+def _refuse_other_token_types(token: str, claims: Mapping[str, object]) -> None:
+    """
+    Refuse a verified JWT of the IdP that is not an access token: an id_token (it has
+    the client as audience, so it would pass the default audience check), a logout
+    token, a refresh token.
+
+    @raise BearerRejectedError: It is one of those.
+    """
+    try:
+        typ = peek_header(token).get("typ")
+    except TokenError as e:
+        raise BearerRejectedError(e.reason) from None
+    if typ is not None and (not isinstance(typ, str) or typ.lower() not in _ACCESS_TYPES):
+        raise BearerRejectedError("not an access token (typ)")
+    for name in _NOT_ACCESS_CLAIMS:
+        if name in claims:
+            raise BearerRejectedError(f"not an access token ({name})")
+    kind = claims.get("typ")
+    if isinstance(kind, str) and kind.lower() in _NOT_ACCESS_TYP_CLAIMS:
+        raise BearerRejectedError("not an access token (typ claim)")
 
 
 def _key(token: bytes) -> bytes:

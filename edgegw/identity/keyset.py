@@ -19,13 +19,7 @@ from cryptography.hazmat.primitives.asymmetric.ed448 import Ed448PublicKey
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 from cryptography.hazmat.primitives.asymmetric.rsa import RSAPublicKey
 
-ASYMMETRIC_ALGORITHMS = frozenset(
-    {"RS256", "RS384", "RS512", "PS256", "PS384", "PS512", "ES256", "ES384", "ES512", "EdDSA"}
-)
-"""
-The only JWS algorithms ever accepted. C{none} and every HMAC algorithm are refused
-whatever a configuration or discovery document says.
-"""
+from edgegw.config.idp import ASYMMETRIC_ALGORITHMS as ASYMMETRIC_ALGORITHMS
 
 MAX_KEYS = 100
 """The number of entries of a JWKS document considered; the rest are ignored."""

@@ -68,7 +68,13 @@ class TokenEndpointError(IdPError):
 class UserInfoError(IdPError):
     """
     The userinfo endpoint failed, was unreachable, or answered something unusable.
+
+    @ivar status: The status it answered, when it answered one.
     """
+
+    def __init__(self, reason: str, status: int | None = None) -> None:
+        super().__init__(reason)
+        self.status = status
 
 
 class IdentityProvider(Service):
@@ -380,7 +386,7 @@ class IdentityProvider(Service):
         except IdPError as e:
             raise UserInfoError(str(e)) from None
         if code != 200:
-            raise UserInfoError(f"userinfo answered {code}")
+            raise UserInfoError(f"userinfo answered {code}", code)
         if not isinstance(body, dict):
             raise UserInfoError("userinfo answered something other than a JSON object")
         return body
