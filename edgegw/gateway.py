@@ -274,7 +274,7 @@ def _identity(
             trusted_origins=gateway.security.csrf.trusted_origins,
             login_path=gateway.auth.login_path if login is not None else None,
             bearer=bearer,
-            assertions=AssertionVerifier(accept, reactor) if accept is not None else None,
+            assertions=(AssertionVerifier(accept, reactor) if accept is not None else None),
         ),
     )
 

@@ -1142,8 +1142,14 @@ class Refusals(AssertionTestCase):
         unbound = await w.gateway_a(self.b1)
         response = await get(unbound, "/to-b/x", bearer=w.bearer())
         self.assertEqual((response.status, self.b1.note), (401, "ignored: wrong audience"))
-        # Without accept.audience, an aud is not looked at.
+        # Without accept.audience, a token bound to some recipient is not for this one
+        # (RFC 7519 4.1.3); one without aud is.
         response = await get(self.b2, "/svc/x", w.assertion(w.claims(aud="gw-c")), w.bearer())
+        self.assertEqual(
+            (response.status, self.b2.note),
+            (200, "ignored: bound to an audience, and none is accepted here"),
+        )
+        response = await get(self.b2, "/svc/x", w.assertion(w.claims()), w.bearer())
         self.assertEqual((response.status, self.b2.note), (200, "accepted"))
 
 

@@ -139,6 +139,10 @@ def projection(
         else None
     )
 
+    # A claim never takes over the subject or groups header (an IdP's "id" claim, or an
+    # asserted one, would otherwise replace X-User-Id after it is set).
+    reserved = frozenset({SUBJECT_HEADER.lower(), groups_header.lower()})
+
     def render(principal: Principal) -> list[tuple[bytes, bytes]]:
         headers = [(SUBJECT_HEADER, encode_value(principal.subject).encode("ascii"))]
         if principal.groups:
@@ -153,6 +157,13 @@ def projection(
         for claim, header in pairs:
             rendered = render_claim(passport.get(claim))
             if rendered is None:
+                continue
+            if header.lower() in reserved:
+                _log.warn(
+                    "claim {claim!r} would overwrite the {header} header; not projected",
+                    claim=claim,
+                    header=header.decode("ascii", "replace"),
+                )
                 continue
             if not _HEADER_NAME.fullmatch(header):
                 # A claim whose name cannot be a header name (a namespaced URL claim,

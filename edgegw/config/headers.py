@@ -42,3 +42,55 @@ def check_header_value(node: Node, key: str, value: str | None) -> None:
             f'"{show(value)}" is not a valid HTTP header value: {describe_char(bad.group())} '
             "is not allowed; use printable ASCII",
         )
+
+
+# Headers that mean something to HTTP itself, to the gateway or to its backends: no
+# configuration may take one over for its own data (an assertion, say).
+_RESERVED_HEADERS = frozenset(
+    {
+        "host",
+        "content-length",
+        "transfer-encoding",
+        "connection",
+        "keep-alive",
+        "upgrade",
+        "te",
+        "trailer",
+        "proxy-connection",
+        "proxy-authorization",
+        "proxy-authenticate",
+        "authorization",
+        "cookie",
+        "set-cookie",
+        "expect",
+        "forwarded",
+        "x-forwarded-for",
+        "x-forwarded-proto",
+        "x-forwarded-host",
+        "x-forwarded-port",
+        "x-real-ip",
+        "x-request-id",
+        "traceparent",
+        "tracestate",
+        "baggage",
+        "content-type",
+        "content-encoding",
+        "accept-encoding",
+    }
+)
+
+
+def check_own_header_name(node: Node, key: str, value: str | None) -> None:
+    """
+    A header the gateway itself sends and strips (an identity assertion's): a valid
+    name, without C{_} (the edge drops such headers from every request), and not one
+    HTTP, the gateway or its identity projection already uses.
+    """
+    if value is None:
+        return
+    if not TOKEN.match(value):
+        node.error(key, f'"{value}" is not a valid HTTP header name')
+    elif "_" in value:
+        node.error(key, f'"{value}": header names with "_" are dropped at the edge; use "-"')
+    elif value.lower() in _RESERVED_HEADERS or value.lower().startswith("x-user-"):
+        node.error(key, f'"{value}" is a header HTTP or the gateway already uses')

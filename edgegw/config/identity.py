@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any, cast
 
 from edgegw.config.fields import Node
-from edgegw.config.headers import TOKEN, check_header_name
+from edgegw.config.headers import TOKEN, check_own_header_name
 from edgegw.config.keys import ed25519_key
 from edgegw.config.model import (
     AssertionAcceptSpec,
@@ -41,8 +41,18 @@ def read_identity(node: Node | None) -> IdentitySpec:
             strip=groups_node.strings("strip"),
         )
         groups_node.finish()
+    claims = node.strings("claims", ("email", "name", "given_name", "family_name"))
+    taken = {"id", groups.as_.replace("_", "-").lower()}
+    for index, claim in enumerate(claims):
+        if claim.replace("_", "-").lower() in taken:
+            node.error(
+                f"claims[{index}]",
+                f'"{claim}" would be projected as the subject or groups header '
+                f"(X-User-{claim}); map it under another name with "
+                "projection.session.claims, or leave it out",
+            )
     identity = IdentitySpec(
-        claims=node.strings("claims", ("email", "name", "given_name", "family_name")),
+        claims=claims,
         groups=groups,
         user_info=cast(Any, node.string("userInfo", "auto", choices=("auto", "always", "never"))),
         subject_claim=node.string("subjectClaim", "sub", nonempty=True) or "sub",
@@ -59,12 +69,12 @@ def _assertion(node: Node | None) -> AssertionSpec | None:
     issue_node = node.mapping("issue")
     if issue_node is not None:
         header = issue_node.string("header", "X-Gw-Identity") or ""
-        check_header_name(issue_node, "header", header)
+        check_own_header_name(issue_node, "header", header)
         issue = AssertionIssueSpec(
             name=issue_node.required_string("name"),
             key_id=issue_node.required_string("keyId"),
             seed=ed25519_key(issue_node, "key", "the Ed25519 seed"),
-            ttl=issue_node.duration("ttl", 60.0, positive=True) or 60.0,
+            ttl=_ttl(issue_node),
             header=header,
             audience=issue_node.string("audience", nonempty=True),
         )
@@ -73,7 +83,7 @@ def _assertion(node: Node | None) -> AssertionSpec | None:
     accept_node = node.mapping("accept")
     if accept_node is not None:
         header = accept_node.string("header", "X-Gw-Identity") or ""
-        check_header_name(accept_node, "header", header)
+        check_own_header_name(accept_node, "header", header)
         keys = []
         seen: set[str] = set()
         for index, key_node in enumerate(accept_node.nodes("keys", required=True)):
@@ -100,3 +110,15 @@ def _assertion(node: Node | None) -> AssertionSpec | None:
         node.error("", "configure issue, accept, or both")
     node.finish()
     return AssertionSpec(issue=issue, accept=accept)
+
+
+MAX_ASSERTION_TTL = 600.0
+"""The longest an assertion may be valid (the accepting side refuses longer ones)."""
+
+
+def _ttl(issue: Node) -> float:
+    ttl = issue.duration("ttl", 60.0, positive=True) or 60.0
+    if ttl > MAX_ASSERTION_TTL:
+        issue.error("ttl", "must be at most 10m: an assertion is for one hop, not a session")
+        return 60.0
+    return ttl

@@ -34,7 +34,7 @@ from edgegw.config.plugins import read_plugin, read_state_provider
 from edgegw.config.policies import read_policy
 from edgegw.config.route_groups import read_route_group
 from edgegw.config.routes import read_route
-from edgegw.config.rules import at_most_one, cross_checks, one_gateway
+from edgegw.config.rules import at_most_one, check_logged_headers, cross_checks, one_gateway
 from edgegw.config.telemetry import read_telemetry
 
 __all__ = ["load_config"]
@@ -118,6 +118,8 @@ def _parse(
     idp = at_most_one("IdP", idps, problems)
     telemetry = at_most_one("Telemetry", telemetries, problems)
     cross_checks(gateway, idp, routes, groups, policies, providers, problems, complete=complete)
+    if gateway is not None and telemetry is not None:
+        check_logged_headers(gateway[1], telemetry, problems)
     if gateway is None:
         return None
     return Config(

@@ -16,6 +16,7 @@ from edgegw.config.model import (
     RouteGroupSpec,
     RouteSpec,
     StateProviderSpec,
+    TelemetrySpec,
 )
 from edgegw.routing.mux import ConflictError, Mux
 from edgegw.routing.pattern import PatternError, parse_pattern
@@ -190,3 +191,25 @@ def _check_auth_paths(
                     f"never reached: {path} is the gateway's own auth endpoint "
                     f"({seen[path]}), answered before any Route",
                 )
+
+
+def check_logged_headers(
+    gateway: GatewaySpec, telemetry: TelemetrySpec, problems: Problems
+) -> None:
+    """
+    The access log may not name the identity-assertion headers this gateway issues or
+    accepts (an assertion is a credential, like Authorization, which telemetry refuses).
+    """
+    assertion = gateway.identity.assertion
+    if assertion is None:
+        return
+    names = {
+        side.header.lower() for side in (assertion.issue, assertion.accept) if side is not None
+    }
+    for index, header in enumerate(telemetry.access_log_headers):
+        if header.lower() in names:
+            problems.add(
+                telemetry.location,
+                f"spec.accessLog.requestHeaders[{index}]",
+                f"{header} carries identity assertions, which are never logged",
+            )

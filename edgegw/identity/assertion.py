@@ -11,9 +11,9 @@ with 30 s of clock leeway and a bounded in-memory record of the token ids it acc
 
 from __future__ import annotations
 
+import heapq
 import json
 import os
-from collections import OrderedDict
 from collections.abc import Mapping
 
 import attrs
@@ -35,6 +35,9 @@ MAX_ASSERTION = 16 * 1024
 
 MAX_SEEN = 100_000
 """Accepted token ids remembered (each until its assertion has expired)."""
+
+MAX_LIFETIME = 600.0
+"""The longest an accepted assertion may be valid (C{exp - iat}); issue.ttl's bound."""
 
 
 class AssertionRefusedError(Exception):
@@ -106,13 +109,26 @@ class AssertionVerifier:
     before within its validity.
     """
 
-    def __init__(self, spec: AssertionAcceptSpec, clock: IReactorTime) -> None:
+    def __init__(
+        self,
+        spec: AssertionAcceptSpec,
+        clock: IReactorTime,
+        allowed_claims: tuple[str, ...] | None = None,
+    ) -> None:
+        """
+        @param allowed_claims: This gateway's C{identity.claims}: the only asserted claims
+            kept (a peer's allowlist is not this one's); L{None} keeps them all.
+        """
         self.spec = spec
+        self._allowed = frozenset(allowed_claims) if allowed_claims is not None else None
         self.header = spec.header.encode("ascii")
         self._keys = {key.key_id: VerifyKey(key.public_key) for key in spec.keys}
         self._clock = clock
-        # jti -> when its assertion expires (then it can no longer be replayed anyway).
-        self._seen: OrderedDict[str, float] = OrderedDict()
+        # jti -> when its assertion expires (then it can no longer be replayed anyway),
+        # the same as a heap by expiry, and how many each subject holds.
+        self._seen: dict[str, float] = {}
+        self._expiring: list[tuple[float, str, str]] = []
+        self._per_subject: dict[str, int] = {}
 
     def verify(self, token: bytes) -> Asserted:
         """
@@ -149,13 +165,16 @@ class AssertionVerifier:
         spec = self.spec
         if claims.get("iss") != spec.issuer:
             raise AssertionRefusedError("wrong issuer")
+        audience = claims.get("aud")
         if spec.audience is not None:
-            audience = claims.get("aud")
             if not (
                 audience == spec.audience
                 or (isinstance(audience, list) and spec.audience in audience)
             ):
                 raise AssertionRefusedError("wrong audience")
+        elif audience is not None:
+            # RFC 7519 4.1.3: a token bound to a recipient is not for another one.
+            raise AssertionRefusedError("bound to an audience, and none is accepted here")
         now = self._clock.seconds()
         expires, issued = claims.get("exp"), claims.get("iat")
         if not _number(expires) or not _number(issued):
@@ -178,19 +197,38 @@ class AssertionVerifier:
             _claim_value(value) for value in passport.values()
         ):
             raise AssertionRefusedError("claims is not an object of claim values")
-        self._remember(jti, float(expires) + LEEWAY, now)
+        if expires - issued > MAX_LIFETIME:
+            raise AssertionRefusedError("valid for longer than an assertion may be")
+        self._remember(jti, subject, float(expires) + LEEWAY, now)
+        allowed = self._allowed
+        if allowed is not None:
+            passport = {name: value for name, value in passport.items() if name in allowed}
         return Asserted(subject, tuple(groups), passport)
 
-    def _remember(self, jti: str, until: float, now: float) -> None:
+    def _remember(self, jti: str, subject: str, until: float, now: float) -> None:
         seen = self._seen
-        while seen and next(iter(seen.values())) <= now:
-            seen.popitem(last=False)
+        expiring = self._expiring
+        # Forget every expired id, whatever order they came in (ids from issuers with
+        # different lifetimes, or clocks that jumped, expire out of arrival order).
+        while expiring and expiring[0][0] <= now:
+            _, old_jti, old_subject = heapq.heappop(expiring)
+            if seen.pop(old_jti, None) is not None:
+                left = self._per_subject.get(old_subject, 1) - 1
+                if left:
+                    self._per_subject[old_subject] = left
+                else:
+                    self._per_subject.pop(old_subject, None)
         if jti in seen:
             raise AssertionRefusedError("replayed token id")
+        # Forgetting an unexpired id would let it be replayed: refuse instead. One
+        # subject may hold a tenth of the record: it cannot shut everyone else out.
         if len(seen) >= MAX_SEEN:
-            # Forgetting an unexpired id would let it be replayed: refuse instead.
             raise AssertionRefusedError("too many assertions in flight to remember")
+        if self._per_subject.get(subject, 0) >= max(1, MAX_SEEN // 10):
+            raise AssertionRefusedError("too many assertions in flight for this subject")
         seen[jti] = until
+        heapq.heappush(expiring, (until, jti, subject))
+        self._per_subject[subject] = self._per_subject.get(subject, 0) + 1
 
 
 def _json_object(segment: bytes, what: str) -> dict[str, object]:
