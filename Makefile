@@ -17,7 +17,7 @@ OLDEST_STAMP := $(OLDEST)/.installed
 E2E := tests/e2e
 E2E_STAMP := $(E2E)/node_modules/.installed
 
-.PHONY: run test check lint typecheck layers unit unit-oldest venv clean bench
+.PHONY: run test check lint typecheck layers unit unit-oldest venv clean bench redis
 
 # Stock Debian ships python3 without venv/ensurepip: install it when root.
 define need_venv
@@ -57,6 +57,21 @@ define need_node
 	fi
 endef
 
+# The state-store tests start their own redis-server (tests/support/redis.py): install
+# Debian's when root.
+define need_redis
+@if ! command -v redis-server >/dev/null 2>&1; then \
+		if [ "$$(id -u)" = 0 ]; then \
+			apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q redis-server; \
+		else \
+			echo "edgegw's tests need redis-server: run 'sudo apt-get install redis-server' first"; exit 1; \
+		fi; \
+	fi
+endef
+
+redis:
+	$(need_redis)
+
 $(E2E_STAMP): $(E2E)/package-lock.json
 	$(need_node)
 	npm ci --prefix $(E2E) --no-audit --no-fund
@@ -95,11 +110,11 @@ typecheck: $(STAMP)
 layers: $(STAMP)
 	$(BIN)/lint-imports
 
-unit: $(STAMP) $(E2E_STAMP)
+unit: $(STAMP) $(E2E_STAMP) redis
 	$(BIN)/trial --jobs=2 tests
 
 ## The trial suite again, on the oldest versions the dependency ranges allow.
-unit-oldest: $(OLDEST_STAMP) $(E2E_STAMP)
+unit-oldest: $(OLDEST_STAMP) $(E2E_STAMP) redis
 	$(OLDEST)/bin/trial --jobs=2 --temp-directory=_trial_temp_oldest tests
 
 ## Set up and pass the whole suite: lint, types, layers, tests (newest and oldest versions).

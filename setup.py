@@ -23,6 +23,12 @@ setup(
     #   PyJWT 2.10.1: 2.10.0 compared the issuer as a substring (CVE-2024-53861).
     #   cryptography 45.0.7: what pyOpenSSL 25.2 pulls in at its lowest; AESGCM and every
     #     key type the IdP key sets use are older.
+    #   txredisapi 1.6.0: the first that connects through an endpoint it is given
+    #     (RedisFactory.startConnecting), so state/kvstore.py hands it TLS from
+    #     optionsForClientTLS over a HostnameEndpoint on the gateway's reactor, and whose
+    #     pool slots reconnect through ClientService with capped backoff; 1.5.0 and older
+    #     dial reactor.connectTCP/connectSSL themselves with a ReconnectingClientFactory
+    #     (1.4.7 and older cannot AUTH with a user name either, for Redis 6 ACL users).
     #   opentelemetry 1.35: before it, the OTLP/gRPC exporter's User-Agent does not reach
     #     the collector when headers are configured (gRPC replaces it; test_otlp_support).
     # Twisted private names the code relies on: docs/architecture.md, "Twisted private
@@ -40,6 +46,7 @@ setup(
         "cryptography>=45.0.7,<51",
         "PyJWT>=2.10.1,<3",
         "PyNaCl>=1.5.0,<2",
+        "txredisapi>=1.6.0,<2",
         "opentelemetry-api>=1.35,<2",
         "opentelemetry-sdk>=1.35,<2",
         "opentelemetry-exporter-otlp-proto-http>=1.35,<2",
@@ -57,6 +64,10 @@ setup(
             "types-PyYAML>=6.0,<7",
         ],
     },
-    entry_points={"console_scripts": ["edgegw=edgegw.__main__:main"]},
+    entry_points={
+        "console_scripts": ["edgegw=edgegw.__main__:main"],
+        # State providers (edgegw/state/providers.py): registered as any other package would.
+        "edgegw.state_providers": ["kvstore = edgegw.state.kvstore:provider"],
+    },
     zip_safe=False,
 )

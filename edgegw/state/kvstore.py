@@ -1,0 +1,473 @@
+"""
+The shipped C{kvstore} state provider: Redis through txredisapi.
+
+L{KvStoreService} is both the store (L{IStateStore}) and the gateway's child service
+C{state}: it starts connecting when the service starts (the gateway does not wait for
+it), keeps one connection for commands and, from the first subscription on, a second for
+pub/sub, and closes both when the service stops.
+
+Connections are txredisapi factories connected through an endpoint built here: a
+L{HostnameEndpoint} on the gateway's reactor, wrapped in TLS from Twisted's
+C{optionsForClientTLS} when C{tls} is set, so the server's certificate is verified
+against the platform's trust store (or a given trust root) and its host name or IP
+address; txredisapi's own C{ssl_context_factory=True} checks no certificate and is never
+used. When Redis goes away, txredisapi's pool slots (Twisted C{ClientService}) reconnect
+with capped exponential backoff; meanwhile every operation fails at once with
+L{StoreUnavailableError} instead of waiting in txredisapi's queue for a connection, and
+one that is under way fails when the configured timeout passes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, TypeVar
+
+import txredisapi  # type: ignore[import-untyped]
+from twisted.application.service import Service
+from twisted.internet import error as internet_error
+from twisted.internet._sslverify import IOpenSSLTrustRoot
+from twisted.internet.defer import (
+    CancelledError,
+    Deferred,
+    TimeoutError,
+    fail,
+    gatherResults,
+    succeed,
+)
+from twisted.internet.endpoints import HostnameEndpoint, wrapClientTLS
+from twisted.internet.interfaces import IReactorTime, IStreamClientEndpoint
+from twisted.internet.ssl import Certificate, optionsForClientTLS
+from twisted.logger import Logger
+from twisted.python.failure import Failure
+from zope.interface import implementer
+
+from edgegw.config.addresses import is_host_port
+from edgegw.config.errors import ConfigError, Location, Problem, Problems
+from edgegw.config.fields import Node
+from edgegw.config.model import KvStoreConfig
+from edgegw.state.providers import IStateProviderFactory
+from edgegw.state.store import IStateStore, MessageCallback, StoreError, StoreUnavailableError
+
+__all__ = ["KvStoreProvider", "KvStoreService", "provider", "read_kvstore_config"]
+
+_log = Logger(namespace="edgegw.state")
+_T = TypeVar("_T")
+
+# Deletes the lock only while it still holds this owner's token: a lock whose lease
+# lapsed and that another owner took since is left alone.
+_RELEASE = b"""
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+    return redis.call('DEL', KEYS[1])
+end
+return 0
+"""
+
+# Adds the member and extends the set's life to at least the given milliseconds, never
+# shortens it: the index lives as long as the longest-lived session it lists.
+_INDEX_ADD = b"""
+redis.call('SADD', KEYS[1], ARGV[1])
+if redis.call('PTTL', KEYS[1]) < tonumber(ARGV[2]) then
+    redis.call('PEXPIRE', KEYS[1], ARGV[2])
+end
+return 0
+"""
+
+# What a lost, refused or timed-out connection looks like once it reaches an operation.
+_UNAVAILABLE = (
+    txredisapi.ConnectionError,
+    TimeoutError,
+    CancelledError,
+    internet_error.ConnectError,
+    internet_error.ConnectionLost,
+    internet_error.ConnectionDone,
+)
+
+
+def read_kvstore_config(node: Node) -> KvStoreConfig:
+    """
+    Read C{kvstore}'s C{config} mapping, reporting problems on C{node}'s collector (the
+    same fields and defaults as the Gateway's C{stateProvider.config}).
+    """
+    address = node.required_string("address")
+    if address and not is_host_port(address):
+        node.error("address", f'"{address}" is not host:port')
+    config = KvStoreConfig(
+        address=address,
+        user=node.string("user", "default") or "default",
+        password=node.string("password"),
+        db=node.integer("db", 0, minimum=0),
+        tls=node.boolean("tls", False),
+        timeout=node.duration("timeout", 3.0, positive=True) or 3.0,
+    )
+    node.finish()
+    return config
+
+
+def _split_address(address: str) -> tuple[str, int]:
+    host, _, port = address.rpartition(":")
+    return host.removeprefix("[").removesuffix("]"), int(port)
+
+
+class _Throttle:
+    """
+    Logs a failure at most once per interval, saying how many were left unlogged.
+    """
+
+    def __init__(self, reactor: IReactorTime, interval: float) -> None:
+        self._reactor = reactor
+        self.interval = interval
+        self._last: float | None = None
+        self._suppressed = 0
+
+    def failure(self, message: str) -> None:
+        now = self._reactor.seconds()
+        if self._last is not None and now - self._last < self.interval:
+            self._suppressed += 1
+            return
+        _log.warn(
+            "state store: {message} ({suppressed} more failures since last reported)",
+            message=message,
+            suppressed=self._suppressed,
+        )
+        self._last = now
+        self._suppressed = 0
+
+
+class _Factory(txredisapi.RedisFactory):  # type: ignore[misc]
+    """
+    A txredisapi factory of one connection that tells the store when it is usable and
+    when it is lost, and that never gives up reconnecting.
+    """
+
+    def __init__(self, store: KvStoreService, label: str, **kwargs: Any) -> None:
+        super().__init__(None, kwargs.pop("dbid", None), 1, isLazy=True, **kwargs)
+        self.store = store
+        self.label = label
+        self.initialDelay = store.first_retry
+        self.maxDelay = store.retry_cap
+        # With isLazy nobody else waits on it; an AUTH or SELECT failure errbacks it.
+        self.deferred.addErrback(lambda f: store._throttle.failure(f.getErrorMessage()))
+
+    def stopTrying(self) -> Deferred[Any]:
+        # txredisapi calls this when AUTH or SELECT fails, which also happens when the
+        # connection drops (or its TLS handshake fails) during them: keep retrying with
+        # backoff, so that Redis coming back, or an ACL being fixed, needs no restart.
+        # Stopping at service stop goes through disconnect(), not here.
+        return succeed(None)
+
+    def addConnection(self, conn: Any) -> None:
+        super().addConnection(conn)
+        if conn in self.pool:
+            self.store._connected(self, conn)
+
+    def delConnection(self, conn: Any) -> None:
+        super().delConnection(conn)
+        if not self.disconnectCalled:
+            self.store._throttle.failure(f"lost the {self.label} connection to Redis")
+
+
+class _Subscriber(txredisapi.SubscriberProtocol):  # type: ignore[misc]
+    """
+    The pub/sub connection: hands every message to the store.
+    """
+
+    factory: _Factory
+
+    def messageReceived(self, pattern: bytes | None, channel: bytes, message: bytes) -> None:
+        self.factory.store._deliver(channel, message)
+
+
+class _SubscriberFactory(_Factory):
+    protocol = _Subscriber
+
+
+@implementer(IStateStore)
+class KvStoreService(Service):
+    """
+    The C{kvstore} store: Redis, through txredisapi.
+
+    @ivar config: The provider's configuration.
+    @ivar key_prefix: Prepended to every key, index name and channel.
+    @ivar first_retry: Seconds before the first reconnection attempt; grows
+        exponentially (with jitter) up to C{retry_cap}.
+    """
+
+    name = "state"
+
+    def __init__(
+        self,
+        config: KvStoreConfig,
+        key_prefix: str | bytes,
+        reactor: Any,
+        *,
+        trust_root: IOpenSSLTrustRoot | Certificate | None = None,
+        first_retry: float = 0.5,
+        retry_cap: float = 10.0,
+        log_interval: float = 60.0,
+    ) -> None:
+        """
+        @param reactor: Provides C{IReactorTime} and C{IReactorTCP}.
+        @param trust_root: The certificate authorities a TLS server certificate is
+            verified against; the platform's by default.
+        @param log_interval: Seconds between two logged failures (more are counted).
+        """
+        self.config = config
+        self.key_prefix = key_prefix if isinstance(key_prefix, bytes) else key_prefix.encode()
+        self.timeout = config.timeout
+        self.first_retry = first_retry
+        self.retry_cap = retry_cap
+        self._reactor = reactor
+        self._trust_root = trust_root
+        self._throttle = _Throttle(reactor, log_interval)
+        self._commands: _Factory | None = None
+        self._subscriber: _Factory | None = None
+        self._channels: dict[bytes, list[MessageCallback]] = {}
+        self._subscribing: list[Deferred[None]] = []
+
+    # -- service -------------------------------------------------------------------------
+
+    def startService(self) -> None:
+        """
+        Start connecting (for commands; pub/sub connects at the first subscription).
+        """
+        super().startService()
+        self._commands = self._connect(_Factory, "command")
+
+    def stopService(self) -> Deferred[None]:
+        """
+        Stop reconnecting and close the connections.
+        """
+        super().stopService()
+        factories = [f for f in (self._commands, self._subscriber) if f is not None]
+        self._commands = self._subscriber = None
+        closing = [f.disconnect() for f in factories]
+        done: Deferred[None] = Deferred()
+        remaining = [len(closing)]
+
+        def one(_: object) -> None:
+            remaining[0] -= 1
+            if remaining[0] == 0:
+                done.callback(None)
+
+        for d in closing:
+            d.addBoth(one)
+        if not closing:
+            done.callback(None)
+        return done
+
+    def _endpoint(self) -> IStreamClientEndpoint:
+        host, port = _split_address(self.config.address)
+        endpoint: IStreamClientEndpoint = HostnameEndpoint(
+            self._reactor, host, port, timeout=max(1, int(self.timeout))
+        )
+        if self.config.tls:
+            # No trust root: optionsForClientTLS verifies against the platform's.
+            creator = optionsForClientTLS(host, trustRoot=self._trust_root)
+            endpoint = wrapClientTLS(creator, endpoint)
+        return endpoint
+
+    def _connect(self, kind: type[_Factory], label: str) -> _Factory:
+        password = self.config.password
+        factory = kind(
+            self,
+            label,
+            # Pub/sub is not scoped to a database; SELECT 0 would be a wasted round trip.
+            dbid=self.config.db if kind is _Factory and self.config.db else None,
+            charset=None,
+            password=password,
+            username=self.config.user if password is not None else None,
+            replyTimeout=self.timeout,
+            convertNumbers=False,
+        )
+        factory.startConnecting(self._endpoint())
+        return factory
+
+    def _connected(self, factory: _Factory, conn: Any) -> None:
+        _log.info(
+            "state store: {label} connection to Redis at {address} ready",
+            label=factory.label,
+            address=self.config.address,
+        )
+        if factory is self._subscriber:
+            waiting, self._subscribing = self._subscribing, []
+            made = [
+                self._bounded(conn.execute_command("SUBSCRIBE", channel))
+                for channel in self._channels
+            ]
+            subscribed = gatherResults(made, consumeErrors=True)
+
+            def settle(result: object) -> None:
+                for d in waiting:
+                    if d.called:
+                        continue
+                    if isinstance(result, Failure):
+                        d.errback(StoreUnavailableError("could not subscribe again"))
+                    else:
+                        d.callback(None)
+
+            subscribed.addBoth(settle)
+
+    # -- operations ----------------------------------------------------------------------
+
+    def _key(self, key: bytes) -> bytes:
+        return self.key_prefix + key
+
+    def _bounded(self, d: Deferred[_T]) -> Deferred[_T]:
+        d.addTimeout(self.timeout, self._reactor)
+        return d.addErrback(self._translate)
+
+    def _translate(self, failure: Failure) -> Failure:
+        if failure.check(*_UNAVAILABLE):
+            message = failure.getErrorMessage() or failure.type.__name__  # type: ignore[union-attr]
+            if failure.check(TimeoutError, CancelledError):
+                message = f"no answer from Redis within {self.timeout:g}s"
+            self._throttle.failure(message)
+            return Failure(StoreUnavailableError(message))
+        if failure.check(txredisapi.ResponseError):
+            return Failure(StoreError(failure.getErrorMessage()))
+        return failure
+
+    def _unavailable_logged(self, failure: Failure) -> None:
+        failure.trap(StoreError)
+
+    def _run(self, factory: _Factory | None, command: str, *args: Any) -> Deferred[Any]:
+        if factory is None or not factory.size:
+            message = f"not connected to Redis at {self.config.address}"
+            self._throttle.failure(message)
+            return fail(StoreUnavailableError(message))
+        return self._bounded(factory.handler.execute_command(command, *args))
+
+    def _command(self, command: str, *args: Any) -> Deferred[Any]:
+        return self._run(self._commands, command, *args)
+
+    def get(self, key: bytes) -> Deferred[bytes | None]:
+        return self._command("GET", self._key(key))
+
+    def set(self, key: bytes, value: bytes, ttl: float) -> Deferred[None]:
+        return self._command("SET", self._key(key), value, "PX", _millis(ttl)).addCallback(_none)
+
+    def delete(self, *keys: bytes) -> Deferred[int]:
+        if not keys:
+            return succeed(0)
+        return self._command("DEL", *(self._key(k) for k in keys))
+
+    def ttl(self, key: bytes) -> Deferred[float | None]:
+        return self._command("PTTL", self._key(key)).addCallback(
+            lambda ms: ms / 1000.0 if ms >= 0 else None
+        )
+
+    def acquire(self, lock_key: bytes, owner: bytes, lease: float) -> Deferred[bool]:
+        return self._command(
+            "SET", self._key(lock_key), owner, "PX", _millis(lease), "NX"
+        ).addCallback(lambda reply: reply is not None)
+
+    def release(self, lock_key: bytes, owner: bytes) -> Deferred[bool]:
+        return self._script(_RELEASE, [self._key(lock_key)], [owner]).addCallback(bool)
+
+    def add_to_index(self, index_key: bytes, member: bytes, ttl: float) -> Deferred[None]:
+        return self._script(_INDEX_ADD, [self._key(index_key)], [member, _millis(ttl)]).addCallback(
+            _none
+        )
+
+    def index_members(self, index_key: bytes) -> Deferred[frozenset[bytes]]:
+        return self._command("SMEMBERS", self._key(index_key)).addCallback(frozenset)
+
+    def remove_from_index(self, index_key: bytes, *members: bytes) -> Deferred[int]:
+        if not members:
+            return succeed(0)
+        return self._command("SREM", self._key(index_key), *members)
+
+    def publish(self, channel: bytes, message: bytes) -> Deferred[int]:
+        return self._command("PUBLISH", self._key(channel), message)
+
+    def subscribe(self, channel: bytes, callback: MessageCallback) -> Deferred[None]:
+        full = self._key(channel)
+        callbacks = self._channels.setdefault(full, [])
+        callbacks.append(callback)
+        if self._subscriber is None:
+            if not self.running:
+                return fail(StoreUnavailableError("the state store is not running"))
+            # The subscription is made once the connection is ready (_connected).
+            self._subscriber = self._connect(_SubscriberFactory, "pub/sub")
+        if len(callbacks) > 1:
+            return succeed(None)
+        if self._subscriber.size:
+            return self._run(self._subscriber, "SUBSCRIBE", full).addCallback(_none)
+        # Not connected (yet): the connection subscribes to every channel when ready.
+        waiter: Deferred[None] = Deferred()
+        self._subscribing = [d for d in self._subscribing if not d.called]
+        self._subscribing.append(waiter)
+        return self._bounded(waiter)
+
+    def unsubscribe(self, channel: bytes, callback: MessageCallback) -> Deferred[None]:
+        full = self._key(channel)
+        callbacks = self._channels.get(full, [])
+        if callback in callbacks:
+            callbacks.remove(callback)
+        if callbacks or full not in self._channels:
+            return succeed(None)
+        del self._channels[full]
+        return self._run(self._subscriber, "UNSUBSCRIBE", full).addCallback(_none)
+
+    def _deliver(self, channel: bytes, message: bytes) -> None:
+        for callback in list(self._channels.get(channel, ())):
+            try:
+                callback(message)
+            except Exception:
+                _log.failure("state store: a subscriber of {channel!r} failed", channel=channel)
+
+    def _script(self, script: bytes, keys: list[bytes], args: list[Any]) -> Deferred[Any]:
+        factory = self._commands
+        if factory is None or not factory.size:
+            return self._run(None, "EVAL")
+        # txredisapi's eval sends EVALSHA once the script is known on the connection.
+        return self._bounded(factory.handler.eval(script, keys, args))
+
+
+def _millis(seconds: float) -> int:
+    return max(1, round(seconds * 1000))
+
+
+def _none(_: object) -> None:
+    return None
+
+
+@implementer(IStateProviderFactory)
+class KvStoreProvider:
+    """
+    The C{kvstore} provider factory (entry point C{edgegw.state_providers: kvstore}).
+    """
+
+    name = "kvstore"
+
+    def validate(self, config: Mapping[str, Any], where: Location, path: str) -> list[Problem]:
+        """
+        Problems with C{config}, located at C{where} under the field path C{path}.
+        """
+        problems = Problems()
+        read_kvstore_config(Node(config, where, path, problems))
+        try:
+            problems.raise_if_any()
+        except ConfigError as e:
+            return list(e.problems)
+        return []
+
+    def build(
+        self, config: Mapping[str, Any], key_prefix: str, reactor: Any, **options: Any
+    ) -> KvStoreService:
+        """
+        The store for a valid C{config}, not started.
+
+        @param options: Passed on to L{KvStoreService} (C{trust_root}, retry timings).
+        @raise ConfigError: When C{config} is not valid (L{validate} says so first).
+        """
+        problems = Problems()
+        parsed = read_kvstore_config(
+            Node(config, Location("<stateProvider>", 1), "config", problems)
+        )
+        problems.raise_if_any()
+        return KvStoreService(parsed, key_prefix, reactor, **options)
+
+
+provider = KvStoreProvider()
+"""The object the C{kvstore} entry point names."""

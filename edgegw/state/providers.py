@@ -1,0 +1,111 @@
+"""
+State providers, found through package entry points.
+
+A provider is an object providing L{IStateProviderFactory}, named by an entry point in
+the group C{edgegw.state_providers} of any installed distribution; the entry point's
+name is the C{type} a configuration gives. edgegw's own C{kvstore} is registered in its
+C{setup.py} exactly as a third-party package would register one::
+
+    entry_points={"edgegw.state_providers": ["kvstore = edgegw.state.kvstore:provider"]}
+
+Entry points are read when L{find_provider} or L{provider_types} is called (at config
+load, not at import), so installing a provider needs no change to edgegw.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from importlib.metadata import EntryPoint, entry_points
+from typing import Any
+
+from twisted.application.service import IService
+from zope.interface import Attribute, Interface
+
+from edgegw.config.errors import Location, Problem
+from edgegw.state.store import IStateStore
+
+__all__ = [
+    "ENTRY_POINT_GROUP",
+    "IStateProviderFactory",
+    "UnknownProviderError",
+    "find_provider",
+    "provider_types",
+]
+
+ENTRY_POINT_GROUP = "edgegw.state_providers"
+"""The entry point group state providers register in."""
+
+
+class UnknownProviderError(LookupError):
+    """
+    No installed provider has the type asked for, or the one found is unusable; the
+    message says which, and which types there are.
+    """
+
+
+class IStateProviderFactory(Interface):
+    """
+    Makes state stores of one provider type from their opaque C{config} mappings.
+    """
+
+    name = Attribute("The provider type (str), as configurations name it.")
+
+    def validate(config: Mapping[str, Any], where: Location, path: str) -> list[Problem]:
+        """
+        Every problem with C{config}, each located at C{where} with a field path under
+        C{path} (such as C{spec.stateProvider.config}); empty when it is usable.
+        """
+
+    def build(config: Mapping[str, Any], key_prefix: str, reactor: Any) -> IStateStore:
+        """
+        The store for a C{config} that L{validate} accepted, not started: it also
+        provides L{IService} (named C{state}), connects when started and closes when
+        stopped.
+
+        @param key_prefix: Prepended to every key, index and channel the store uses.
+        @param reactor: The gateway's reactor.
+        """
+
+
+def _entry_points() -> dict[str, EntryPoint]:
+    return {ep.name: ep for ep in entry_points(group=ENTRY_POINT_GROUP)}
+
+
+def provider_types() -> list[str]:
+    """
+    The provider types installed, sorted.
+    """
+    return sorted(_entry_points())
+
+
+def find_provider(type_: str) -> IStateProviderFactory:
+    """
+    The provider factory registered under C{type_}.
+
+    @raise UnknownProviderError: When none is, or the entry point does not load or does
+        not name an L{IStateProviderFactory}.
+    """
+    found = _entry_points().get(type_)
+    if found is None:
+        known = ", ".join(provider_types()) or "none"
+        raise UnknownProviderError(
+            f'no state provider of type "{type_}" is installed (installed: {known})'
+        )
+    try:
+        factory = found.load()
+    except Exception as e:
+        raise UnknownProviderError(
+            f'state provider "{type_}" ({found.value}) cannot be loaded: {e}'
+        ) from e
+    if not IStateProviderFactory.providedBy(factory):
+        raise UnknownProviderError(
+            f'state provider "{type_}" ({found.value}) is not an IStateProviderFactory'
+        )
+    return factory
+
+
+def provides_service(store: IStateStore) -> bool:
+    """
+    Whether a built store is also a service (as L{IStateProviderFactory.build} requires).
+    """
+    return IService.providedBy(store)
