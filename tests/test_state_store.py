@@ -11,7 +11,9 @@ from typing import Any
 from twisted.application.service import IService
 from twisted.internet import reactor
 from twisted.internet.task import deferLater
+from twisted.logger import ILogObserver, LogEvent, LogLevel, formatEvent, globalLogPublisher
 from twisted.trial.unittest import SynchronousTestCase, TestCase
+from zope.interface import provider
 from zope.interface.verify import verifyObject
 
 from edgegw.config.errors import ConfigError, Location
@@ -24,7 +26,7 @@ from edgegw.state.providers import (
     find_provider,
     provider_types,
 )
-from edgegw.state.store import IStateStore, StoreUnavailableError
+from edgegw.state.store import IStateStore, StoreError, StoreUnavailableError
 from tests.support.redis import RedisServer, TestCA, redis_server
 
 
@@ -239,7 +241,8 @@ class AuthTests(TestCase):
     async def test_no_password(self) -> None:
         store = make_store(self, self.server)
         await sleep(0.3)
-        with self.assertRaises(Exception):  # noqa: B017 - NOAUTH reply or no connection
+        # Connected as the default user, which is off: NOAUTH.
+        with self.assertRaises(StoreError):
             await store.get(b"k")
 
 
@@ -267,6 +270,22 @@ class TLSTests(TestCase):
             with self.assertRaises(StoreUnavailableError):
                 await store.get(b"k")
             await sleep(0.1)
+
+    async def test_wrong_ca_logged(self) -> None:
+        warnings: list[str] = []
+
+        @provider(ILogObserver)
+        def observe(event: LogEvent) -> None:
+            if event.get("log_namespace") == "edgegw.state" and event["log_level"] == LogLevel.warn:
+                warnings.append(formatEvent(event))
+
+        globalLogPublisher.addObserver(observe)
+        self.addCleanup(globalLogPublisher.removeObserver, observe)
+        wrong = TestCA(self.server.directory, "some other CA")
+        make_store(self, self.server, trust_root=wrong.trust_root())
+        await sleep(0.5)
+        self.assertTrue(warnings)
+        self.assertIn("certificate verify failed", warnings[0])
 
     async def test_wrong_ca_with_password(self) -> None:
         wrong = TestCA(self.server.directory, "some other CA")
@@ -330,6 +349,25 @@ class OutageTests(TestCase):
             await sleep(0.02)
             waited += 0.02
         self.assertEqual(received, [b"after"])
+
+    async def test_failures_logged_once_per_interval(self) -> None:
+        warnings: list[str] = []
+
+        @provider(ILogObserver)
+        def observe(event: LogEvent) -> None:
+            if event.get("log_namespace") == "edgegw.state" and event["log_level"] == LogLevel.warn:
+                warnings.append(formatEvent(event))
+
+        globalLogPublisher.addObserver(observe)
+        self.addCleanup(globalLogPublisher.removeObserver, observe)
+        await self.server.stop()
+        await sleep(0.1)
+        for _ in range(20):
+            with self.assertRaises(StoreUnavailableError):
+                await self.store.get(b"k")
+        # One for the lost connection, none for the twenty refused operations.
+        self.assertEqual(len(warnings), 1, warnings)
+        self.assertIn("command connection to Redis at", warnings[0])
 
     async def test_frozen_redis_times_out(self) -> None:
         self.server.pause()

@@ -124,12 +124,18 @@ class _Throttle:
         if self._last is not None and now - self._last < self.interval:
             self._suppressed += 1
             return
-        _log.warn(
-            "state store: {message} ({suppressed} more failures since last reported)",
-            message=message,
-            suppressed=self._suppressed,
-        )
+        more = f" ({self._suppressed} more failures since)" if self._suppressed else ""
+        _log.warn("state store: {reason}{more}", reason=message, more=more)
         self._last = now
+        self._suppressed = 0
+
+    def recovered(self, message: str) -> None:
+        """
+        Log C{message} (at info), and log the next failure whenever it comes.
+        """
+        more = f" ({self._suppressed} failures since the last reported)" if self._suppressed else ""
+        _log.info("state store: {reason}{more}", reason=message, more=more)
+        self._last = None
         self._suppressed = 0
 
 
@@ -145,8 +151,8 @@ class _Factory(txredisapi.RedisFactory):  # type: ignore[misc]
         self.label = label
         self.initialDelay = store.first_retry
         self.maxDelay = store.retry_cap
-        # With isLazy nobody else waits on it; an AUTH or SELECT failure errbacks it.
-        self.deferred.addErrback(lambda f: store._throttle.failure(f.getErrorMessage()))
+        # With isLazy nobody waits on it; connectionError (below) logs what fails it.
+        self.deferred.addErrback(lambda f: None)
 
     def stopTrying(self) -> Deferred[Any]:
         # txredisapi calls this when AUTH or SELECT fails, which also happens when the
@@ -155,15 +161,31 @@ class _Factory(txredisapi.RedisFactory):  # type: ignore[misc]
         # Stopping at service stop goes through disconnect(), not here.
         return succeed(None)
 
+    def connectionError(self, why: str) -> None:
+        # AUTH or SELECT failed.
+        super().connectionError(why)
+        self.store._throttle.failure(why)
+
+    def buildProtocol(self, addr: Any) -> Any:
+        protocol = super().buildProtocol(addr)
+        lost = protocol.connectionLost
+
+        def connectionLost(reason: Failure) -> None:
+            # Says why, such as a TLS handshake refused for an untrusted certificate.
+            if not self.disconnectCalled:
+                self.store._throttle.failure(
+                    f"{self.label} connection to Redis at {self.store.config.address} "
+                    f"lost: {reason.getErrorMessage()}"
+                )
+            lost(reason)
+
+        protocol.connectionLost = connectionLost
+        return protocol
+
     def addConnection(self, conn: Any) -> None:
         super().addConnection(conn)
         if conn in self.pool:
             self.store._connected(self, conn)
-
-    def delConnection(self, conn: Any) -> None:
-        super().delConnection(conn)
-        if not self.disconnectCalled:
-            self.store._throttle.failure(f"lost the {self.label} connection to Redis")
 
 
 class _Subscriber(txredisapi.SubscriberProtocol):  # type: ignore[misc]
@@ -283,10 +305,8 @@ class KvStoreService(Service):
         return factory
 
     def _connected(self, factory: _Factory, conn: Any) -> None:
-        _log.info(
-            "state store: {label} connection to Redis at {address} ready",
-            label=factory.label,
-            address=self.config.address,
+        self._throttle.recovered(
+            f"{factory.label} connection to Redis at {self.config.address} ready"
         )
         if factory is self._subscriber:
             waiting, self._subscribing = self._subscribing, []
