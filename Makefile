@@ -19,16 +19,21 @@ E2E_STAMP := $(E2E)/node_modules/.installed
 
 .PHONY: run test check lint typecheck layers unit unit-oldest venv clean bench redis
 
-# Stock Debian ships python3 without venv/ensurepip: install it when root.
-define need_venv
-@if ! $(PYTHON) -c "import ensurepip, venv" 2>/dev/null; then \
+# $(call debian,TEST,PACKAGES,WHO): when the shell command TEST fails, install Debian's
+# PACKAGES when root, else say what to run and stop.
+define debian
+@if ! ( $(1) ) >/dev/null 2>&1; then \
 		if [ "$$(id -u)" = 0 ]; then \
-			apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q python3-venv; \
+			apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q $(2); \
 		else \
-			echo "edgegw needs python3-venv: run 'sudo apt-get install python3-venv' first"; exit 1; \
+			echo "$(3) $(2): run 'sudo apt-get install $(2)' first"; exit 1; \
 		fi; \
 	fi
 endef
+
+# Stock Debian ships python3 without venv/ensurepip.
+VENV_CHECK = $(PYTHON) -c "import ensurepip, venv"
+need_venv = $(call debian,$(VENV_CHECK),python3-venv,edgegw needs)
 
 $(STAMP): setup.py pyproject.toml
 	$(need_venv)
@@ -46,28 +51,11 @@ $(OLDEST_STAMP): setup.py pyproject.toml $(OLDEST_CONSTRAINTS) | $(STAMP)
 		--config-settings editable_mode=compat
 	touch $(OLDEST_STAMP)
 
-# Stock Debian has no node: install Debian's nodejs and npm when root.
-define need_node
-@if ! command -v node >/dev/null 2>&1 || ! command -v npm >/dev/null 2>&1; then \
-		if [ "$$(id -u)" = 0 ]; then \
-			apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q nodejs npm; \
-		else \
-			echo "edgegw's tests need node and npm: run 'sudo apt-get install nodejs npm' first"; exit 1; \
-		fi; \
-	fi
-endef
+# Stock Debian has no node: the e2e provider needs Debian's nodejs and npm.
+need_node = $(call debian,command -v node && command -v npm,nodejs npm,edgegw's tests need)
 
-# The state-store tests start their own redis-server (tests/support/redis.py): install
-# Debian's when root.
-define need_redis
-@if ! command -v redis-server >/dev/null 2>&1; then \
-		if [ "$$(id -u)" = 0 ]; then \
-			apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q redis-server; \
-		else \
-			echo "edgegw's tests need redis-server: run 'sudo apt-get install redis-server' first"; exit 1; \
-		fi; \
-	fi
-endef
+# The state-store tests start their own redis-server (tests/support/redis.py).
+need_redis = $(call debian,command -v redis-server,redis-server,edgegw's tests need)
 
 redis:
 	$(need_redis)

@@ -85,6 +85,22 @@ async def connected_store(test: TestCase, server: RedisServer, *args: Any, **kw:
     return store
 
 
+def store_warnings(test: TestCase) -> list[str]:
+    """
+    The state store's warnings logged from now until C{test} ends, as text.
+    """
+    warnings: list[str] = []
+
+    @provider(ILogObserver)
+    def observe(event: LogEvent) -> None:
+        if event.get("log_namespace") == "edgegw.state" and event["log_level"] == LogLevel.warn:
+            warnings.append(formatEvent(event))
+
+    globalLogPublisher.addObserver(observe)
+    test.addCleanup(globalLogPublisher.removeObserver, observe)
+    return warnings
+
+
 class StoreOperationTests(TestCase):
     """
     Every operation, against a plain redis-server.
@@ -272,15 +288,7 @@ class TLSTests(TestCase):
             await sleep(0.1)
 
     async def test_wrong_ca_logged(self) -> None:
-        warnings: list[str] = []
-
-        @provider(ILogObserver)
-        def observe(event: LogEvent) -> None:
-            if event.get("log_namespace") == "edgegw.state" and event["log_level"] == LogLevel.warn:
-                warnings.append(formatEvent(event))
-
-        globalLogPublisher.addObserver(observe)
-        self.addCleanup(globalLogPublisher.removeObserver, observe)
+        warnings = store_warnings(self)
         wrong = TestCA(self.server.directory, "some other CA")
         make_store(self, self.server, trust_root=wrong.trust_root())
         await sleep(0.5)
@@ -351,15 +359,7 @@ class OutageTests(TestCase):
         self.assertEqual(received, [b"after"])
 
     async def test_failures_logged_once_per_interval(self) -> None:
-        warnings: list[str] = []
-
-        @provider(ILogObserver)
-        def observe(event: LogEvent) -> None:
-            if event.get("log_namespace") == "edgegw.state" and event["log_level"] == LogLevel.warn:
-                warnings.append(formatEvent(event))
-
-        globalLogPublisher.addObserver(observe)
-        self.addCleanup(globalLogPublisher.removeObserver, observe)
+        warnings = store_warnings(self)
         await self.server.stop()
         await sleep(0.1)
         for _ in range(20):

@@ -9,7 +9,7 @@ from edgegw.config.addresses import is_host_port
 from edgegw.config.fields import Node
 from edgegw.config.model import KvStoreConfig, StateProviderRef
 
-__all__ = ["read_state_ref"]
+__all__ = ["read_kvstore", "read_state_ref"]
 
 
 def read_state_ref(node: Node | None) -> StateProviderRef | None:
@@ -24,7 +24,7 @@ def read_state_ref(node: Node | None) -> StateProviderRef | None:
     if type_ == "kvstore":
         config_node = node.mapping("config", required=True)
         if config_node is not None:
-            kvstore = _kvstore(config_node)
+            kvstore = read_kvstore(config_node)
     ref = StateProviderRef(
         type=type_,
         refresh_skew=node.duration("refreshSkew", 60.0) or 0.0,
@@ -36,7 +36,11 @@ def read_state_ref(node: Node | None) -> StateProviderRef | None:
     return ref
 
 
-def _kvstore(node: Node) -> KvStoreConfig:
+def read_kvstore(node: Node) -> KvStoreConfig:
+    """
+    The C{kvstore} provider's C{config} mapping (address host:port, user, password, db,
+    tls, timeout), reporting problems on C{node}.
+    """
     address = node.required_string("address")
     if address and not is_host_port(address):
         node.error("address", f'"{address}" is not host:port')

@@ -41,10 +41,10 @@ from twisted.logger import Logger
 from twisted.python.failure import Failure
 from zope.interface import implementer
 
-from edgegw.config.addresses import is_host_port
 from edgegw.config.errors import ConfigError, Location, Problem, Problems
 from edgegw.config.fields import Node
 from edgegw.config.model import KvStoreConfig
+from edgegw.config.state import read_kvstore
 from edgegw.state.providers import IStateProviderFactory
 from edgegw.state.store import IStateStore, MessageCallback, StoreError, StoreUnavailableError
 
@@ -85,22 +85,10 @@ _UNAVAILABLE = (
 
 def read_kvstore_config(node: Node) -> KvStoreConfig:
     """
-    Read C{kvstore}'s C{config} mapping, reporting problems on C{node}'s collector (the
-    same fields and defaults as the Gateway's C{stateProvider.config}).
+    Read C{kvstore}'s C{config} mapping, reporting problems on C{node}'s collector: the
+    one parser the Gateway's C{stateProvider.config} uses too.
     """
-    address = node.required_string("address")
-    if address and not is_host_port(address):
-        node.error("address", f'"{address}" is not host:port')
-    config = KvStoreConfig(
-        address=address,
-        user=node.string("user", "default") or "default",
-        password=node.string("password"),
-        db=node.integer("db", 0, minimum=0),
-        tls=node.boolean("tls", False),
-        timeout=node.duration("timeout", 3.0, positive=True) or 3.0,
-    )
-    node.finish()
-    return config
+    return read_kvstore(node)
 
 
 def _split_address(address: str) -> tuple[str, int]:
