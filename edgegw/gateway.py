@@ -10,6 +10,7 @@ C{--check} catches everything startup would.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 import attrs
 from opentelemetry.sdk.trace import SpanProcessor
@@ -36,7 +37,7 @@ from edgegw.chain.route import CompiledRoute
 from edgegw.chain.session import session_stage
 from edgegw.chain.terminal import TerminalResource, render_stage
 from edgegw.config.effective import EffectiveRoute, effective_routes
-from edgegw.config.errors import Problems
+from edgegw.config.errors import Location, Problems
 from edgegw.config.model import (
     ApiHandlerSpec,
     Config,
@@ -61,6 +62,7 @@ from edgegw.identity.session_cookie import SessionCookie
 from edgegw.routing.mux import Mux
 from edgegw.server.limits import LimitedSite
 from edgegw.server.request import GatewayChannel, GatewayRequest
+from edgegw.state.providers import UnknownProviderError, find_provider
 from edgegw.telemetry import Telemetry
 from edgegw.upstream.agent import UpstreamAgent
 from edgegw.upstream.pool import UpstreamClient
@@ -136,6 +138,7 @@ def build_gateway(
     @raise ConfigError: Something in the configuration cannot run.
     """
     problems = Problems()
+    _check_state_providers(config, problems)
     _refuse_unavailable(config, problems)
     inflight = InFlight()
     mux: Mux[IRouteTarget] = Mux()
@@ -506,6 +509,30 @@ def _terminal(
             problems.add(effective.spec.location, "spec.handler", str(e))
             return None
     return HealthHandler()
+
+
+def _check_state_providers(config: Config, problems: Problems) -> None:
+    """
+    Every state provider type named (the Gateway's C{stateProvider}, each StateProvider
+    resource) must be installed (package entry points, group C{edgegw.state_providers}),
+    and its C{config} must be what that provider accepts.
+    """
+    gateway = config.gateway
+    named: list[tuple[Location | None, str, str, Mapping[str, Any]]] = []
+    state = gateway.state_provider
+    if state is not None and state.type:
+        named.append((gateway.location, "spec.stateProvider", state.type, state.config))
+    for resource in config.state_providers.values():
+        named.append((resource.location, "spec", resource.type, resource.config))
+    for where, path, type_, provider_config in named:
+        try:
+            factory = find_provider(type_)
+        except UnknownProviderError as e:
+            problems.add(where, f"{path}.type", str(e))
+            continue
+        if where is not None:
+            for problem in factory.validate(provider_config, where, f"{path}.config"):
+                problems.add(problem.location, problem.field, problem.message)
 
 
 def _refuse_unavailable(config: Config, problems: Problems) -> None:

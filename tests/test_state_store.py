@@ -10,7 +10,7 @@ from typing import Any
 
 from twisted.application.service import IService
 from twisted.internet import reactor
-from twisted.internet.task import deferLater
+from twisted.internet.task import Clock, deferLater
 from twisted.logger import ILogObserver, LogEvent, LogLevel, formatEvent, globalLogPublisher
 from twisted.trial.unittest import SynchronousTestCase, TestCase
 from zope.interface import provider
@@ -422,3 +422,86 @@ class ProviderDiscoveryTests(SynchronousTestCase):
         self.assertEqual(store.config.db, 2)
         self.assertEqual(store.key_prefix, b"gw:sess:")
         self.assertRaises(ConfigError, factory.build, {"db": 1}, "", reactor)
+
+
+class ProviderChecksAtBuildTests(SynchronousTestCase):
+    """
+    Building the gateway (as startup and C{edgegw check} do) looks every state provider
+    type up among the installed ones and has it validate its config, each problem
+    located; the Gateway's stateProvider is then still refused (sessions do not use the
+    store yet).
+    """
+
+    def problems(self, text: str) -> list[str]:
+        from edgegw.config.errors import ConfigError
+        from edgegw.config.parse import load_config
+        from edgegw.gateway import build_gateway
+        from tests.support.configs import write_tree
+
+        root = write_tree(self.mktemp(), {"a.yaml": text})
+        config = load_config(root, {})
+        try:
+            build_gateway(config, Clock())
+        except ConfigError as e:
+            prefix = root + "/a.yaml, "
+            return [str(problem).removeprefix(prefix) for problem in e.problems]
+        raise AssertionError("expected a ConfigError")
+
+    GATEWAY = """\
+kind: Gateway
+metadata: {name: g}
+spec:
+  listen: "127.0.0.1:0"
+"""
+
+    def test_unknown_state_provider_resource_type(self) -> None:
+        problems = self.problems(
+            self.GATEWAY
+            + "---\nkind: StateProvider\nmetadata: {name: mem}\nspec: {type: memcached}\n"
+        )
+        self.assertEqual(
+            problems,
+            [
+                'document 2, StateProvider "mem": spec.type: no state provider of type '
+                '"memcached" is installed (installed: kvstore)'
+            ],
+        )
+
+    def test_state_provider_resource_config_is_validated_by_its_provider(self) -> None:
+        problems = self.problems(
+            self.GATEWAY
+            + "---\nkind: StateProvider\nmetadata: {name: r}\n"
+            + 'spec: {type: kvstore, config: {address: "nohost", db: -1}}\n'
+        )
+        self.assertEqual(len(problems), 2, problems)
+        self.assertTrue(
+            problems[0].startswith('document 2, StateProvider "r": spec.config.address:'),
+            problems,
+        )
+        self.assertTrue(
+            problems[1].startswith('document 2, StateProvider "r": spec.config.db:'), problems
+        )
+
+    def test_unknown_gateway_state_provider_type(self) -> None:
+        from tests.test_login import KEY
+
+        text = f"""\
+kind: Gateway
+metadata: {{name: g}}
+spec:
+  listen: "127.0.0.1:0"
+  session: {{key: "{KEY}"}}
+  stateProvider: {{type: memcached, config: {{}}}}
+---
+kind: IdP
+metadata: {{name: i}}
+spec: {{type: oidc, issuer: "https://idp.example", clientID: c, clientSecret: s}}
+---
+kind: StateProvider
+metadata: {{name: memcached}}
+spec: {{type: memcached}}
+"""
+        problems = self.problems(text)
+        unknown = 'no state provider of type "memcached" is installed (installed: kvstore)'
+        self.assertIn(f'document 1, Gateway "g": spec.stateProvider.type: {unknown}', problems)
+        self.assertIn(f'document 3, StateProvider "memcached": spec.type: {unknown}', problems)

@@ -117,7 +117,7 @@ def _parse(
     gateway = one_gateway(gateways, problems, complete=complete)
     idp = at_most_one("IdP", idps, problems)
     telemetry = at_most_one("Telemetry", telemetries, problems)
-    cross_checks(gateway, idp, routes, groups, policies, providers, problems, complete=complete)
+    cross_checks(gateway, idp, routes, groups, policies, problems, complete=complete)
     if gateway is not None and telemetry is not None:
         check_logged_headers(gateway[1], telemetry, problems)
     if gateway is None:

@@ -15,7 +15,6 @@ from edgegw.config.model import (
     PolicySpec,
     RouteGroupSpec,
     RouteSpec,
-    StateProviderSpec,
     TelemetrySpec,
 )
 from edgegw.routing.mux import ConflictError, Mux
@@ -67,16 +66,17 @@ def cross_checks(
     routes: list[RouteSpec],
     groups: list[RouteGroupSpec],
     policies: dict[str, PolicySpec],
-    providers: dict[str, StateProviderSpec],
     problems: Problems,
     *,
     complete: bool,
 ) -> None:
     """
     Report what is wrong between resources: Route patterns that do not parse or conflict,
-    policies and state provider types that are not declared (only when every file was read,
-    C{complete}), assertions forwarded without a key to mint them, and a session with a
-    verificationOnly IdP.
+    policies that are not declared (only when every file was read, C{complete}),
+    assertions forwarded without a key to mint them, a session with a verificationOnly
+    IdP or without any IdP, auth paths that clash. (State provider types are looked up
+    among the installed providers when the gateway is built:
+    L{edgegw.gateway.build_gateway}.)
     """
     mux: Mux[RouteSpec] = Mux()
     for route in routes:
@@ -140,15 +140,7 @@ def cross_checks(
         )
     if spec.session is not None and idp is not None and not idp.verification_only:
         _check_auth_paths(location, spec, idp, routes, problems)
-    state = spec.state_provider
-    known_types = {"kvstore"} | {provider.type for provider in providers.values()}
-    if state is not None and state.type and state.type not in known_types and complete:
-        problems.add(
-            location,
-            "spec.stateProvider.type",
-            f'no state provider type "{state.type}": the shipped type is "kvstore"; '
-            "others must be declared by a StateProvider resource",
-        )
+
 
 
 def _check_auth_paths(
