@@ -142,7 +142,6 @@ def cross_checks(
         _check_auth_paths(location, spec, idp, routes, problems)
 
 
-
 def _check_auth_paths(
     location: Location,
     spec: GatewaySpec,
