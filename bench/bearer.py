@@ -427,30 +427,6 @@ def path_lines(timings: Sequence[PathTiming], token: str) -> list[str]:
     return lines
 
 
-def verdict(run: variants.Run) -> tuple[float | None, bool | None, list[str]]:
-    """
-    b's req/s over a's (median of same-round ratios), whether it reaches
-    L{TARGET_RATIO}, and the lines saying so.
-    """
-    summaries = {summary.target: summary for summary in run.summaries}
-    a, b = summaries.get("a"), summaries.get("b")
-    if a is None or b is None or b.vs_direct is None:
-        line = f"b bearer-cached vs a public: not measured (target: at least {TARGET_RATIO:g}x)"
-        return None, None, [line]
-    ratio = b.vs_direct
-    reached = ratio >= TARGET_RATIO
-    lines = [
-        f"b bearer-cached vs a public: {ratio:.2f}x a's req/s (target: at least "
-        f"{TARGET_RATIO:g}x): {'OK' if reached else 'BELOW TARGET'}"
-    ]
-    if a.cpu_us_per_request and b.cpu_us_per_request:
-        lines.append(
-            f"  CPU µs/req a/b: {a.cpu_us_per_request / b.cpu_us_per_request:.2f}x "
-            "(the req/s ratio the gateway's own CPU alone would give)"
-        )
-    return ratio, reached, lines
-
-
 def idp_lines(counts: Mapping[str, int]) -> list[str]:
     """What the static IdP was asked over the whole run (the three gateways together)."""
     shown = ", ".join(f"{path} {count}" for path, count in sorted(counts.items())) or "nothing"
@@ -513,7 +489,9 @@ def run(settings: variants.Settings) -> int:
     done = variants.measure("bearer", settings, wrk_path, ROUTE_PATH, prepare)
     if done is None:
         return 1
-    ratio, reached, lines = verdict(done)
+    ratio, reached, lines = variants.target_verdict(
+        done, "b bearer-cached vs a public", TARGET_RATIO
+    )
     counts = issuer.counts()
     run_notes = notes(settings, issuer.url)
     variants.print_results(

@@ -265,30 +265,6 @@ def read_lines(timings: Sequence[ReadTiming], cookies: Mapping[str, Cookie]) -> 
     return lines
 
 
-def verdict(run: variants.Run) -> tuple[float | None, bool | None, list[str]]:
-    """
-    b's req/s over a's (median of same-round ratios), whether it reaches
-    L{TARGET_RATIO}, and the lines saying so.
-    """
-    summaries = {summary.target: summary for summary in run.summaries}
-    a, b = summaries.get("a"), summaries.get("b")
-    if a is None or b is None or b.vs_direct is None:
-        line = f"b session vs a public: not measured (target: at least {TARGET_RATIO:g}x)"
-        return None, None, [line]
-    ratio = b.vs_direct
-    reached = ratio >= TARGET_RATIO
-    lines = [
-        f"b session vs a public: {ratio:.2f}x a's req/s (target: at least "
-        f"{TARGET_RATIO:g}x): {'OK' if reached else 'BELOW TARGET'}"
-    ]
-    if a.cpu_us_per_request and b.cpu_us_per_request:
-        lines.append(
-            f"  CPU µs/req a/b: {a.cpu_us_per_request / b.cpu_us_per_request:.2f}x "
-            "(the req/s ratio the gateway's own CPU alone would give)"
-        )
-    return ratio, reached, lines
-
-
 def notes(settings: variants.Settings) -> list[str]:
     """How to read this run's numbers; printed under the table and saved in the JSON."""
     return [
@@ -346,7 +322,7 @@ def run(settings: variants.Settings) -> int:
     done = variants.measure("session", settings, wrk_path, ROUTE_PATH, prepare)
     if done is None:
         return 1
-    ratio, reached, lines = verdict(done)
+    ratio, reached, lines = variants.target_verdict(done, "b session vs a public", TARGET_RATIO)
     variants.print_results(done, (), [*lines, "", *read_lines(timings, cookies)], notes(settings))
     variants.write_results(
         "session",

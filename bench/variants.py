@@ -452,3 +452,29 @@ def write_results(
 def exit_status(run: Run) -> int:
     """0 when every variant was measured, else 1."""
     return 0 if all(target.unavailable is None for target in run.targets) else 1
+
+
+def target_verdict(
+    run: Run, label: str, target: float
+) -> tuple[float | None, bool | None, list[str]]:
+    """
+    Variant b's req/s over a's (median of same-round ratios), whether it reaches
+    C{target}, and the lines saying so (C{label} names the pair, e.g. C{"b session vs a
+    public"}).
+    """
+    summaries = {summary.target: summary for summary in run.summaries}
+    a, b = summaries.get("a"), summaries.get("b")
+    if a is None or b is None or b.vs_direct is None:
+        return None, None, [f"{label}: not measured (target: at least {target:g}x)"]
+    ratio = b.vs_direct
+    reached = ratio >= target
+    lines = [
+        f"{label}: {ratio:.2f}x a's req/s (target: at least {target:g}x): "
+        + ("OK" if reached else "BELOW TARGET")
+    ]
+    if a.cpu_us_per_request and b.cpu_us_per_request:
+        lines.append(
+            f"  CPU µs/req a/b: {a.cpu_us_per_request / b.cpu_us_per_request:.2f}x "
+            "(the req/s ratio the gateway's own CPU alone would give)"
+        )
+    return ratio, reached, lines
