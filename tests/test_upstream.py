@@ -736,6 +736,34 @@ class PoolTests(UpstreamTestCase):
         self.assertEqual(len(backend.connections), 2)
         self.assertEqual([len(c.requests) for c in backend.connections], [2, 1])
 
+    async def test_stale_connection_retry_sends_refreshed_headers(self) -> None:
+        # A header that must differ on every attempt (an identity assertion's token id):
+        # the retry carries what refresh() gives, not the first attempt's value.
+        backend = self.raw(scripted(OK))
+        client = self.client()
+        upstream = backend.upstream()
+        await self.fetch(client, upstream)
+        made = []
+
+        def refresh() -> list[tuple[bytes, bytes]]:
+            made.append(b"second")
+            return [(b"Host", upstream.authority), (b"X-Once", b"second")]
+
+        response = await client.request(
+            upstream,
+            b"GET",
+            b"/",
+            [(b"Host", upstream.authority), (b"X-Once", b"first")],
+            refresh=refresh,
+        )
+        sink = Collect()
+        await response.deliver(sink)
+        self.assertEqual(sink.body, b"ok")
+        self.assertEqual(made, [b"second"])
+        retried = backend.connections[1].requests[0].head
+        self.assertIn(b"X-Once: second", retried)
+        self.assertNotIn(b"X-Once: first", retried)
+
     async def test_stale_connection_post_is_not_retried(self) -> None:
         backend = self.raw(scripted(OK))
         client = self.client()

@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Sequence
+from functools import partial
 from typing import Any
 from urllib.parse import quote, urlsplit
 
@@ -231,13 +232,16 @@ class ApiHandler(TerminalResource):
             token = b"Bearer " + principal.access_token.encode("ascii")
             headers = [*headers, (b"Authorization", token)]
         issuer = self.issuer
+        fresh = None
         if backend.spec.forward_identity and issuer is not None and principal is not None:
-            # A fresh assertion per call: each has its own token id.
-            headers = [*headers, (issuer.header, issuer.mint(principal))]
+            # A fresh assertion per call (and per retry of it): each has its own token id.
+            mint = partial(issuer.mint, principal)
+            fresh = (issuer.header, mint)
+            headers = [*headers, (issuer.header, mint())]
         # The request's headers ride with the call's agent as the byte pairs the pool
         # writes: a Twisted Headers object here would be copied by treq's content-decoder
         # wrapper and flattened again by the agent, for nothing.
-        agent = self.agent.call(exchange, backend.spec.group, headers)
+        agent = self.agent.call(exchange, backend.spec.group, headers, fresh)
         http = HTTPClient(agent, cookiejar=_NO_COOKIES)  # type: ignore[arg-type]
         outcome = _Outcome()
         try:

@@ -248,6 +248,27 @@ class ProxyHandler(TerminalResource):
             out.append((b"Upgrade", b"websocket"))
         return out
 
+    def _refresh(
+        self, exchange: Exchange, outgoing: list[tuple[bytes, bytes]]
+    ) -> Callable[[], list[tuple[bytes, bytes]]] | None:
+        """
+        For a forwardIdentity request: the headers again with a newly minted assertion,
+        for the pool's retry (the peer accepts each token id once).
+        """
+        issuer = self.issuer
+        principal = exchange.principal
+        if issuer is None or principal is None:
+            return None
+        name = issuer.header
+
+        def refresh() -> list[tuple[bytes, bytes]]:
+            return [
+                (field, issuer.mint(principal) if field == name else value)
+                for field, value in outgoing
+            ]
+
+        return refresh
+
     # -- response --------------------------------------------------------------------------
 
     def relay_head(self, request: Request, response: UpstreamResponse) -> None:
@@ -316,7 +337,13 @@ class ProxyHandler(TerminalResource):
         target = self.target(request)
         call = start_call(exchange, "upstream", self.upstream, method, target, outgoing)
         pending = self.client.request(
-            self.upstream, method, target, outgoing, body, upgrade=upgrade
+            self.upstream,
+            method,
+            target,
+            outgoing,
+            body,
+            upgrade=upgrade,
+            refresh=self._refresh(exchange, outgoing),
         )
         if self.timeout is not None:
             pending.addTimeout(self.timeout, self.reactor)

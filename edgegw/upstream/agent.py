@@ -22,7 +22,7 @@ Policy the agent applies to every call, below treq's own wrappers:
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from http.cookiejar import CookieJar
 from typing import Any, Final
 
@@ -321,9 +321,13 @@ class UpstreamAgent:
         context: CallContext | None,
         name: str,
         headers: list[tuple[bytes, bytes]] | None = None,
+        fresh: tuple[bytes, Callable[[], bytes]] | None = None,
     ) -> UpstreamCallAgent:
         """
         An agent for one call made for C{context} (a request), recorded under C{name}.
+
+        @param fresh: A header whose value must be made anew for a retry (name, maker):
+            an identity assertion, whose token id a peer accepts once.
 
         @param headers: Header fields the caller has already computed as byte pairs
             (sent before any given to C{request}): a per-request header set needs no
@@ -335,7 +339,7 @@ class UpstreamAgent:
             headers = [
                 (field, value) for field, value in headers if field.lower() not in _NOT_FORWARDED
             ]
-        return UpstreamCallAgent(self, context, name, headers)
+        return UpstreamCallAgent(self, context, name, headers, fresh)
 
     def request(
         self,
@@ -360,6 +364,7 @@ class UpstreamAgent:
         auto_end: bool,
         prepared: Sequence[tuple[bytes, bytes]],
         holder: UpstreamCallAgent | None = None,
+        fresh: tuple[bytes, Callable[[], bytes]] | None = None,
     ) -> tuple[Deferred[IResponse], UpstreamCall | None]:
         """
         Send one request on the pool.
@@ -401,7 +406,16 @@ class UpstreamAgent:
                     for value in values:
                         append((field, value))
         record = start_call(context, name, upstream, method, target, outgoing, self._tracer)
-        pending = self._client.request(upstream, method, target, outgoing, body)
+        refresh = None
+        if fresh is not None:
+            fresh_name, make = fresh
+
+            def refresh() -> list[tuple[bytes, bytes]]:
+                return [
+                    (field, make() if field == fresh_name else value) for field, value in outgoing
+                ]
+
+        pending = self._client.request(upstream, method, target, outgoing, body, refresh=refresh)
         if self._timeout is not None:
             pending.addTimeout(self._timeout, self._reactor)
         sent = _SentRequest(method, uri, headers if headers is not None else Headers())
@@ -466,8 +480,10 @@ class UpstreamCallAgent:
         context: CallContext | None,
         name: str,
         headers: list[tuple[bytes, bytes]] | None = None,
+        fresh: tuple[bytes, Callable[[], bytes]] | None = None,
     ) -> None:
         self._agent = agent
+        self._fresh = fresh
         self._context = context
         self._name = name
         self._headers = headers or ()
@@ -498,6 +514,7 @@ class UpstreamCallAgent:
             False,
             self._headers,
             self,
+            self._fresh,
         )
         return response
 

@@ -181,6 +181,7 @@ class _Waiter:
         "head_request",
         "inner",
         "length",
+        "rehead",
         "retryable",
         "timer",
         "upgrade",
@@ -196,8 +197,10 @@ class _Waiter:
         length: int | None,
         upgrade: bool,
         retryable: bool,
+        rehead: Callable[[], bytes] | None = None,
     ) -> None:
         self.upstream = upstream
+        self.rehead = rehead
         self.head = head
         self.head_request = head_request
         self.body = body
@@ -367,6 +370,7 @@ class UpstreamClient:
         *,
         upgrade: bool = False,
         queue_timeout: float | None = None,
+        refresh: Callable[[], list[tuple[bytes, bytes]]] | None = None,
     ) -> Deferred[UpstreamResponse]:
         """
         Send a request upstream, on an idle pooled connection when there is one.
@@ -385,6 +389,9 @@ class UpstreamClient:
             L{detached<UpstreamResponse.detach>}.
         @param queue_timeout: The longest wait for a connection when the upstream has
             as many as it may (the client's own by default).
+        @param refresh: Gives the header fields afresh for a retry (a header that must
+            differ on every attempt, such as an identity assertion's token id); the
+            retry resends C{headers} as they were without it.
 
         @return: Fires with the response once its head has arrived. Fails with the
             original failure (refused, DNS, TLS verification, L{UpstreamProtocolError},
@@ -400,22 +407,28 @@ class UpstreamClient:
             return fail()
         head_request = method == b"HEAD"
         retryable = body is None and method in _RETRYABLE
+        rehead = None
+        if retryable and refresh is not None:
+
+            def rehead() -> bytes:
+                return encode_request(method, target, refresh(), None)[0]
+
         if self._queued and self._queues.get(upstream):
             # Others wait already: no overtaking them for a connection just freed.
             return self._enqueue(
-                _Waiter(upstream, head, head_request, body, length, upgrade, retryable),
+                _Waiter(upstream, head, head_request, body, length, upgrade, retryable, rehead),
                 queue_timeout,
             )
         if not upgrade:
             idle = self._idle.get(upstream)
             if idle:
                 return self._send_pooled(
-                    idle.pop(), upstream, head, head_request, body, length, retryable
+                    idle.pop(), upstream, head, head_request, body, length, retryable, rehead
                 )
         limit = self._max_open
         if limit and self._open.get(upstream, 0) >= limit:
             return self._enqueue(
-                _Waiter(upstream, head, head_request, body, length, upgrade, retryable),
+                _Waiter(upstream, head, head_request, body, length, upgrade, retryable, rehead),
                 queue_timeout,
             )
         return self._connect(upstream, head, head_request, body, length, upgrade)
@@ -466,10 +479,11 @@ class UpstreamClient:
         body: IBodyProducer | None,
         length: int | None,
         retryable: bool,
+        rehead: Callable[[], bytes] | None = None,
     ) -> Deferred[UpstreamResponse]:
         d = connection.send(head, head_request, body, length, False)
         if retryable:
-            d.addErrback(self._retry_stale, connection, upstream, head, head_request)
+            d.addErrback(self._retry_stale, connection, upstream, head, head_request, rehead)
         return d
 
     def _connect(
@@ -537,6 +551,7 @@ class UpstreamClient:
         upstream: Upstream,
         head: bytes,
         head_request: bool,
+        rehead: Callable[[], bytes] | None = None,
     ) -> Deferred[UpstreamResponse] | Failure:
         # The server closed a kept-alive connection as we reused it (the request and
         # its FIN crossed): nothing was processed, so one retry on a fresh connection
@@ -547,6 +562,11 @@ class UpstreamClient:
             or reason.check(ConnectionAborted, CancelledError)
         ):
             return reason
+        if rehead is not None:
+            try:
+                head = rehead()
+            except ValueError:
+                return reason
         limit = self._max_open
         # The stale connection is still counted until its close is processed: wait for
         # it at the head of the queue rather than go over the bound.
@@ -682,6 +702,7 @@ class UpstreamClient:
                             waiter.body,
                             waiter.length,
                             waiter.retryable,
+                            waiter.rehead,
                         ),
                     )
                 elif not limit or self._open.get(upstream, 0) < limit:
@@ -756,6 +777,7 @@ class _QueueTimeoutClient(UpstreamClient):
         *,
         upgrade: bool = False,
         queue_timeout: float | None = None,
+        refresh: Callable[[], list[tuple[bytes, bytes]]] | None = None,
     ) -> Deferred[UpstreamResponse]:
         return self._pool.request(
             upstream,
@@ -765,6 +787,7 @@ class _QueueTimeoutClient(UpstreamClient):
             body,
             upgrade=upgrade,
             queue_timeout=self._seconds if queue_timeout is None else queue_timeout,
+            refresh=refresh,
         )
 
     def close(self) -> Deferred[None]:
