@@ -10,29 +10,15 @@ from typing import Any
 from twisted.internet import reactor as _reactor
 from twisted.internet.defer import Deferred
 from twisted.internet.task import deferLater
-from twisted.trial.unittest import TestCase
 
-import edgegw.gateway
-import edgegw.identity.provider
-from tests.login_attacks.test_stall import StallingTokenIdP, within
-from tests.support.backends import SiteBackend, answer
-from tests.test_login import LoginWorld
+from tests.login_attacks.test_stall import StallTestCase, within
 
 reactor: Any = _reactor
 
 
-class ExchangeCounter(TestCase):
-    def setUp(self) -> None:
-        self.patch(edgegw.identity.provider, "CALL_TIMEOUT", 1.0)
-        self.patch(edgegw.gateway, "CALL_TIMEOUT", 1.0)
-
+class ExchangeCounter(StallTestCase):
     async def test_counter_settles(self) -> None:
-        idp = StallingTokenIdP()
-        await idp.start(self)
-        backend = SiteBackend(answer(body=b"backend")).start()
-        self.addCleanup(backend.stop)
-        w = LoginWorld(self, idp, backend)
-        await w.start()
+        idp, w = await self.stalling_world()
         callback = w.gateway.site.resource.dispatcher.reserved["/auth/callback"].resource
         # synchronous failure
         r = await w.browser.get(w.url("/auth/callback?state=x&code=y"))

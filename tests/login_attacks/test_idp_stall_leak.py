@@ -10,35 +10,18 @@ from __future__ import annotations
 from typing import Any
 
 from twisted.internet import reactor as _reactor
-from twisted.internet.defer import Deferred
 from twisted.internet.task import deferLater
-from twisted.trial.unittest import TestCase
 
-import edgegw.gateway
-import edgegw.identity.provider
 from edgegw.upstream.pool import Upstream
-from tests.login_attacks.test_stall import StallingTokenIdP, within
-from tests.support.backends import SiteBackend, answer
-from tests.test_login import LoginWorld
+from tests.login_attacks.test_stall import StallTestCase, within
 
 reactor: Any = _reactor
 
 
-class StalledTokenBodyConnection(TestCase):
-    def setUp(self) -> None:
-        self.patch(edgegw.identity.provider, "CALL_TIMEOUT", 1.0)
-        self.patch(edgegw.gateway, "CALL_TIMEOUT", 1.0)
-
+class StalledTokenBodyConnection(StallTestCase):
     async def test_timed_out_token_call_drops_its_connection(self) -> None:
-        idp = StallingTokenIdP()
-        await idp.start(self)
-        backend = SiteBackend(answer(body=b"backend")).start()
-        self.addCleanup(backend.stop)
-        w = LoginWorld(self, idp, backend)
-        await w.start()
-        start = await w.browser.get(w.url("/auth/login?return_to=/app/x"))
-        at_idp = await w.browser.get(start.location or "")
-        pending = Deferred.fromCoroutine(w.browser.get(at_idp.location or ""))
+        idp, w = await self.stalling_world()
+        pending = await self.stalled_callback(w)
         result = await within(6.0, pending)
         self.assertNotEqual(result, "HUNG")
         self.assertEqual(result.status, 502)

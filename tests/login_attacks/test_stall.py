@@ -70,21 +70,38 @@ async def within(seconds: float, d: Deferred[Any]) -> Any:
     return done[0] if done else "HUNG"
 
 
-class StalledIdPBodies(TestCase):
+class StallTestCase(TestCase):
+    """
+    A login world whose token endpoint answers a head and then stalls, with 1 s IdP
+    call deadlines.
+    """
+
     def setUp(self) -> None:
         self.patch(edgegw.identity.provider, "CALL_TIMEOUT", 1.0)
         self.patch(edgegw.gateway, "CALL_TIMEOUT", 1.0)
 
-    async def test_callback_answers_when_the_token_endpoint_stalls(self) -> None:
+    async def stalling_world(self) -> tuple[StallingTokenIdP, LoginWorld]:
         idp = StallingTokenIdP()
         await idp.start(self)
         backend = SiteBackend(answer(body=b"backend")).start()
         self.addCleanup(backend.stop)
         w = LoginWorld(self, idp, backend)
         await w.start()
+        return idp, w
+
+    async def stalled_callback(self, w: LoginWorld) -> Deferred[Any]:
+        """
+        Begin a login and visit its callback, whose token call stalls: the response.
+        """
         start = await w.browser.get(w.url("/auth/login?return_to=/app/x"))
         at_idp = await w.browser.get(start.location or "")
-        pending = Deferred.fromCoroutine(w.browser.get(at_idp.location or ""))
+        return Deferred.fromCoroutine(w.browser.get(at_idp.location or ""))
+
+
+class StalledIdPBodies(StallTestCase):
+    async def test_callback_answers_when_the_token_endpoint_stalls(self) -> None:
+        idp, w = await self.stalling_world()
+        pending = await self.stalled_callback(w)
         result = await within(6.0, pending)
         if result == "HUNG":
             await idp.stop()  # lets the hung call fail so the test can clean up
