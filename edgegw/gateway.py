@@ -17,6 +17,7 @@ from opentelemetry.sdk.trace import SpanProcessor
 from twisted.internet.interfaces import IReactorTime
 from twisted.web.resource import IResource
 
+from edgegw.auth.backchannel import BackchannelLogoutResource
 from edgegw.auth.callback import CallbackResource
 from edgegw.auth.context import BrowserLogin
 from edgegw.auth.endpoint import AuthEndpoint
@@ -62,7 +63,9 @@ from edgegw.identity.session_cookie import SessionCookie
 from edgegw.routing.mux import Mux
 from edgegw.server.limits import LimitedSite
 from edgegw.server.request import GatewayChannel, GatewayRequest
+from edgegw.sessions.server import ServerSessions
 from edgegw.state.providers import UnknownProviderError, find_provider
+from edgegw.state.store import IStateStore
 from edgegw.telemetry import Telemetry
 from edgegw.upstream.agent import UpstreamAgent
 from edgegw.upstream.pool import UpstreamClient
@@ -85,6 +88,8 @@ class Gateway:
     @ivar telemetry: Tracing, when a Telemetry resource exists (flushed on shutdown).
     @ivar idp: The IdP client and its refresher service, when an IdP is configured.
     @ivar auth_endpoints: The mounted auth endpoints as (method, path) pairs.
+    @ivar state: The state store (a service), with a C{stateProvider}.
+    @ivar sessions: The server-side sessions (a service), with a C{stateProvider}.
     """
 
     config: Config
@@ -97,6 +102,8 @@ class Gateway:
     telemetry: Telemetry | None = None
     idp: IdentityProvider | None = None
     auth_endpoints: tuple[tuple[str, str], ...] = ()
+    state: IStateStore | None = None
+    sessions: ServerSessions | None = None
 
 
 @attrs.frozen
@@ -112,6 +119,7 @@ class IdentityStages:
     @ivar bearer: Verifies Bearer tokens on service routes, when an IdP is configured.
     @ivar assertions: Verifies inbound identity assertions on service routes, with
         C{identity.assertion.accept}.
+    @ivar server: The server-side sessions, with a C{stateProvider}.
     """
 
     session: SessionCookie | None
@@ -120,6 +128,7 @@ class IdentityStages:
     login_path: str | None
     bearer: BearerVerifier | None = None
     assertions: AssertionVerifier | None = None
+    server: ServerSessions | None = None
 
 
 def build_gateway(
@@ -127,6 +136,7 @@ def build_gateway(
     reactor: IReactorTime,
     upstream_client: UpstreamClient | None = None,
     span_processor: SpanProcessor | None = None,
+    state_options: Mapping[str, Any] | None = None,
 ) -> Gateway:
     """
     Build every handler and chain of C{config}.
@@ -135,11 +145,15 @@ def build_gateway(
         (tests pass one that trusts their own certificate authority), with the configured
         bound on connections per upstream.
     @param span_processor: Replaces the OTLP batch export of finished spans (tests).
+    @param state_options: Passed on to the state provider's C{build} (tests: retry
+        timings).
     @raise ConfigError: Something in the configuration cannot run.
     """
     problems = Problems()
     _check_state_providers(config, problems)
     _refuse_unavailable(config, problems)
+    # Built only from a config that passed: a provider's build may assume its own checks.
+    store = None if problems else _state_store(config, reactor, state_options or {})
     inflight = InFlight()
     mux: Mux[IRouteTarget] = Mux()
     compiled: list[CompiledRoute] = []
@@ -169,7 +183,7 @@ def build_gateway(
         client, reactor, tracer=telemetry.tracer if telemetry is not None else None
     )
     projected = projected_header_names(routes, groups_as)
-    provider, login, identity = _identity(config, routes, client, reactor, telemetry)
+    provider, login, identity = _identity(config, routes, client, reactor, telemetry, store)
     endpoints: tuple[tuple[str, str], ...] = ()
     reserved: dict[str, IRouteTarget] = {}
     if login is not None:
@@ -201,7 +215,13 @@ def build_gateway(
         compiled.append(route)
     problems.raise_if_any()
     dispatcher = MuxDispatcher(mux, traced=telemetry is not None, reserved=reserved)
-    site = edge_site(config.gateway, dispatcher, reactor, access, telemetry)
+    # The back-channel logout is posted by the IdP, server to server.
+    exempt = frozenset(
+        path
+        for path in (config.gateway.auth.backchannel_logout_path,)
+        if ("POST", path) in endpoints
+    )
+    site = edge_site(config.gateway, dispatcher, reactor, access, telemetry, exempt)
     return Gateway(
         config=config,
         site=site,
@@ -213,7 +233,22 @@ def build_gateway(
         telemetry=telemetry,
         idp=provider,
         auth_endpoints=endpoints,
+        state=store,
+        sessions=identity.server if identity is not None else None,
     )
+
+
+def _state_store(
+    config: Config, reactor: IReactorTime, options: Mapping[str, Any]
+) -> IStateStore | None:
+    """
+    The Gateway's state store, not started, when it has a C{stateProvider} (and a
+    session block, which the load checked).
+    """
+    ref = config.gateway.state_provider
+    if ref is None or config.gateway.session is None:
+        return None
+    return find_provider(ref.type).build(ref.config, ref.key_prefix, reactor, **options)
 
 
 def _identity(
@@ -222,6 +257,7 @@ def _identity(
     client: UpstreamClient,
     reactor: IReactorTime,
     telemetry: Telemetry | None,
+    store: IStateStore | None = None,
 ) -> tuple[IdentityProvider | None, BrowserLogin | None, IdentityStages | None]:
     """
     The IdP client (with any IdP), the browser login (session and IdP both configured)
@@ -254,8 +290,14 @@ def _identity(
             reactor,
             keep_token=any(_forwards_access_token(route) for route in routes),
         )
+    server = None
     if session is not None:
         cookie = SessionCookie(session, reactor)
+        ref = gateway.state_provider
+        if store is not None and ref is not None:
+            server = ServerSessions(
+                store, cookie, ref.key_prefix, ref.refresh_skew, provider, reactor
+            )
         if provider is not None and idp is not None and not idp.verification_only:
             login = BrowserLogin(
                 provider=provider,
@@ -267,6 +309,7 @@ def _identity(
                 redirect_url=idp.redirect_url,
                 keep_access_token=any(_forwards_access_token(route) for route in routes),
                 reactor=reactor,
+                server=server,
             )
     return (
         provider,
@@ -278,6 +321,7 @@ def _identity(
             login_path=gateway.auth.login_path if login is not None else None,
             bearer=bearer,
             assertions=(AssertionVerifier(accept, reactor) if accept is not None else None),
+            server=server,
         ),
     )
 
@@ -297,8 +341,9 @@ def _mount_login(
     inflight: InFlight,
 ) -> tuple[tuple[str, str], ...]:
     """
-    Mount the login, callback, logout and session-view endpoints: answered for their
-    exact paths before the mux routes anything (routes that could never be reached
+    Mount the login, callback, logout and session-view endpoints (and, with a state
+    provider, the back-channel logout): answered for their exact paths before the mux
+    routes anything (routes that could never be reached
     because of them were reported at load).
 
     @return: The endpoints as (method, path) pairs.
@@ -312,6 +357,13 @@ def _mount_login(
         (gateway.auth.logout_path, LogoutResource(login, session.post_logout_redirect)),
         (session.info_path, SessionViewResource(login)),
     )
+    if login.server is not None:
+        mounted += (
+            (
+                gateway.auth.backchannel_logout_path,
+                BackchannelLogoutResource(login.provider, login.server),
+            ),
+        )
     for path, resource in mounted:
         reserved[path] = ResourceTarget(path, resource, access, inflight)
     return tuple((resource.method.decode("ascii"), path) for path, resource in mounted)
@@ -323,17 +375,21 @@ def edge_site(
     reactor: IReactorTime,
     access: AccessLog | None = None,
     telemetry: Telemetry | None = None,
+    csrf_exempt: frozenset[str] = frozenset(),
 ) -> GatewaySite:
     """
     The Site: forwarded, security and (with telemetry) tracing layers, per C{spec}, in
     front of C{dispatcher}.
+
+    @param csrf_exempt: Exact paths whose POSTs skip the CSRF check (server-to-server
+        endpoints that authenticate what they are sent).
     """
     forwarded = ForwardedFilter(spec.trusted_proxies)
     if telemetry is not None:
         dispatcher = TracingDispatcher(dispatcher, telemetry, forwarded)
     resource = EdgeResource(
         forwarded,
-        SecurityLayer(spec.security),
+        SecurityLayer(spec.security, csrf_exempt),
         dispatcher,
         access or AccessLog(),
     )
@@ -419,6 +475,7 @@ def route_runner(
                     refusal(effective.type, identity.login_path) if required else None,
                     bearer,
                     assertions,
+                    identity.server,
                 )
             )
         elif required:
@@ -540,12 +597,5 @@ def _refuse_unavailable(config: Config, problems: Problems) -> None:
     Refuse, rather than silently ignore, configured features that this version cannot
     enforce yet: ignoring an authorization policy or a login requirement would fail open.
     """
-    gateway = config.gateway
-    where = gateway.location
-    for present, field, feature in (
-        (gateway.state_provider is not None, "spec.stateProvider", "server-side session state"),
-    ):
-        if present:
-            problems.add(where, field, f"{feature}: not available in this version of edgegw")
     for plugin in (*config.request_plugins, *config.response_plugins):
         problems.add(plugin.location, "", f"{plugin.kind}: not available in this version of edgegw")

@@ -7,6 +7,9 @@ L{GatewayService} (a C{MultiService}) has one child per long-lived part, in star
   - C{access-log}: L{AccessLogService}, the buffered access-log writer (flushed on stop);
   - C{upstream-pool}: L{UpstreamPoolService}, the upstream connection pool (idle
     connections closed on stop);
+  - C{state} and C{sessions}: with a C{stateProvider}, the state store (connecting in
+    the background, reconnecting with backoff; closed on stop) and the server-side
+    sessions over it (listening on the store's logout channel);
   - C{idp}: L{IdentityProvider<edgegw.identity.provider.IdentityProvider>}, with an IdP
     resource (browser login, Bearer verification): discovery at start without holding
     the gateway up, retried with capped backoff, then the discovery document and key
@@ -197,6 +200,11 @@ class GatewayService(MultiService):
             ("access-log", AccessLogService(gateway.access_log)),
             ("upstream-pool", UpstreamPoolService(gateway.upstream_client)),
         ]
+        if gateway.state is not None and gateway.sessions is not None:
+            # The store connects in the background; until it can be reached, requests
+            # with server-side sessions are unauthenticated (fail closed).
+            children.append(("state", gateway.state))  # type: ignore[arg-type]
+            children.append(("sessions", gateway.sessions))
         if gateway.idp is not None:
             # Discovery starts with the gateway and never holds it up: until it succeeds
             # the login endpoint answers 503.

@@ -5,7 +5,6 @@ C{GET} the callback path: finish the OIDC authorization-code flow and set the se
 from __future__ import annotations
 
 import hmac
-import re
 from collections import OrderedDict
 
 from twisted.internet.defer import CancelledError, Deferred
@@ -20,7 +19,13 @@ from edgegw.identity.claims import merge_userinfo, needs_userinfo, principal_of
 from edgegw.identity.login_state import LOGIN_LIFETIME
 from edgegw.identity.provider import IdPError
 from edgegw.identity.session_cookie import SessionTooLargeError
+from edgegw.identity.token_response import (
+    MAX_REFRESH_TOKEN,
+    access_token_expiry,
+    usable_token,
+)
 from edgegw.identity.tokens import TokenError
+from edgegw.sessions.server import SessionStoreError
 
 __all__ = ["CallbackResource", "LoginFailedError"]
 
@@ -30,12 +35,8 @@ MAX_EXCHANGES = 64
 """Callbacks completing at once (token endpoint and userinfo calls in flight)."""
 MAX_CODE = 2048
 """The longest authorization code accepted."""
-MAX_ACCESS_TOKEN = 8192
-"""The longest access token kept in a session (it also has to fit the cookie budget)."""
 MAX_SPENT = 50_000
 """Spent login states remembered (each for the login-state lifetime)."""
-# RFC 6750 2.1: what a Bearer token may be made of.
-_B64TOKEN = re.compile(r"[A-Za-z0-9._~+/-]+=*")
 
 _BAD_REQUEST = (400, b"login failed\n")
 _BAD_GATEWAY = (502, b"bad gateway\n")
@@ -158,28 +159,52 @@ class CallbackResource(AuthEndpoint):
         if principal is None:
             raise LoginFailedError(502, "the id_token names no subject")
         now = int(login.reactor.seconds())
+        server = login.server
         kept_token = None
         token_expiry = None
-        if login.keep_access_token and access_token is not None:
-            if _B64TOKEN.fullmatch(access_token) and len(access_token) <= MAX_ACCESS_TOKEN:
+        if (login.keep_access_token or server is not None) and access_token is not None:
+            if usable_token(access_token):
                 kept_token = access_token
-                token_expiry = _expiry(now, tokens.get("expires_in"))
+                token_expiry = access_token_expiry(now, tokens.get("expires_in"))
             else:
                 # It could never be sent as a header: forward nothing rather than fail
                 # every request of the session.
                 _log.warn("the access token is not an RFC 6750 token; it is not kept")
-        record = login.sessions.new_record(
-            request,
-            principal.subject,
-            principal.passport,
-            principal.groups,
-            kept_token,
-            token_expiry,
-        )
-        try:
-            login.sessions.write(request, record)
-        except SessionTooLargeError as e:
-            raise LoginFailedError(502, f"session too large: {e}") from None
+        if server is None:
+            record = login.sessions.new_record(
+                request,
+                principal.subject,
+                principal.passport,
+                principal.groups,
+                kept_token,
+                token_expiry,
+            )
+            try:
+                login.sessions.write(request, record)
+            except SessionTooLargeError as e:
+                raise LoginFailedError(502, f"session too large: {e}") from None
+        else:
+            refresh_token = tokens.get("refresh_token")
+            idp_session = claims.get("sid")
+            record = login.sessions.new_record(
+                request,
+                principal.subject,
+                principal.passport,
+                principal.groups,
+                kept_token,
+                token_expiry,
+                refresh_token=(
+                    refresh_token
+                    if kept_token is not None and usable_token(refresh_token, MAX_REFRESH_TOKEN)
+                    else None
+                ),
+                id_token=tokens["id_token"],
+                idp_session=idp_session if isinstance(idp_session, str) and idp_session else None,
+            )
+            try:
+                await server.create(request, record)
+            except SessionStoreError as e:
+                raise LoginFailedError(503, f"the session store cannot be written: {e}") from None
         _log.info("login of {subject}", subject=principal.subject)
         answer_redirect(request, pending.return_to.encode("ascii"))
 
@@ -191,7 +216,9 @@ class CallbackResource(AuthEndpoint):
             assert isinstance(error, LoginFailedError)
             _log.warn("login failed: {reason}", reason=error.reason)
             if error.status == 503:
-                retry = b"%d" % self.login.provider.retry_after()
+                provider = self.login.provider
+                # The IdP not yet discovered, or the state store unreachable.
+                retry = b"%d" % provider.retry_after() if provider.metadata is None else b"5"
                 answer_text(request, 503, b"service unavailable\n", ((b"Retry-After", retry),))
             else:
                 status, body = _BAD_REQUEST if error.status == 400 else _BAD_GATEWAY
@@ -227,18 +254,6 @@ class SpentStates:
             return None
         until[state] = created_at + LOGIN_LIFETIME
         return True
-
-
-def _expiry(now: int, expires_in: object) -> int | None:
-    """
-    When the access token expires: C{expires_in} seconds from now, a number or a string
-    of digits (some providers send one); L{None} when it says nothing usable.
-    """
-    if isinstance(expires_in, str) and expires_in.isascii() and expires_in.isdigit():
-        expires_in = int(expires_in)
-    if isinstance(expires_in, bool) or not isinstance(expires_in, int | float):
-        return None
-    return now + int(expires_in) if 0 < expires_in < 10 * 365 * 86400 else None
 
 
 def _first(values: list[bytes] | None) -> str | None:

@@ -14,6 +14,7 @@ from edgegw.identity.groups import GroupRenderer
 from edgegw.identity.login_state import LoginStates
 from edgegw.identity.provider import IdentityProvider
 from edgegw.identity.session_cookie import SessionCookie
+from edgegw.sessions.server import ServerSessions
 
 __all__ = ["BrowserLogin"]
 
@@ -27,6 +28,8 @@ class BrowserLogin:
         is then this gateway's origin as the browser sees it plus C{callback_path}.
     @ivar keep_access_token: Some route forwards the access token (C{forwardAccessToken}),
         so the session stores it; otherwise it never leaves the callback.
+    @ivar server: With a state provider, the server-side sessions (the record, with the
+        IdP's tokens, goes to the store; the cookie holds only the session id).
     """
 
     provider: IdentityProvider
@@ -38,6 +41,7 @@ class BrowserLogin:
     redirect_url: str | None
     keep_access_token: bool
     reactor: IReactorTime
+    server: ServerSessions | None = None
 
     def redirect_uri(self, request: Request) -> str:
         """

@@ -8,12 +8,24 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from twisted.internet.defer import Deferred
+from twisted.logger import Logger
+from twisted.python.failure import Failure
 from twisted.web.resource import Resource
 from twisted.web.server import Request
 
 from edgegw.chain.respond import write_text
 
-__all__ = ["NO_STORE", "AuthEndpoint", "answer_json", "answer_redirect", "answer_text"]
+__all__ = [
+    "NO_STORE",
+    "AuthEndpoint",
+    "answer_failures",
+    "answer_json",
+    "answer_redirect",
+    "answer_text",
+]
+
+_log = Logger(namespace="edgegw.auth")
 
 NO_STORE = (b"Cache-Control", b"no-store")
 
@@ -72,3 +84,17 @@ def answer_json(request: Request, status: int, document: Any) -> None:
     headers.setRawHeaders(b"content-length", [b"%d" % len(body)])
     request.write(body)
     request.finish()
+
+
+def answer_failures(request: Request, answering: Deferred[Any]) -> None:
+    """
+    Answer 500 (and log it) should C{answering}, which was to answer C{request}, fail
+    instead: an endpoint's bug never leaves its client waiting.
+    """
+
+    def failed(failure: Failure) -> None:
+        _log.failure("{path} failed", failure=failure, path=request.path)
+        if not request.finished and not request._disconnected:
+            answer_text(request, 500, b"internal server error\n")
+
+    answering.addErrback(failed)

@@ -4,10 +4,12 @@ C{GET session.infoPath}: the session as a single-page app may see it.
 
 from __future__ import annotations
 
-from twisted.web.server import Request
+from twisted.internet.defer import Deferred
+from twisted.web.server import NOT_DONE_YET, Request
 
 from edgegw.auth.context import BrowserLogin
-from edgegw.auth.endpoint import AuthEndpoint, answer_json, answer_text
+from edgegw.auth.endpoint import AuthEndpoint, answer_failures, answer_json, answer_text
+from edgegw.identity.session_cookie import SessionRecord
 
 __all__ = ["SessionViewResource"]
 
@@ -22,14 +24,25 @@ class SessionViewResource(AuthEndpoint):
         super().__init__()
         self.login = login
 
-    def respond(self, request: Request) -> bytes:
+    def respond(self, request: Request) -> bytes | int:
         """
         Answer the view, or 401.
         """
-        record = self.login.sessions.read(request)
+        server = self.login.server
+        if server is None:
+            self._answer(request, self.login.sessions.read(request))
+            return b""
+        reading = Deferred.fromCoroutine(server.read(request))
+        reading.addCallback(
+            lambda found: self._answer(request, found[1] if found is not None else None)
+        )
+        answer_failures(request, reading)
+        return NOT_DONE_YET
+
+    def _answer(self, request: Request, record: SessionRecord | None) -> None:
         if record is None:
             answer_text(request, 401, b"unauthorized\n")
-            return b""
+            return
         now = int(self.login.reactor.seconds())
         answer_json(
             request,
@@ -43,4 +56,3 @@ class SessionViewResource(AuthEndpoint):
                 "expiresIn": max(0, record.expires_at - now),
             },
         )
-        return b""

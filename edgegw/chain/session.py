@@ -23,7 +23,8 @@ from edgegw.identity.bearer import (
 )
 from edgegw.identity.cookies import is_https
 from edgegw.identity.principal import Principal
-from edgegw.identity.session_cookie import SessionCookie
+from edgegw.identity.session_cookie import SessionCookie, SessionRecord
+from edgegw.sessions.server import ServerSessions
 
 __all__ = ["session_stage"]
 
@@ -37,6 +38,7 @@ def session_stage(
     refuse: Callable[[Exchange, bool], None] | None = None,
     bearer: BearerVerifier | None = None,
     assertions: AssertionVerifier | None = None,
+    server: ServerSessions | None = None,
 ) -> Stage:
     """
     Make the session stage of one route.
@@ -59,6 +61,10 @@ def session_stage(
         with C{requireBearer} it only enriches a Bearer principal of the same subject,
         without it a valid assertion alone authenticates. An invalid or unusable
         assertion is ignored (the reason goes to the access log), never an error.
+    @param server: With a state provider: the cookie holds a session id, the record is
+        read from the store (its access token refreshed first when due), and the request
+        is tracked as one of the session's open streams until it finishes. A store that
+        cannot be reached leaves the request unauthenticated (fail closed).
     """
     trusted = frozenset(origin.lower() for origin in trusted_origins)
     assertion_header = assertions.header if assertions is not None else b""
@@ -82,7 +88,15 @@ def session_stage(
                 # page: a socket opened by another origin's page is not the user's.
                 exchange.note("auth", "cross-origin WebSocket: session not used")
             else:
-                record = cookie.read(request)
+                record: SessionRecord | None
+                if server is None:
+                    record = cookie.read(request)
+                else:
+                    found = await server.read(request, exchange.note)
+                    record = None
+                    if found is not None:
+                        session_id, record = found
+                        server.streams.track(session_id, request)
                 if record is not None:
                     expires = record.access_token_expires_at
                     if (

@@ -110,5 +110,7 @@ def _auth(node: Node | None) -> AuthSpec:
     logout = node.string("logoutPath", "/auth/logout") or ""
     check_local_path(node, "loginPath", login)
     check_local_path(node, "logoutPath", logout)
+    backchannel = node.string("backchannelLogoutPath", "/auth/backchannel-logout") or ""
+    check_local_path(node, "backchannelLogoutPath", backchannel)
     node.finish()
-    return AuthSpec(login_path=login, logout_path=logout)
+    return AuthSpec(login_path=login, logout_path=logout, backchannel_logout_path=backchannel)

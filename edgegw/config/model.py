@@ -143,6 +143,7 @@ class AuthSpec:
 
     login_path: str = "/auth/login"
     logout_path: str = "/auth/logout"
+    backchannel_logout_path: str = "/auth/backchannel-logout"
 
 
 @attrs.frozen

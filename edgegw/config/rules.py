@@ -150,7 +150,8 @@ def _check_auth_paths(
     problems: Problems,
 ) -> None:
     """
-    The login, callback, logout and session-view paths are answered before the routes
+    The login, callback, logout and session-view paths (and, with a state provider, the
+    back-channel logout path) are answered before the routes
     (exact paths, any host): each must be distinct, and no Route may match exactly one
     of them alone (it could never be reached). A Route covering more (C{GET /}, a
     subtree, a wildcard) keeps every other path.
@@ -162,6 +163,11 @@ def _check_auth_paths(
         ("spec.auth.logoutPath", spec.auth.logout_path),
         ("spec.session.infoPath", spec.session.info_path),
         ("spec.redirectURL", idp.callback_path),
+        *(
+            (("spec.auth.backchannelLogoutPath", spec.auth.backchannel_logout_path),)
+            if spec.state_provider is not None
+            else ()
+        ),
     ):
         where: Location | None = idp.location if field == "spec.redirectURL" else location
         if path in seen:

@@ -51,7 +51,13 @@ class SecurityLayer:
         see).
     """
 
-    def __init__(self, spec: SecuritySpec) -> None:
+    def __init__(self, spec: SecuritySpec, csrf_exempt: frozenset[str] = frozenset()) -> None:
+        """
+        @param csrf_exempt: Exact paths whose POSTs the CSRF check never refuses: the
+            gateway's server-to-server endpoints (back-channel logout), which carry no
+            ambient credential and authenticate what they are sent.
+        """
+        self.csrf_exempt = csrf_exempt
         self.encoded_slashes = spec.encoded_slashes
         self.headers = security_headers(spec)
         self.fixed = encode_fixed(self.headers)
@@ -72,7 +78,7 @@ class SecurityLayer:
             for name, value in self.headers:
                 response_headers.setRawHeaders(name, [value])
         csrf = self.csrf
-        if csrf is None or method in ("GET", "HEAD", "OPTIONS"):
+        if csrf is None or method in ("GET", "HEAD", "OPTIONS") or path in self.csrf_exempt:
             return None
         request_headers = request.requestHeaders
         site = request_headers.getRawHeaders(b"sec-fetch-site")

@@ -36,9 +36,15 @@ from edgegw.identity.key_source import KeySource
 from edgegw.identity.keyset import KeySet, KeySetError
 from edgegw.identity.tokens import TokenError, UnknownKeyError, verify_id_token
 from edgegw.upstream.agent import NullCookieJar, UpstreamAgent
-from edgegw.upstream.shared import read_body, read_json
+from edgegw.upstream.shared import BodyTooLargeError, NotJSONError, read_body, read_json
 
-__all__ = ["IdPError", "IdentityProvider", "TokenEndpointError", "UserInfoError"]
+__all__ = [
+    "IdPError",
+    "IdentityProvider",
+    "RefreshRejectedError",
+    "TokenEndpointError",
+    "UserInfoError",
+]
 
 MAX_DOCUMENT = 1024 * 1024
 """The largest discovery document, key set, token or userinfo response read (bytes)."""
@@ -62,6 +68,13 @@ class IdPError(Exception):
 class TokenEndpointError(IdPError):
     """
     The token endpoint failed, was unreachable, or answered something unusable.
+    """
+
+
+class RefreshRejectedError(TokenEndpointError):
+    """
+    The token endpoint refused a refresh token (C{invalid_grant}: expired, revoked,
+    already used): the session it belongs to cannot be refreshed, ever.
     """
 
 
@@ -147,6 +160,12 @@ class IdentityProvider(Service):
             self._running.cancel()
         self.id_token_keys.cancel()
         self.access_token_keys.cancel()
+
+    def seconds(self) -> float:
+        """
+        The current time on the gateway's clock.
+        """
+        return self._reactor.seconds()
 
     @property
     def ready(self) -> bool:
@@ -307,6 +326,37 @@ class IdentityProvider(Service):
             "redirect_uri": redirect_uri,
             "code_verifier": verifier,
         }
+        body = await self._token_request(metadata, form)
+        if not isinstance(body.get("id_token"), str):
+            raise TokenEndpointError("token endpoint answered no id_token")
+        return body
+
+    async def refresh(self, metadata: ProviderMetadata, refresh_token: str) -> Mapping[str, Any]:
+        """
+        Trade a refresh token for a new access token (RFC 6749 section 6).
+
+        @return: The token response: C{access_token} is a non-empty string; it may carry
+            a new C{refresh_token} (rotation), C{expires_in} and an C{id_token}.
+        @raise RefreshRejectedError: The endpoint answered C{invalid_grant}.
+        @raise TokenEndpointError: Any other failure (unreachable, another error, no
+            access token, past L{CALL_TIMEOUT}).
+        """
+        form = {"grant_type": "refresh_token", "refresh_token": refresh_token}
+        body = await self._token_request(metadata, form)
+        token = body.get("access_token")
+        if not isinstance(token, str) or not token:
+            raise TokenEndpointError("token endpoint answered no access_token to a refresh")
+        return body
+
+    async def _token_request(
+        self, metadata: ProviderMetadata, form: dict[str, str]
+    ) -> Mapping[str, Any]:
+        """
+        POST C{form} to the token endpoint with this client's authentication.
+
+        @raise RefreshRejectedError: A 400 C{invalid_grant} to a refresh.
+        @raise TokenEndpointError: Any other failure.
+        """
         if self.spec.resource is not None:
             # RFC 8707: asked for again at the token endpoint, or some providers (node's
             # oidc-provider) issue an opaque token for userinfo instead of the API's JWT.
@@ -314,7 +364,7 @@ class IdentityProvider(Service):
         headers = Headers({b"Accept": [b"application/json"]})
         secret = self.spec.client_secret
         if secret is None:
-            # A public client: PKCE alone binds the code to this login.
+            # A public client: PKCE (or the refresh token's binding) alone.
             form["client_id"] = self.spec.client_id
         elif metadata.token_auth_method == "client_secret_post":
             form["client_id"] = self.spec.client_id
@@ -323,14 +373,18 @@ class IdentityProvider(Service):
             headers.setRawHeaders(b"Authorization", [_basic(self.spec.client_id, secret)])
         try:
             code_, body = await self._call(
-                "POST", metadata.token_endpoint, headers, form, "token endpoint"
+                "POST", metadata.token_endpoint, headers, form, "token endpoint", errors=True
             )
         except IdPError as e:
             raise TokenEndpointError(str(e)) from None
         if code_ != 200:
-            raise TokenEndpointError(f"token endpoint answered {code_}")
-        if not isinstance(body, Mapping) or not isinstance(body.get("id_token"), str):
-            raise TokenEndpointError("token endpoint answered no id_token")
+            error = body.get("error") if isinstance(body, Mapping) else None
+            if code_ == 400 and error == "invalid_grant" and form["grant_type"] == "refresh_token":
+                raise RefreshRejectedError("token endpoint refused the refresh token")
+            named = f" ({error[:64]!r})" if isinstance(error, str) else ""
+            raise TokenEndpointError(f"token endpoint answered {code_}{named}")
+        if not isinstance(body, Mapping):
+            raise TokenEndpointError("token endpoint answered something other than an object")
         return body
 
     async def verify_id_token(
@@ -406,15 +460,18 @@ class IdentityProvider(Service):
         headers: Headers,
         form: Mapping[str, str] | None,
         what: str,
+        errors: bool = False,
     ) -> tuple[int, Any]:
         """
         One IdP call, all of it (connecting, the head, the body) within L{CALL_TIMEOUT}:
         the status and, for a 200, the JSON body (at most L{MAX_DOCUMENT} bytes); any
         other status's body is read up to L{MAX_ERROR_BODY} bytes and dropped.
 
+        @param errors: A 400's body is read as JSON too (at most L{MAX_ERROR_BODY}
+            bytes; L{None} when it is not JSON): an OAuth error response.
         @raise IdPError: The call failed or timed out, or a 200's body is not JSON.
         """
-        running = Deferred.fromCoroutine(self._exchange(method, url, headers, form))
+        running = Deferred.fromCoroutine(self._exchange(method, url, headers, form, errors))
         running.addTimeout(CALL_TIMEOUT, self._reactor)
         try:
             return await running
@@ -426,7 +483,12 @@ class IdentityProvider(Service):
             raise IdPError(f"{what}: {_describe(e)}") from None
 
     async def _exchange(
-        self, method: str, url: str, headers: Headers, form: Mapping[str, str] | None
+        self,
+        method: str,
+        url: str,
+        headers: Headers,
+        form: Mapping[str, str] | None,
+        errors: bool = False,
     ) -> tuple[int, Any]:
         response = await self._http.request(
             method,
@@ -435,6 +497,11 @@ class IdentityProvider(Service):
             data=dict(form) if form is not None else None,
             allow_redirects=False,
         )
+        if errors and response.code == 400:
+            try:
+                return 400, await read_json(response, MAX_ERROR_BODY)
+            except (NotJSONError, BodyTooLargeError):
+                return 400, None
         if response.code != 200:
             # The status says it all: the body is only drained (or dropped past the cap).
             await read_body(response, MAX_ERROR_BODY).addErrback(_ignore_unless_cancelled)

@@ -20,6 +20,10 @@ from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
 SESSION_AAD = b"edgegw session v1"
 LOGIN_STATE_AAD = b"edgegw login-state v1"
+SESSION_ID_AAD = b"edgegw session-id v1"
+"""The cookie of a server-side session: only its session id."""
+SESSION_RECORD_AAD = b"edgegw session-record v1\x00"
+"""A server-side session record; the store key it is kept under is appended."""
 
 KEY_SIZE = 32
 NONCE_SIZE = 12

@@ -66,6 +66,10 @@ class SessionRecord:
     @ivar fingerprint: SHA-256 of the configured request headers at login.
     @ivar access_token: The IdP access token, when kept.
     @ivar access_token_expires_at: When the access token expires, unix seconds.
+    @ivar refresh_token: The IdP refresh token (server-side sessions only).
+    @ivar id_token: The id_token of the login (server-side sessions only).
+    @ivar idp_session: The id_token's C{sid} claim, the IdP's own session id that a
+        back-channel logout may name (server-side sessions only).
     """
 
     subject: str
@@ -76,6 +80,9 @@ class SessionRecord:
     fingerprint: bytes = attrs.field(repr=False)
     access_token: str | None = attrs.field(default=None, repr=False)
     access_token_expires_at: int | None = None
+    refresh_token: str | None = attrs.field(default=None, repr=False)
+    id_token: str | None = attrs.field(default=None, repr=False)
+    idp_session: str | None = None
     _principal: Principal | None = attrs.field(default=None, init=False, eq=False, repr=False)
 
     def principal(self) -> Principal:
@@ -136,7 +143,10 @@ def _int_or_none(value: object) -> bool:
     return value is None or type(value) is int
 
 
-def _encode(record: SessionRecord) -> bytes:
+def encode_record(record: SessionRecord) -> bytes:
+    """
+    The record as compact JSON (what is sealed, in a cookie or in the state store).
+    """
     data: dict[str, Any] = {
         "v": _VERSION,
         "s": record.subject,
@@ -150,16 +160,27 @@ def _encode(record: SessionRecord) -> bytes:
         data["t"] = record.access_token
     if record.access_token_expires_at is not None:
         data["x"] = record.access_token_expires_at
+    for key, value in (
+        ("r", record.refresh_token),
+        ("d", record.id_token),
+        ("o", record.idp_session),
+    ):
+        if value is not None:
+            data[key] = value
     return json.dumps(data, separators=(",", ":")).encode("ascii")
 
 
-def _decode(plaintext: bytes) -> SessionRecord | None:
+def decode_record(plaintext: bytes) -> SessionRecord | None:
+    """
+    The record L{encode_record} made, or L{None} for anything else (never raises).
+    """
     data = open_record(plaintext, _VERSION)
     if data is None:
         return None
     subject, passport, groups = data.get("s"), data.get("p"), data.get("g")
     issued_at, expires_at, fingerprint = data.get("i"), data.get("e"), data.get("f")
     token, token_expires_at = data.get("t"), data.get("x")
+    refresh, id_token, idp_session = data.get("r"), data.get("d"), data.get("o")
     if not (
         isinstance(subject, str)
         and subject
@@ -171,6 +192,7 @@ def _decode(plaintext: bytes) -> SessionRecord | None:
         and len(fingerprint) == 2 * _FINGERPRINT_SIZE
         and (token is None or isinstance(token, str))
         and _int_or_none(token_expires_at)
+        and all(v is None or isinstance(v, str) for v in (refresh, id_token, idp_session))
         and all(isinstance(group, str) for group in groups)
         and all(_is_claim(value) for value in passport.values())
     ):
@@ -180,7 +202,17 @@ def _decode(plaintext: bytes) -> SessionRecord | None:
     except ValueError:
         return None
     return SessionRecord(
-        subject, passport, tuple(groups), issued_at, expires_at, digest, token, token_expires_at
+        subject,
+        passport,
+        tuple(groups),
+        issued_at,
+        expires_at,
+        digest,
+        token,
+        token_expires_at,
+        refresh,
+        id_token,
+        idp_session,
     )
 
 
@@ -225,7 +257,7 @@ class SessionCookie:
             plaintext = self.sealer.unseal(sealed, SESSION_AAD)
             if plaintext is None:
                 return None
-            record = _decode(plaintext)
+            record = decode_record(plaintext)
             if record is None:
                 return None
             # A browser sends the same sealed value with every request: open it once.
@@ -251,7 +283,7 @@ class SessionCookie:
             request past the gateway's request-header budget (a 431 for everything,
             the logout included, for the session's whole life).
         """
-        sealed = self.sealer.seal(_encode(record), SESSION_AAD)
+        sealed = self.sealer.seal(encode_record(record), SESSION_AAD)
         if len(sealed) > MAX_SESSION_CHUNKS * MAX_CHUNK:
             raise SessionTooLargeError(
                 f"the sealed session is {len(sealed)} characters, over "
@@ -274,6 +306,10 @@ class SessionCookie:
         groups: Sequence[str],
         access_token: str | None = None,
         access_token_expires_at: int | None = None,
+        *,
+        refresh_token: str | None = None,
+        id_token: str | None = None,
+        idp_session: str | None = None,
     ) -> SessionRecord:
         """
         A session beginning now, for the browser that sent C{request}, lasting the
@@ -289,7 +325,23 @@ class SessionCookie:
             self._fingerprint.of(request),
             access_token,
             access_token_expires_at,
+            refresh_token,
+            id_token,
+            idp_session,
         )
+
+    @property
+    def name(self) -> bytes:
+        """
+        The session cookie's name, as bytes.
+        """
+        return self._name
+
+    def fingerprint(self, request: Request) -> bytes:
+        """
+        The fingerprint of C{request} over the configured headers.
+        """
+        return self._fingerprint.of(request)
 
     def is_gateway_cookie(self, name: bytes) -> bool:
         """

@@ -1,0 +1,1 @@
+"""Server-side sessions: records in the state store, silent refresh, ended-session streams."""

@@ -1,0 +1,324 @@
+"""
+Server-side sessions: the record in the state store, the browser holding only its id.
+
+With a C{Gateway.spec.stateProvider}, login stores the session record (subject, passport,
+groups, the IdP's tokens and their expiry) sealed with C{session.key} under
+C{keyPrefix + <session id>}, expiring when the session does; the session cookie carries
+only the sealed session id. Every request that carries the cookie reads the record with
+one C{GET}: a logout anywhere, or a back-channel logout from the IdP, ends the session
+for every gateway sharing the store at once.
+
+Store keys, all under the configured prefix (the store adds it)::
+
+    <session id>            the sealed record (random, 32 base64url characters)
+    lock:<session id>       the refresh lock (owner token, short lease)
+    sub:<sha256(subject)>   the session ids of a subject (back-channel logout by sub)
+    idp:<sha256(sid)>       the session ids of an IdP session (back-channel logout by sid)
+    jti:<sha256(jti)>       a logout token already used
+    logout                  the channel ended session ids are published on
+
+The record is sealed with the key it is stored under as associated data, so a record
+copied to another key or another prefix does not open.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import re
+import secrets
+from collections.abc import Callable, Iterable
+
+from twisted.application.service import Service
+from twisted.internet.defer import Deferred
+from twisted.internet.interfaces import IReactorTime
+from twisted.logger import Logger
+from twisted.python.failure import Failure
+from twisted.web.server import Request
+
+from edgegw.identity.cookies import clear_chunked, is_https, read_chunked, write_chunked
+from edgegw.identity.provider import IdentityProvider
+from edgegw.identity.sealing import SESSION_ID_AAD, SESSION_RECORD_AAD
+from edgegw.identity.session_cookie import (
+    SessionCookie,
+    SessionRecord,
+    decode_record,
+    encode_record,
+)
+from edgegw.sessions.refresh import Refresher
+from edgegw.sessions.streams import OpenRequests
+from edgegw.state.store import IStateStore, StoreError
+
+__all__ = ["LOGOUT_CHANNEL", "ServerSessions", "SessionStoreError"]
+
+_log = Logger(namespace="edgegw.sessions")
+
+LOGOUT_CHANNEL = b"logout"
+"""The channel (under the key prefix) ended session ids are published on."""
+
+MAX_OPENED = 4096
+"""Opened records kept per gateway (the sealed value -> its record)."""
+
+_SESSION_ID = re.compile(rb"[A-Za-z0-9_-]{32}")
+
+
+class SessionStoreError(Exception):
+    """
+    The state store could not be used for this session operation (see the log).
+    """
+
+
+def index_key(kind: bytes, value: str) -> bytes:
+    """
+    The store key of the index of sessions for one subject (C{b"sub"}) or one IdP
+    session (C{b"idp"}): hashed, so that any value makes a short key of fixed shape.
+    """
+    return kind + b":" + hashlib.sha256(value.encode("utf-8", "surrogatepass")).hexdigest().encode()
+
+
+class ServerSessions(Service):
+    """
+    Reads, creates and ends server-side sessions; refreshes their access tokens
+    (L{Refresher}); closes the live streams of sessions ended anywhere.
+
+    A child service of the gateway (C{sessions}, started after the store): it
+    subscribes to the logout channel when it starts.
+    """
+
+    name = "sessions"
+
+    def __init__(
+        self,
+        store: IStateStore,
+        cookie: SessionCookie,
+        key_prefix: str,
+        refresh_skew: float,
+        provider: IdentityProvider | None,
+        reactor: IReactorTime,
+    ) -> None:
+        """
+        @param store: The state store (it adds C{key_prefix} to every key itself).
+        @param cookie: The session cookie settings (name, sealer, fingerprint, ttl).
+        @param key_prefix: The store's key prefix, sealed into each record's binding.
+        @param refresh_skew: Seconds before the access token's expiry it is refreshed.
+        @param provider: The IdP client that refreshes tokens.
+        """
+        self.store = store
+        self.cookie = cookie
+        self.sealer = cookie.sealer
+        self.streams = OpenRequests()
+        self._prefix = key_prefix.encode("utf-8")
+        self._clock = reactor
+        self._opened: dict[bytes, SessionRecord] = {}
+        self.refresher = Refresher(self, provider, refresh_skew, reactor)
+
+    # -- service -------------------------------------------------------------------------
+
+    def startService(self) -> None:
+        """
+        Listen for ended sessions on the logout channel (again after every reconnection).
+        """
+        super().startService()
+        subscribed = self.store.subscribe(LOGOUT_CHANNEL, self._ended_elsewhere)
+        subscribed.addErrback(self._not_subscribed)
+
+    def stopService(self) -> Deferred[None] | None:
+        """
+        Stop listening on the logout channel.
+        """
+        super().stopService()
+        done = self.store.unsubscribe(LOGOUT_CHANNEL, self._ended_elsewhere)
+        return done.addErrback(lambda _: None)
+
+    def _not_subscribed(self, failure: Failure) -> None:
+        failure.trap(StoreError)
+        _log.warn(
+            "state store: not yet listening for ended sessions ({reason}); "
+            "listening once it is reachable",
+            reason=failure.getErrorMessage(),
+        )
+
+    def _ended_elsewhere(self, message: bytes) -> None:
+        ids = [part.decode("ascii") for part in message.split() if _SESSION_ID.fullmatch(part)]
+        self.streams.close(ids)
+
+    # -- the cookie ----------------------------------------------------------------------
+
+    def session_id(self, request: Request) -> str | None:
+        """
+        The session id the request's cookie carries, or L{None}.
+        """
+        sealed = read_chunked(request.received_cookies, self.cookie.name)
+        if sealed is None:
+            return None
+        opened = self.sealer.unseal(sealed, SESSION_ID_AAD)
+        if opened is None or not _SESSION_ID.fullmatch(opened):
+            return None
+        return opened.decode("ascii")
+
+    def _record_aad(self, session_id: str) -> bytes:
+        return SESSION_RECORD_AAD + self._prefix + session_id.encode("ascii")
+
+    # -- records -------------------------------------------------------------------------
+
+    async def load(self, session_id: str) -> SessionRecord | None:
+        """
+        The record stored for C{session_id}: L{None} when there is none, it has expired,
+        or it does not open (tampered, sealed with another key, copied from another key
+        or prefix).
+
+        @raise StoreError: The store cannot be read.
+        """
+        sealed = await self.store.get(session_id.encode("ascii"))
+        if sealed is None:
+            return None
+        opened = self._opened
+        record = opened.get(sealed)
+        if record is None:
+            plaintext = self.sealer.unseal(sealed, self._record_aad(session_id))
+            if plaintext is None:
+                _log.warn("state store: a session record that does not open was ignored")
+                return None
+            record = decode_record(plaintext)
+            if record is None:
+                return None
+            # The same sealed value comes back on every request until the record is
+            # written again: open it once. Only authentic values get here.
+            if len(opened) >= MAX_OPENED:
+                opened.clear()
+            opened[sealed] = record
+        if record.expires_at <= self._clock.seconds():
+            return None
+        return record
+
+    async def save(self, session_id: str, record: SessionRecord) -> None:
+        """
+        Store C{record} under C{session_id} until the session ends (one C{SET}: a rotated
+        refresh token is written together with its access token).
+
+        @raise StoreError: The store cannot be written.
+        """
+        ttl = record.expires_at - self._clock.seconds()
+        if ttl <= 0:
+            await self.store.delete(session_id.encode("ascii"))
+            return
+        sealed = self.sealer.seal(encode_record(record), self._record_aad(session_id))
+        await self.store.set(session_id.encode("ascii"), sealed.encode("ascii"), ttl)
+
+    async def read(
+        self, request: Request, note: Callable[[str, str], object] | None = None
+    ) -> tuple[str, SessionRecord] | None:
+        """
+        The session of C{request}, its access token refreshed first when it is due.
+
+        @param note: Told why a session cookie did not count (for the access log).
+        @return: The session id and record; L{None} without a cookie, for a session that
+            does not exist (any more), for another browser's (fingerprint), or when the
+            store cannot be reached (fail closed: the store logs why).
+        """
+        session_id = self.session_id(request)
+        if session_id is None:
+            return None
+        try:
+            record = await self.load(session_id)
+        except StoreError:
+            if note is not None:
+                note("auth", "session store unavailable: session not used")
+            return None
+        if record is None:
+            return None
+        if not hmac.compare_digest(record.fingerprint, self.cookie.fingerprint(request)):
+            return None
+        if self.refresher.due(record):
+            record = await self.refresher.refreshed(session_id, record)
+            if record is None:
+                return None
+        return session_id, record
+
+    async def create(self, request: Request, record: SessionRecord) -> str:
+        """
+        Store a new session for C{record} and set its cookie on the response.
+
+        @return: The new session id.
+        @raise SessionStoreError: The store cannot be written: no session was begun.
+        """
+        session_id = secrets.token_urlsafe(24)
+        ttl = record.expires_at - self._clock.seconds()
+        member = session_id.encode("ascii")
+        try:
+            await self.save(session_id, record)
+            await self.store.add_to_index(index_key(b"sub", record.subject), member, ttl)
+            if record.idp_session is not None:
+                await self.store.add_to_index(index_key(b"idp", record.idp_session), member, ttl)
+        except StoreError as e:
+            raise SessionStoreError(str(e)) from None
+        sealed = self.sealer.seal(member, SESSION_ID_AAD)
+        write_chunked(
+            request,
+            self.cookie.name,
+            sealed,
+            max_age=max(0, int(ttl)),
+            secure=is_https(request),
+        )
+        return session_id
+
+    async def end(self, request: Request) -> None:
+        """
+        End the request's session: clear the cookie, delete the record, close its
+        streams in every process. A store failure is logged; the cookie is cleared
+        all the same (the record then lapses with its TTL).
+        """
+        clear_chunked(request, self.cookie.name, secure=is_https(request))
+        session_id = self.session_id(request)
+        if session_id is None:
+            return
+        try:
+            await self.end_sessions([session_id])
+        except StoreError as e:
+            _log.warn("logout: the session record could not be deleted ({reason})", reason=e)
+
+    async def end_sessions(self, session_ids: Iterable[str]) -> int:
+        """
+        Delete these sessions' records, close their streams here and publish their ids
+        so that every other process closes theirs.
+
+        @return: How many records existed.
+        @raise StoreError: The store cannot be reached.
+        """
+        ids = sorted(set(session_ids))
+        if not ids:
+            return 0
+        self.streams.close(ids)
+        deleted = await self.store.delete(*(i.encode("ascii") for i in ids))
+        await self.store.publish(LOGOUT_CHANNEL, " ".join(ids).encode("ascii"))
+        return deleted
+
+    async def end_matching(self, idp_session: str | None, subject: str | None) -> int:
+        """
+        End every session of the IdP session C{idp_session} when given, else every
+        session of C{subject} (OIDC Back-Channel Logout 1.0, section 2.7).
+
+        @return: How many session records existed.
+        @raise StoreError: The store cannot be reached.
+        """
+        if idp_session is not None:
+            index = index_key(b"idp", idp_session)
+        elif subject is not None:
+            index = index_key(b"sub", subject)
+        else:
+            return 0
+        members = await self.store.index_members(index)
+        ids = [m.decode("ascii") for m in members if _SESSION_ID.fullmatch(m)]
+        ended = await self.end_sessions(ids)
+        await self.store.delete(index)
+        return ended
+
+    async def first_use(self, jti: str, lifetime: float) -> bool:
+        """
+        Whether a logout token's C{jti} is seen for the first time by any gateway sharing
+        the store (remembered for C{lifetime} seconds).
+
+        @raise StoreError: The store cannot be reached.
+        """
+        key = b"jti:" + hashlib.sha256(jti.encode("utf-8", "surrogatepass")).hexdigest().encode()
+        return await self.store.acquire(key, b"1", lifetime)
