@@ -46,11 +46,12 @@ from jwt.algorithms import ECAlgorithm, OKPAlgorithm, RSAAlgorithm, get_default_
 from twisted.internet import reactor as _global_reactor
 from twisted.internet.defer import Deferred
 from twisted.internet.protocol import connectionDone
+from twisted.internet.task import deferLater
 from twisted.python.failure import Failure
 from twisted.trial.unittest import SynchronousTestCase
 from twisted.web.http import HTTPChannel
 from twisted.web.resource import Resource
-from twisted.web.server import Request, Site
+from twisted.web.server import NOT_DONE_YET, Request, Site
 
 reactor: Any = _global_reactor
 
@@ -214,6 +215,19 @@ class _Grant:
     issued_at: float
     used: bool = False
     access_tokens: list[str] = field(default_factory=list)
+    sid: str = field(default_factory=lambda: secrets.token_urlsafe(12))
+
+
+@dataclass
+class _RefreshGrant:
+    """
+    What a refresh token stands for.
+    """
+
+    sub: str
+    sid: str
+    scope: str
+    client_id: str
 
 
 class _OAuthError(Exception):
@@ -243,7 +257,7 @@ class _Endpoint(Resource):
         super().__init__()
         self._handlers = handlers
 
-    def render(self, request: Request) -> bytes:
+    def render(self, request: Request) -> bytes | int:
         if request.postpath not in ([], [b""]):
             request.setResponseCode(404)
             return b"not found"
@@ -256,14 +270,32 @@ class _Endpoint(Resource):
         try:
             result = handler(request)
         except _OAuthError as error:
-            request.setResponseCode(error.status)
-            for name, value in error.headers:
-                request.setHeader(name, value)
-            result = {"error": error.error, "error_description": error.description}
+            result = self._error(request, error)
+        if isinstance(result, Deferred):
+            # A handler answering later (a slow token endpoint).
+            def answer(outcome: Any) -> None:
+                if isinstance(outcome, Failure):
+                    outcome.trap(_OAuthError)
+                    outcome = self._error(request, outcome.value)
+                if request._disconnected or request.finished:
+                    return
+                request.setHeader(b"Content-Type", b"application/json")
+                request.write(json.dumps(outcome).encode())
+                request.finish()
+
+            result.addBoth(answer)
+            return NOT_DONE_YET
         if result is None:
             return b""
         request.setHeader(b"Content-Type", b"application/json")
         return json.dumps(result).encode()
+
+    @staticmethod
+    def _error(request: Request, error: Any) -> dict[str, Any]:
+        request.setResponseCode(error.status)
+        for name, value in error.headers:
+            request.setHeader(name, value)
+        return {"error": error.error, "error_description": error.description}
 
 
 class _Channel(HTTPChannel):
@@ -318,6 +350,11 @@ class FakeIdP:
         C{jwks_access_token_uri} (only while L{access_token_keys} is set).
     @ivar signing_algs: Discovery's C{id_token_signing_alg_values_supported}; L{None}:
         the algorithms of L{keys}, in order.
+    @ivar rotate_refresh_tokens: Whether a refresh grant answers a new refresh token and
+        revokes the one used (a reused one is then C{invalid_grant}).
+    @ivar refresh_error: When set, every refresh grant fails: C{"invalid_grant"} (400)
+        or any other error code (answered with status 500).
+    @ivar refresh_delay: Seconds the token endpoint takes to answer a refresh grant.
 
     Records:
 
@@ -332,6 +369,9 @@ class FakeIdP:
     @ivar access_jwks_requests: How many C{/access-jwks} requests were received.
     @ivar userinfo_requests: How many userinfo requests were received.
     @ivar userinfo_tokens: The Bearer credential of every userinfo request, in order.
+    @ivar refresh_grants: How many refresh grants were received (any outcome).
+    @ivar sessions: The IdP session id (the id_tokens' C{sid}) of every code exchanged,
+        in order.
     """
 
     def __init__(
@@ -369,6 +409,9 @@ class FakeIdP:
         self.announce_access_jwks = True
         self.signing_algs: list[str] | None = None
         self.key_algs = tuple(key_algs)
+        self.rotate_refresh_tokens = True
+        self.refresh_error: str | None = None
+        self.refresh_delay = 0.0
         unknown = set(self.key_algs) - set(_KID_PREFIXES)
         if unknown:
             raise ValueError(f"unsupported key algorithms {sorted(unknown)}")
@@ -381,6 +424,9 @@ class FakeIdP:
         self.access_jwks_requests = 0
         self.userinfo_requests = 0
         self.userinfo_tokens: list[str] = []
+        self.refresh_grants = 0
+        self.sessions: list[str] = []
+        self._refresh_tokens: dict[str, _RefreshGrant] = {}
 
         self.generation = 1
         self.keys: list[SigningKey] = self._generate_keys()
@@ -659,7 +705,9 @@ class FakeIdP:
             "jwks_uri": issuer + "/jwks",
             "response_types_supported": ["code"],
             "response_modes_supported": ["query"],
-            "grant_types_supported": ["authorization_code"],
+            "grant_types_supported": ["authorization_code", "refresh_token"],
+            "backchannel_logout_supported": True,
+            "backchannel_logout_session_supported": True,
             "subject_types_supported": ["public"],
             "id_token_signing_alg_values_supported": list(algs),
             "code_challenge_methods_supported": ["S256"],
@@ -808,6 +856,8 @@ class FakeIdP:
         if repeated:
             raise _OAuthError(400, "invalid_request", f"repeated: {', '.join(repeated)}")
         self._authenticate(method, form, request)
+        if form.get("grant_type") == "refresh_token":
+            return self._refresh_grant(form)
         if form.get("grant_type") != "authorization_code":
             raise _OAuthError(400, "unsupported_grant_type", "only authorization_code")
 
@@ -839,32 +889,118 @@ class FakeIdP:
         grant.used = True
 
         now = int(self.clock())
-        access_token = self.signing_key.sign(
-            {
-                "iss": self.issuer,
-                "sub": self.user["sub"],
-                "aud": self.access_token_audience,
-                "client_id": self.client_id,
-                "exp": now + self.token_lifetime,
-                "iat": now,
-                "scope": grant.scope,
-                "jti": secrets.token_urlsafe(12),
-            }
-        )
+        access_token = self._issue_access_token(self.user["sub"], grant.scope, now)
         grant.access_tokens.append(access_token)
-        self._access_tokens[access_token] = now + self.token_lifetime
+        refresh_token = secrets.token_urlsafe(24)
+        self._refresh_tokens[refresh_token] = _RefreshGrant(
+            self.user["sub"], grant.sid, grant.scope, self.client_id
+        )
+        self.sessions.append(grant.sid)
         return {
             "access_token": access_token,
             "token_type": "Bearer",
             "expires_in": self.token_lifetime,
-            "id_token": self.make_id_token(grant.nonce, now),
-            "refresh_token": secrets.token_urlsafe(24),
+            "id_token": self.make_id_token(grant.nonce, now, sid=grant.sid),
+            "refresh_token": refresh_token,
             "scope": grant.scope,
         }
 
-    def make_id_token(self, nonce: str, now: int | None = None) -> str:
+    def _issue_access_token(self, sub: str, scope: str, now: int) -> str:
+        access_token = self.signing_key.sign(
+            {
+                "iss": self.issuer,
+                "sub": sub,
+                "aud": self.access_token_audience,
+                "client_id": self.client_id,
+                "exp": now + self.token_lifetime,
+                "iat": now,
+                "scope": scope,
+                "jti": secrets.token_urlsafe(12),
+            }
+        )
+        self._access_tokens[access_token] = now + self.token_lifetime
+        return access_token
+
+    def _refresh_grant(self, form: dict[str, str]) -> Any:
+        self.refresh_grants += 1
+        delay = self.refresh_delay
+        if delay > 0:
+            return deferLater(reactor, delay, self._refresh_answer, form)
+        return self._refresh_answer(form)
+
+    def _refresh_answer(self, form: dict[str, str]) -> dict[str, Any]:
+        if self.refresh_error is not None:
+            status = 400 if self.refresh_error == "invalid_grant" else 500
+            raise _OAuthError(status, self.refresh_error, "refresh refused")
+        token = form.get("refresh_token", "")
+        grant = self._refresh_tokens.get(token)
+        if grant is None:
+            raise _OAuthError(400, "invalid_grant", "unknown or spent refresh token")
+        if grant.client_id != self.client_id:
+            raise _OAuthError(400, "invalid_grant", "refresh token of another client")
+        now = int(self.clock())
+        answer: dict[str, Any] = {
+            "access_token": self._issue_access_token(grant.sub, grant.scope, now),
+            "token_type": "Bearer",
+            "expires_in": self.token_lifetime,
+            "scope": grant.scope,
+        }
+        if self.rotate_refresh_tokens:
+            del self._refresh_tokens[token]
+            rotated = secrets.token_urlsafe(24)
+            self._refresh_tokens[rotated] = grant
+            answer["refresh_token"] = rotated
+        return answer
+
+    def revoke_refresh_tokens(self) -> None:
         """
-        An ID token for L{user} with C{nonce}, spoilt as L{id_token_mode} says.
+        Forget every refresh token issued: each is C{invalid_grant} from now on.
+        """
+        self._refresh_tokens.clear()
+
+    def mint_logout_token(
+        self,
+        *,
+        sid: str | None = None,
+        sub: str | None = None,
+        key: SigningKey | None = None,
+        header: dict[str, Any] | None = None,
+        drop: Iterable[str] = (),
+        **claims: Any,
+    ) -> str:
+        """
+        A Back-Channel Logout 1.0 logout token naming C{sid} and/or C{sub}, signed with
+        C{key} (the signing key by default); C{claims} add or replace claims, C{drop}
+        removes them, C{header} adds header members (C{typ}).
+        """
+        now = int(self.clock())
+        body: dict[str, Any] = {
+            "iss": self.issuer,
+            "aud": self.client_id,
+            "iat": now,
+            "exp": now + 120,
+            "jti": secrets.token_urlsafe(12),
+            "events": {"http://schemas.openid.net/event/backchannel-logout": {}},
+        }
+        if sid is not None:
+            body["sid"] = sid
+        if sub is not None:
+            body["sub"] = sub
+        body.update(claims)
+        for name in drop:
+            body.pop(name, None)
+        signer = key or self.signing_key
+        return jwt.encode(
+            body,
+            signer.private,
+            algorithm=signer.alg,
+            headers={"kid": signer.kid, **(header or {})},
+        )
+
+    def make_id_token(self, nonce: str, now: int | None = None, sid: str | None = None) -> str:
+        """
+        An ID token for L{user} with C{nonce} (and the IdP session C{sid}), spoilt as
+        L{id_token_mode} says.
         """
         mode = self.id_token_mode
         if mode is not None and mode not in ID_TOKEN_MODES:
@@ -880,6 +1016,8 @@ class FakeIdP:
             "nonce": nonce,
             "azp": self.client_id,
         }
+        if sid is not None:
+            claims["sid"] = sid
         key = self.signing_key
         if mode == "wrong_nonce":
             claims["nonce"] = "not-" + nonce
