@@ -6,6 +6,7 @@ points.
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 from twisted.application.service import IService
@@ -302,6 +303,35 @@ class TLSTests(TestCase):
         with self.assertRaises(StoreUnavailableError):
             await store.get(b"k")
 
+    def _ca_file_store(self, ca_file: str) -> KvStoreService:
+        # No trust_root given: the store reads caFile itself, as a configured one does.
+        store = find_provider("kvstore").build(
+            {"address": self.server.address, "tls": True, "caFile": ca_file, "timeout": "1s"},
+            "test:",
+            reactor,
+            first_retry=0.05,
+            retry_cap=0.3,
+        )
+        assert isinstance(store, KvStoreService)
+        store.startService()
+        self.addCleanup(store.stopService)
+        return store
+
+    async def test_ca_file(self) -> None:
+        assert self.server.ca is not None
+        store = self._ca_file_store(self.server.ca.path)
+        await ready(store)
+        await store.set(b"k", b"verified by caFile", 30)
+        self.assertEqual(await store.get(b"k"), b"verified by caFile")
+
+    async def test_ca_file_of_another_ca(self) -> None:
+        other = os.path.join(self.server.directory, "other")
+        os.mkdir(other)
+        store = self._ca_file_store(TestCA(other, "some other CA").path)
+        await sleep(0.5)
+        with self.assertRaises(StoreUnavailableError):
+            await store.get(b"k")
+
     async def test_plaintext_to_tls_port(self) -> None:
         store = make_store(self, self.server, tls=False)
         await sleep(0.3)
@@ -408,6 +438,28 @@ class ProviderDiscoveryTests(SynchronousTestCase):
         self.assertTrue(all(p.location == where for p in problems))
         bad = factory.validate({"address": "no-port"}, where, path)
         self.assertEqual([p.field for p in bad], [f"{path}.address"])
+
+    def test_validate_ca_file(self) -> None:
+        where = Location("gateway.yaml", 1, "Gateway", "edge")
+        path = "spec.stateProvider.config"
+        factory = find_provider("kvstore")
+        directory = os.path.abspath(self.mktemp())
+        os.mkdir(directory)
+        ca = TestCA(directory)
+        garbage = os.path.join(directory, "garbage.pem")
+        with open(garbage, "wb") as f:
+            f.write(b"-----BEGIN CERTIFICATE-----\nnot base64\n-----END CERTIFICATE-----\n")
+        good = {"address": "redis:6379", "tls": True, "caFile": ca.path}
+        self.assertEqual(factory.validate(good, where, path), [])
+        for config, words in (
+            ({**good, "tls": False}, "only used with tls"),
+            ({**good, "caFile": "ca.pem"}, "not an absolute path"),
+            ({**good, "caFile": os.path.join(directory, "missing.pem")}, "cannot be read"),
+            ({**good, "caFile": garbage}, "cannot be loaded"),
+        ):
+            problems = factory.validate(config, where, path)
+            self.assertEqual([p.field for p in problems], [f"{path}.caFile"], config)
+            self.assertIn(words, problems[0].message)
 
     def test_build(self) -> None:
         factory = find_provider("kvstore")

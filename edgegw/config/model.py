@@ -156,6 +156,7 @@ class KvStoreConfig:
     db: int = 0
     tls: bool = False
     timeout: float = 3.0
+    ca_file: str | None = None
 
 
 @attrs.frozen

@@ -5,6 +5,8 @@ C{kvstore} type's settings.
 
 from __future__ import annotations
 
+import os
+
 from edgegw.config.addresses import is_host_port
 from edgegw.config.fields import Node
 from edgegw.config.model import KvStoreConfig, StateProviderRef
@@ -39,7 +41,7 @@ def read_state_ref(node: Node | None) -> StateProviderRef | None:
 def read_kvstore(node: Node) -> KvStoreConfig:
     """
     The C{kvstore} provider's C{config} mapping (address host:port, user, password, db,
-    tls, timeout), reporting problems on C{node}.
+    tls, timeout, caFile), reporting problems on C{node}.
     """
     address = node.required_string("address")
     if address and not is_host_port(address):
@@ -51,6 +53,26 @@ def read_kvstore(node: Node) -> KvStoreConfig:
         db=node.integer("db", 0, minimum=0),
         tls=node.boolean("tls", False),
         timeout=node.duration("timeout", 3.0, positive=True) or 3.0,
+        ca_file=node.string("caFile"),
     )
+    if config.ca_file is not None:
+        problem = _ca_file_problem(config.ca_file, config.tls)
+        if problem is not None:
+            node.error("caFile", problem)
     node.finish()
     return config
+
+
+def _ca_file_problem(path: str, tls: bool) -> str | None:
+    if not tls:
+        return "is only used with tls: true"
+    if not os.path.isabs(path):
+        return f"{path} is not an absolute path"
+    try:
+        with open(path, "rb") as f:
+            pem = f.read(1024 * 1024 + 1)
+    except OSError as e:
+        return f"{path} cannot be read: {e.strerror}"
+    if b"-----BEGIN CERTIFICATE-----" not in pem:
+        return f"{path} holds no PEM certificate"
+    return None

@@ -19,6 +19,7 @@ one that is under way fails when the configured timeout passes.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from typing import Any, TypeVar
 
@@ -36,7 +37,7 @@ from twisted.internet.defer import (
 )
 from twisted.internet.endpoints import HostnameEndpoint, wrapClientTLS
 from twisted.internet.interfaces import IReactorTime, IStreamClientEndpoint
-from twisted.internet.ssl import Certificate, optionsForClientTLS
+from twisted.internet.ssl import Certificate, optionsForClientTLS, trustRootFromCertificates
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 from zope.interface import implementer
@@ -48,7 +49,13 @@ from edgegw.config.state import read_kvstore
 from edgegw.state.providers import IStateProviderFactory
 from edgegw.state.store import IStateStore, MessageCallback, StoreError, StoreUnavailableError
 
-__all__ = ["KvStoreProvider", "KvStoreService", "provider", "read_kvstore_config"]
+__all__ = [
+    "KvStoreProvider",
+    "KvStoreService",
+    "load_trust_root",
+    "provider",
+    "read_kvstore_config",
+]
 
 _log = Logger(namespace="edgegw.state")
 _T = TypeVar("_T")
@@ -227,6 +234,8 @@ class KvStoreService(Service):
         self.first_retry = first_retry
         self.retry_cap = retry_cap
         self._reactor = reactor
+        if trust_root is None and config.ca_file is not None:
+            trust_root = load_trust_root(config.ca_file)
         self._trust_root = trust_root
         self._throttle = _Throttle(reactor, log_interval)
         self._commands: _Factory | None = None
@@ -432,6 +441,28 @@ class KvStoreService(Service):
         return self._bounded(factory.handler.eval(script, keys, args))
 
 
+def load_trust_root(path: str) -> IOpenSSLTrustRoot:
+    """
+    The certificate authorities in the PEM file C{path} (C{caFile}), as a TLS trust root.
+
+    @raise ValueError: The file cannot be read or holds no usable certificate.
+    """
+    try:
+        with open(path, "rb") as f:
+            pem = f.read()
+    except OSError as e:
+        raise ValueError(f"{path} cannot be read: {e.strerror}") from None
+    blocks = re.findall(rb"-----BEGIN CERTIFICATE-----.+?-----END CERTIFICATE-----", pem, re.S)
+    try:
+        certificates = [Certificate.loadPEM(block) for block in blocks]
+    except Exception as e:  # pyOpenSSL raises its own Error for a bad certificate
+        raise ValueError(f"{path} holds a certificate that cannot be loaded: {e}") from None
+    if not certificates:
+        raise ValueError(f"{path} holds no PEM certificate")
+    root: IOpenSSLTrustRoot = trustRootFromCertificates(certificates)
+    return root
+
+
 def _millis(seconds: float) -> int:
     return max(1, round(seconds * 1000))
 
@@ -453,7 +484,12 @@ class KvStoreProvider:
         Problems with C{config}, located at C{where} under the field path C{path}.
         """
         problems = Problems()
-        read_kvstore_config(Node(config, where, path, problems))
+        parsed = read_kvstore_config(Node(config, where, path, problems))
+        if not problems and parsed.ca_file is not None:
+            try:
+                load_trust_root(parsed.ca_file)
+            except ValueError as e:
+                problems.add(where, f"{path}.caFile", str(e))
         try:
             problems.raise_if_any()
         except ConfigError as e:
@@ -466,7 +502,8 @@ class KvStoreProvider:
         """
         The store for a valid C{config}, not started.
 
-        @param options: Passed on to L{KvStoreService} (C{trust_root}, retry timings).
+        @param options: Those L{KvStoreService} takes (C{trust_root}, retry timings,
+            C{log_interval}) are passed on; others are ignored.
         @raise ConfigError: When C{config} is not valid (L{validate} says so first).
         """
         problems = Problems()
@@ -474,7 +511,11 @@ class KvStoreProvider:
             Node(config, Location("<stateProvider>", 1), "config", problems)
         )
         problems.raise_if_any()
-        return KvStoreService(parsed, key_prefix, reactor, **options)
+        known = {k: v for k, v in options.items() if k in _SERVICE_OPTIONS}
+        return KvStoreService(parsed, key_prefix, reactor, **known)
+
+
+_SERVICE_OPTIONS = frozenset({"trust_root", "first_retry", "retry_cap", "log_interval"})
 
 
 provider = KvStoreProvider()

@@ -56,7 +56,9 @@ class IStateProviderFactory(Interface):
         C{path} (such as C{spec.stateProvider.config}); empty when it is usable.
         """
 
-    def build(config: Mapping[str, Any], key_prefix: str, reactor: Any) -> IStateStore:
+    def build(
+        config: Mapping[str, Any], key_prefix: str, reactor: Any, **options: Any
+    ) -> IStateStore:
         """
         The store for a C{config} that L{validate} accepted, not started: it also
         provides L{IService} (named C{state}), connects when started and closes when
@@ -64,6 +66,8 @@ class IStateProviderFactory(Interface):
 
         @param key_prefix: Prepended to every key, index and channel the store uses.
         @param reactor: The gateway's reactor.
+        @param options: Provider-specific options that are not configuration (tests pass
+            reconnection timings); a provider ignores those it does not know.
         """
 
 
