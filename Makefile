@@ -70,15 +70,21 @@ venv: $(STAMP)
 ## Run the gateway in the foreground on the example configuration, with the demo backend
 ## (examples/demo/backend.py, on EDGEGW_DEMO_PORT, default 8081) behind its api routes and
 ## a demo OpenID provider (tests/e2e/provider.mjs, on EDGEGW_DEMO_IDP_PORT, default 8082)
-## for its login; the session key is a random one unless EDGEGW_SESSION_KEY is set.
-run: $(STAMP) $(E2E_STAMP)
+## for its login, and a redis-server (on EDGEGW_DEMO_REDIS_PORT, default 8083, nothing
+## saved to disk) for its server-side sessions; the session key is a random one unless
+## EDGEGW_SESSION_KEY is set.
+run: $(STAMP) $(E2E_STAMP) redis
 	@listen=$${EDGEGW_LISTEN:-127.0.0.1:8080}; port=$${listen##*:}; \
 	$(BIN)/python examples/demo/backend.py --port $${EDGEGW_DEMO_PORT:-8081} & demo=$$!; \
+	redis-server --bind 127.0.0.1 --port $${EDGEGW_DEMO_REDIS_PORT:-8083} --save '' \
+		--appendonly no --loglevel warning & redis=$$!; \
 	node $(E2E)/provider.mjs --port $${EDGEGW_DEMO_IDP_PORT:-8082} \
 		--client-secret $${EDGEGW_DEMO_IDP_SECRET:-edgegw-demo-secret} \
 		--redirect-uri http://127.0.0.1:$$port/auth/callback \
-		--redirect-uri http://localhost:$$port/auth/callback >/dev/null 2>&1 & idp=$$!; \
-	trap 'kill $$demo $$idp 2>/dev/null' EXIT INT TERM; \
+		--redirect-uri http://localhost:$$port/auth/callback \
+		--backchannel-logout-uri http://127.0.0.1:$$port/auth/backchannel-logout \
+		>/dev/null 2>&1 & idp=$$!; \
+	trap 'kill $$demo $$idp $$redis 2>/dev/null' EXIT INT TERM; \
 	EDGEGW_SESSION_KEY=$${EDGEGW_SESSION_KEY:-$$(head -c 24 /dev/urandom | base64)} \
 		$(BIN)/twistd -n --pidfile= edgegw --config $(CONFIG)
 
