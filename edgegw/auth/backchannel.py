@@ -15,7 +15,7 @@ from __future__ import annotations
 from typing import Any
 from urllib.parse import parse_qs
 
-from twisted.internet.defer import Deferred
+from twisted.internet.defer import CancelledError, Deferred
 from twisted.internet.interfaces import IConsumer
 from twisted.logger import Logger
 from twisted.web.server import NOT_DONE_YET, Request
@@ -183,6 +183,8 @@ class BackchannelLogoutResource(AuthEndpoint):
         answer_text(request, 200, b"")
 
     def _refused(self, failure: Any, request: Request) -> None:
+        if failure.check(CancelledError):
+            return  # the IdP went away; nothing to answer
         error = failure.trap(_BadRequestError, _UnavailableError)
         reason = failure.getErrorMessage()
         if error is _BadRequestError:

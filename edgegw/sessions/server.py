@@ -57,7 +57,7 @@ LOGOUT_CHANNEL = b"logout"
 """The channel (under the key prefix) ended session ids are published on."""
 
 MAX_OPENED = 4096
-"""Opened records kept per gateway (the sealed value -> its record)."""
+"""Opened records kept per gateway ((session id, sealed value) -> its record)."""
 
 _SESSION_ID = re.compile(rb"[A-Za-z0-9_-]{32}")
 
@@ -109,7 +109,7 @@ class ServerSessions(Service):
         self.streams = OpenRequests()
         self._prefix = key_prefix.encode("utf-8")
         self._clock = reactor
-        self._opened: dict[bytes, SessionRecord] = {}
+        self._opened: dict[tuple[str, bytes], SessionRecord] = {}
         self.refresher = Refresher(self, provider, refresh_skew, reactor)
 
     # -- service -------------------------------------------------------------------------
@@ -173,7 +173,10 @@ class ServerSessions(Service):
         if sealed is None:
             return None
         opened = self._opened
-        record = opened.get(sealed)
+        # Keyed by the id too: a sealed record only ever opens under its own key, and a
+        # cached one must not open under another (a value copied to another session).
+        cache_key = (session_id, sealed)
+        record = opened.get(cache_key)
         if record is None:
             plaintext = self.sealer.unseal(sealed, self._record_aad(session_id))
             if plaintext is None:
@@ -186,7 +189,7 @@ class ServerSessions(Service):
             # written again: open it once. Only authentic values get here.
             if len(opened) >= MAX_OPENED:
                 opened.clear()
-            opened[sealed] = record
+            opened[cache_key] = record
         if record.expires_at <= self._clock.seconds():
             return None
         return record
