@@ -28,6 +28,7 @@ long (plus the leeway), so a replay is refused whether or not the token has an C
 """
 
 _REQUIRED = ("iat", "jti", "events")
+_TYPES = frozenset({"logout+jwt", "jwt", "application/logout+jwt"})
 _MAX_CLAIM = 255
 
 
@@ -63,14 +64,16 @@ def verify_logout_token(
     (at most L{MAX_AGE} old, not in the future), C{exp} when present, C{jti}, an
     C{events} object holding the back-channel logout member as a JSON object, C{sid}
     and/or C{sub} (non-empty strings), and no C{nonce} (which would make it confusable
-    with an id_token). A C{typ} header, when present, must be C{logout+jwt}.
+    with an id_token). A C{typ} header, when present, must be C{logout+jwt} (what the
+    specification recommends) or plain C{JWT} (what many providers send): an access
+    token's C{at+jwt}, say, is refused.
 
     @raise edgegw.identity.tokens.UnknownKeyError: It names a key id the set lacks.
     @raise TokenError: It is not a valid logout token; C{reason} says why.
     """
     typ = peek_header(token).get("typ")
-    if typ is not None and (not isinstance(typ, str) or typ.lower() != "logout+jwt"):
-        raise TokenError("typ is not logout+jwt")
+    if typ is not None and (not isinstance(typ, str) or typ.lower() not in _TYPES):
+        raise TokenError("typ is neither logout+jwt nor JWT")
     claims = verify_jwt(
         token,
         keys,
