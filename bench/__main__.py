@@ -1,6 +1,6 @@
 """
-C{python -m bench proxy|memory|api|authz|telemetry|session|bearer}: the benchmark
-harness's command line.
+C{python -m bench proxy|memory|api|authz|telemetry|session|server-session|bearer}: the
+benchmark harness's command line.
 """
 
 from __future__ import annotations
@@ -12,7 +12,17 @@ from collections.abc import Sequence
 from types import FrameType
 from typing import Any, Protocol
 
-from bench import api, authz, bearer, memory, proxy, session, telemetry, variants
+from bench import (
+    api,
+    authz,
+    bearer,
+    memory,
+    proxy,
+    server_session,
+    session,
+    telemetry,
+    variants,
+)
 from bench.tools import MissingToolsError
 
 MEMORY_DESCRIPTION = """\
@@ -242,6 +252,30 @@ def parser() -> argparse.ArgumentParser:
         variants.Settings(),
         "wrk connections",
     )
+    server_defaults = server_session.Settings()
+    ss = _wrk_options(
+        commands.add_parser(
+            "server-session",
+            help="a server-side session in Redis against a cookie-only one: CPU, latency/request",
+            description=(
+                "Measure, interleaved over rounds and at a low and the default concurrency, "
+                "one edgegw per variant serving the same app route (auth required, "
+                "reverse-proxied to a backend): (a) a cookie-only session, (b) a "
+                "server-side session in a redis-server the harness starts (stateProvider "
+                "kvstore); report the gateway CPU and the latency b adds per request, "
+                "Redis's own CPU and commands per request, and the read paths in-process. "
+                "Needs redis-server on the PATH."
+            ),
+        ),
+        server_defaults,
+        "wrk connections at the default load",
+    )
+    ss.add_argument(
+        "--low-connections",
+        type=_positive,
+        default=server_defaults.low_connections,
+        help="wrk connections at the low load, where the added latency is the session's own",
+    )
     _wrk_options(
         commands.add_parser(
             "bearer",
@@ -291,6 +325,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             return telemetry.run(variants.Settings(**_wrk_settings(args)))
         if args.command == "session":
             return session.run(variants.Settings(**_wrk_settings(args)))
+        if args.command == "server-session":
+            return server_session.run(
+                server_session.Settings(**_wrk_settings(args), low_connections=args.low_connections)
+            )
         if args.command == "bearer":
             return bearer.run(variants.Settings(**_wrk_settings(args)))
         return memory.run(
