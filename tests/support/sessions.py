@@ -1,0 +1,487 @@
+"""
+Helpers for tests of server-side sessions (issue 14): a gateway with browser login and a
+C{kvstore} state provider on a real redis-server, a one-shot Redis client that reads
+and writes the store behind the gateway's back, and a server-sent-events client.
+
+The gateway is served the way C{tests/test_login.py} serves one (build_gateway, a
+listening port on 127.0.0.1, the IdP client started by hand), with the state store and
+the server-side sessions started as the service tree would start them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+from typing import Any
+from urllib.parse import quote
+
+from twisted.internet import reactor as _reactor
+from twisted.internet.defer import Deferred
+from twisted.internet.endpoints import TCP4ClientEndpoint, connectProtocol, wrapClientTLS
+from twisted.internet.protocol import Protocol
+from twisted.internet.ssl import optionsForClientTLS
+from twisted.internet.task import deferLater
+from twisted.python.failure import Failure
+from twisted.trial.unittest import TestCase
+from twisted.web.server import NOT_DONE_YET, Request
+
+from edgegw.config.parse import load_config
+from edgegw.gateway import Gateway, build_gateway
+from edgegw.identity.sealing import SESSION_ID_AAD, SESSION_RECORD_AAD, Sealer
+from edgegw.identity.session_cookie import SessionRecord, decode_record
+from edgegw.state.kvstore import KvStoreService
+from edgegw.state.store import StoreUnavailableError
+from edgegw.upstream.pool import UpstreamClient
+from tests.support.backends import SiteBackend
+from tests.support.browser import USER_AGENT, Browser, BrowserResponse
+from tests.support.configs import write_tree
+from tests.support.fake_idp import FakeIdP
+from tests.support.processes import listen_local, port_of
+from tests.support.rawclient import RawClient, connect
+from tests.support.redis import RedisServer
+
+reactor: Any = _reactor
+
+__all__ = [
+    "COOKIE",
+    "KEY",
+    "OTHER_KEY",
+    "PREFIX",
+    "RedisProbe",
+    "RedisReplyError",
+    "SessionGateway",
+    "index_key",
+    "open_stream",
+    "sleep",
+    "stream_backend",
+]
+
+KEY = "0123456789abcdef0123456789abcdef"
+"""The session key (32 bytes) of every gateway here unless a test names another."""
+
+OTHER_KEY = "fedcba9876543210fedcba9876543210"
+"""Another valid session key."""
+
+PREFIX = "gw:sess:"
+"""The default key prefix."""
+
+COOKIE = "gw_session"
+"""The session cookie's name."""
+
+
+async def sleep(seconds: float) -> None:
+    await deferLater(reactor, seconds, lambda: None)
+
+
+def index_key(kind: str, value: str) -> bytes:
+    """
+    The store key (without the prefix) of the index of sessions for one subject
+    (C{sub}) or one IdP session (C{idp}), as the issue's key layout documents it.
+    """
+    return kind.encode("ascii") + b":" + hashlib.sha256(value.encode()).hexdigest().encode()
+
+
+# -- a one-shot Redis client -------------------------------------------------------------
+
+
+class RedisReplyError(Exception):
+    """
+    Redis answered an error reply.
+    """
+
+
+_INCOMPLETE: Any = object()
+
+
+def _parse(data: bytes, at: int) -> tuple[Any, int]:
+    """
+    One RESP2 reply at C{at}: the value (L{_INCOMPLETE} while more is needed) and where
+    the next one starts.
+    """
+    end = data.find(b"\r\n", at)
+    if end < 0:
+        return _INCOMPLETE, at
+    kind, line, after = data[at : at + 1], data[at + 1 : end], end + 2
+    if kind == b"+":
+        return line, after
+    if kind == b"-":
+        return RedisReplyError(line.decode("utf-8", "replace")), after
+    if kind == b":":
+        return int(line), after
+    if kind == b"$":
+        size = int(line)
+        if size < 0:
+            return None, after
+        if len(data) < after + size + 2:
+            return _INCOMPLETE, at
+        return data[after : after + size], after + size + 2
+    if kind == b"*":
+        count = int(line)
+        if count < 0:
+            return None, after
+        items = []
+        for _ in range(count):
+            item, after = _parse(data, after)
+            if item is _INCOMPLETE:
+                return _INCOMPLETE, at
+            items.append(item)
+        return items, after
+    raise ValueError(f"not RESP: {data[at:]!r}")
+
+
+def _encode(args: Sequence[bytes | str | int]) -> bytes:
+    parts = [b"*%d\r\n" % len(args)]
+    for arg in args:
+        raw = arg if isinstance(arg, bytes) else str(arg).encode("utf-8")
+        parts.append(b"$%d\r\n%s\r\n" % (len(raw), raw))
+    return b"".join(parts)
+
+
+class _Resp(Protocol):
+    def __init__(self, commands: Sequence[Sequence[bytes | str | int]]) -> None:
+        self.commands = commands
+        self.received = b""
+        self.replies: list[Any] = []
+        self.answered: Deferred[list[Any]] = Deferred()
+        self.closed: Deferred[None] = Deferred()
+
+    def connectionMade(self) -> None:
+        assert self.transport is not None
+        self.transport.write(b"".join(_encode(command) for command in self.commands))
+
+    def dataReceived(self, data: bytes) -> None:
+        self.received += data
+        at = 0
+        while len(self.replies) < len(self.commands):
+            value, at = _parse(self.received, at)
+            if value is _INCOMPLETE:
+                break
+            self.replies.append(value)
+        self.received = self.received[at:]
+        if len(self.replies) == len(self.commands) and not self.answered.called:
+            self.answered.callback(self.replies)
+            assert self.transport is not None
+            self.transport.loseConnection()
+
+    def connectionLost(self, reason: Failure | None = None) -> None:
+        if not self.answered.called:
+            self.answered.errback(ConnectionError(f"Redis connection lost: {reason}"))
+        self.closed.callback(None)
+
+
+class RedisProbe:
+    """
+    Talks to a test's redis-server directly, one connection per call (closed before the
+    call returns, so nothing is left open when the server is stopped mid-test).
+    """
+
+    def __init__(self, server: RedisServer) -> None:
+        self.server = server
+
+    async def run(self, *commands: Sequence[bytes | str | int]) -> list[Any]:
+        """
+        Send C{commands} in one pipeline; their replies, in order (an error reply raises).
+        """
+        server = self.server
+        endpoint: Any = TCP4ClientEndpoint(reactor, "127.0.0.1", server.port, timeout=5)
+        if server.ca is not None:
+            endpoint = wrapClientTLS(
+                optionsForClientTLS("127.0.0.1", trustRoot=server.ca.trust_root()), endpoint
+            )
+        protocol = _Resp(commands)
+        await connectProtocol(endpoint, protocol)
+        try:
+            replies = await protocol.answered.addTimeout(5, reactor)
+        finally:
+            if protocol.transport is not None and not protocol.closed.called:
+                protocol.transport.loseConnection()
+            await protocol.closed
+        for reply in replies:
+            if isinstance(reply, RedisReplyError):
+                raise reply
+        return replies
+
+    async def command(self, *args: bytes | str | int) -> Any:
+        """
+        One command's reply.
+        """
+        return (await self.run(args))[0]
+
+    async def keys(self, pattern: bytes | str = b"*") -> set[bytes]:
+        """
+        The keys matching C{pattern}.
+        """
+        return set(await self.command("KEYS", pattern))
+
+    async def get(self, key: bytes | str) -> bytes | None:
+        value: bytes | None = await self.command("GET", key)
+        return value
+
+    async def pttl(self, key: bytes | str) -> int:
+        return int(await self.command("PTTL", key))
+
+    async def replace(self, key: bytes | str, value: bytes) -> None:
+        """
+        Overwrite C{key}'s value, keeping its time to live.
+        """
+        await self.command("SET", key, value, "KEEPTTL")
+
+    async def subscribers(self, channel: bytes | str) -> int:
+        """
+        How many connections are subscribed to C{channel}.
+        """
+        reply = await self.command("PUBSUB", "NUMSUB", channel)
+        return int(reply[1])
+
+
+# -- the backend -------------------------------------------------------------------------
+
+
+def stream_backend() -> tuple[SiteBackend, list[Request]]:
+    """
+    A started recording backend answering C{backend}, except that a path ending in
+    C{/events} gets a server-sent-events response that sends one event and stays open;
+    the open ones are listed.
+    """
+    held: list[Request] = []
+
+    def respond(request: Request) -> bytes | int:
+        if (request.path or b"").endswith(b"/events"):
+            request.setHeader(b"content-type", b"text/event-stream")
+            request.write(b"data: hello\n\n")
+            held.append(request)
+            return NOT_DONE_YET
+        return b"backend"
+
+    return SiteBackend(respond).start(), held
+
+
+async def open_stream(port: int, path: str, cookie: str | None) -> RawClient:
+    """
+    A raw client that has sent C{GET path} (as the test browser would, with its
+    C{User-Agent}, and the session cookie value C{cookie}) and received the head and
+    the first event of the stream.
+    """
+    client = await connect(port)
+    lines = [
+        f"GET {path} HTTP/1.1",
+        f"Host: 127.0.0.1:{port}",
+        f"User-Agent: {USER_AGENT}",
+        "Accept: text/event-stream",
+    ]
+    if cookie is not None:
+        lines.append(f"Cookie: {COOKIE}={cookie}")
+    client.send(("\r\n".join(lines) + "\r\n\r\n").encode("ascii"))
+    await client.until(b"data: hello").addTimeout(10, reactor)
+    return client
+
+
+# -- the gateway -------------------------------------------------------------------------
+
+
+class SessionGateway:
+    """
+    A gateway with browser login through C{idp} and server-side sessions in C{redis},
+    in front of C{backend}.
+
+    Routes: C{/app/} (app, login required, forwardAccessToken), C{/api/} (service,
+    login required, forwardAccessToken), C{/open/} (app, public).
+    """
+
+    def __init__(
+        self,
+        test: TestCase,
+        idp: FakeIdP,
+        backend: SiteBackend,
+        redis: RedisServer,
+        *,
+        key: str = KEY,
+        prefix: str = PREFIX,
+        skew: str = "60s",
+        timeout: str = "1s",
+        state_options: dict[str, Any] | None = None,
+    ) -> None:
+        self.test = test
+        self.idp = idp
+        self.backend = backend
+        self.redis = redis
+        self.key = key
+        self.prefix = prefix
+        self.skew = skew
+        self.timeout = timeout
+        self.state_options: dict[str, Any] = {"first_retry": 0.1, "retry_cap": 0.5}
+        if redis.ca is not None:
+            self.state_options["trust_root"] = redis.ca.trust_root()
+        self.state_options.update(state_options or {})
+        self.sealer = Sealer(key.encode("ascii"))
+        self.gateway: Gateway
+        self.port = 0
+
+    @property
+    def origin(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def url(self, path: str) -> str:
+        return self.origin + path
+
+    def config_text(self) -> str:
+        upstream = f"http://127.0.0.1:{self.backend.port}"
+        tls = "true" if self.redis.tls else "false"
+        return f"""\
+kind: Gateway
+metadata: {{name: gw}}
+spec:
+  listen: "127.0.0.1:0"
+  session: {{key: "{self.key}"}}
+  identity:
+    groups: {{source: groups, match: ["ou=groups"], render: cn}}
+  stateProvider:
+    type: kvstore
+    refreshSkew: {self.skew}
+    keyPrefix: "{self.prefix}"
+    config: {{address: "{self.redis.address}", timeout: {self.timeout}, tls: {tls}}}
+---
+kind: IdP
+metadata: {{name: idp}}
+spec:
+  type: oidc
+  issuer: "{self.idp.issuer}"
+  clientID: gw
+  clientSecret: gw-secret
+---
+kind: Route
+metadata: {{name: app}}
+spec:
+  match: /app/
+  type: app
+  access: {{auth: required}}
+  handler: {{type: reverse-proxy, upstream: "{upstream}", forwardAccessToken: true}}
+---
+kind: Route
+metadata: {{name: api}}
+spec:
+  match: /api/
+  handler: {{type: reverse-proxy, upstream: "{upstream}", forwardAccessToken: true}}
+---
+kind: Route
+metadata: {{name: open}}
+spec:
+  match: /open/
+  type: app
+  handler: {{type: reverse-proxy, upstream: "{upstream}"}}
+"""
+
+    async def start(self, wait_for_store: bool = True) -> SessionGateway:
+        """
+        Build, listen, start the store, the sessions and the IdP client (in the service
+        tree's order); everything stops when the test ends. Waits for discovery and,
+        unless told not to, until the store answers.
+        """
+        test = self.test
+        root = write_tree(test.mktemp(), {"a.yaml": self.config_text()})
+        client = UpstreamClient(reactor)
+        self.gateway = build_gateway(
+            load_config(root, {}), reactor, client, state_options=self.state_options
+        )
+        listening = listen_local(self.gateway.site)
+        test.addCleanup(listening.stopListening)
+        test.addCleanup(client.close)
+        self.port = port_of(listening)
+        self.idp.redirect_uris.append(self.url("/auth/callback"))
+        store = self.store
+        sessions = self.gateway.sessions
+        assert sessions is not None
+        store.startService()
+        test.addCleanup(store.stopService)
+        sessions.startService()
+        test.addCleanup(sessions.stopService)
+        provider = self.gateway.idp
+        assert provider is not None
+        provider.first_retry = 0.05
+        provider.retry_cap = 0.2
+        provider.startService()
+        test.addCleanup(provider.stopService)
+        for _ in range(500):
+            if provider.ready:
+                break
+            await sleep(0.02)
+        else:
+            raise AssertionError(f"IdP never discovered: {provider.last_error}")
+        if wait_for_store:
+            await self.store_ready()
+        return self
+
+    @property
+    def store(self) -> KvStoreService:
+        store: object = self.gateway.state
+        assert isinstance(store, KvStoreService), store
+        return store
+
+    async def store_ready(self, within: float = 15.0) -> None:
+        """
+        Wait until the gateway's store answers.
+        """
+        deadline = reactor.seconds() + within
+        while True:
+            try:
+                await self.store.get(b"readiness-probe")
+                return
+            except StoreUnavailableError:
+                if reactor.seconds() > deadline:
+                    raise
+                await sleep(0.05)
+
+    async def login(self, browser: Browser, return_to: str = "/open/landing") -> BrowserResponse:
+        """
+        Log C{browser} in without following the callback's redirect (so that no request
+        with the new session is made yet); the callback's response.
+        """
+        start = await browser.get(self.url(f"/auth/login?return_to={quote(return_to, safe='')}"))
+        if start.status != 302 or start.location is None:
+            raise AssertionError(f"login did not start: {start.status} {start.body!r}")
+        at_idp = await browser.get(start.location)
+        if at_idp.location is None:
+            raise AssertionError(f"the IdP did not redirect back: {at_idp.status}")
+        return await browser.get(at_idp.location)
+
+    def session_id(self, cookie: str) -> str:
+        """
+        The session id a session cookie value holds (sealed with the session key).
+        """
+        opened = self.sealer.unseal(cookie, SESSION_ID_AAD)
+        if opened is None:
+            raise AssertionError(f"the session cookie does not open: {cookie!r}")
+        return opened.decode("ascii")
+
+    def record_key(self, browser: Browser) -> bytes:
+        """
+        The Redis key of C{browser}'s session record.
+        """
+        return (self.prefix + self.session_id(browser.cookies[COOKIE])).encode("ascii")
+
+    def open_record(self, session_id: str, sealed: bytes) -> SessionRecord | None:
+        """
+        A sealed record stored for C{session_id} under this gateway's prefix, opened.
+        """
+        aad = SESSION_RECORD_AAD + self.prefix.encode("ascii") + session_id.encode("ascii")
+        plaintext = self.sealer.unseal(sealed, aad)
+        return None if plaintext is None else decode_record(plaintext)
+
+    async def stored_record(self, browser: Browser) -> SessionRecord | None:
+        """
+        C{browser}'s session record as it is in Redis now (L{None}: there is none).
+        """
+        session_id = self.session_id(browser.cookies[COOKIE])
+        sealed = await RedisProbe(self.redis).get(self.prefix + session_id)
+        if sealed is None:
+            return None
+        record = self.open_record(session_id, sealed)
+        if record is None:
+            raise AssertionError("the stored record does not open with the session key")
+        return record
+
+    def seal_session_id(self, session_id: str) -> str:
+        """
+        A session cookie value naming C{session_id}, as the gateway would set it.
+        """
+        return self.sealer.seal(session_id.encode("ascii"), SESSION_ID_AAD)
