@@ -128,6 +128,21 @@ class StoreOperationTests(TestCase):
         self.assertIsNone(await store.get(b"k"))
         self.assertEqual(await store.delete(), 0)
 
+    async def test_replace_only_what_was_read(self) -> None:
+        store = self.store
+        await store.set(b"k", b"old", 30)
+        self.assertTrue(await store.replace(b"k", b"old", b"new", 60))
+        self.assertEqual(await store.get(b"k"), b"new")
+        left = await store.ttl(b"k")
+        assert left is not None
+        self.assertGreater(left, 30)
+        # Changed meanwhile, or deleted meanwhile: left as it is.
+        self.assertFalse(await store.replace(b"k", b"old", b"newer", 60))
+        self.assertEqual(await store.get(b"k"), b"new")
+        await store.delete(b"k")
+        self.assertFalse(await store.replace(b"k", b"new", b"back", 60))
+        self.assertIsNone(await store.get(b"k"))
+
     async def test_ttl(self) -> None:
         store = self.store
         await store.set(b"long", b"v", 30)

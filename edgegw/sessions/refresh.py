@@ -100,7 +100,7 @@ class Refresher:
         self._skew = skew
         self._clock = reactor
         self._flights: dict[str, _Flight] = {}
-        self._failed: dict[str, float] = {}
+        self._failed: dict[str, tuple[float, bool]] = {}
         self.refreshes = 0
         """Refresh grants sent to the IdP by this process (for tests and metrics)."""
 
@@ -126,9 +126,12 @@ class Refresher:
             as it was (refresh failed or left to later) or L{None} (the session ended).
         """
         now = self._clock.seconds()
-        failed_until = self._failed.get(session_id)
-        if failed_until is not None:
-            if failed_until > now:
+        failed = self._failed.get(session_id)
+        if failed is not None:
+            until, refused = failed
+            # A refused refresh token keeps the session only until its access token
+            # expires: then it is tried once more (and the session ends).
+            if until > now and not (refused and not self._still_valid(record)):
                 return succeed(record)
             del self._failed[session_id]
         flight = self._flights.get(session_id)
@@ -153,11 +156,11 @@ class Refresher:
             if not waiter.called:
                 waiter.callback(result)
 
-    def _remember_failure(self, session_id: str) -> None:
+    def _remember_failure(self, session_id: str, refused: bool = False) -> None:
         failed = self._failed
         if len(failed) >= MAX_BACKOFF:
             failed.clear()
-        failed[session_id] = self._clock.seconds() + RETRY_AFTER_FAILURE
+        failed[session_id] = (self._clock.seconds() + RETRY_AFTER_FAILURE, refused)
 
     def _still_valid(self, record: SessionRecord) -> bool:
         expires = record.access_token_expires_at
@@ -185,12 +188,13 @@ class Refresher:
         sessions = self._sessions
         try:
             # Under the lock: another process may have refreshed since this one read.
-            current = await sessions.load(session_id)
+            loaded = await sessions.load_sealed(session_id)
         except StoreError:
             self._remember_failure(session_id)
             return record
-        if current is None:
+        if loaded is None:
             return None
+        sealed, current = loaded
         if not self.due(current):
             return current
         provider = self._provider
@@ -204,13 +208,13 @@ class Refresher:
             tokens = await provider.refresh(metadata, refresh_token)
         except RefreshRejectedError as e:
             if self._still_valid(current):
+                self._remember_failure(session_id, refused=True)
                 _log.info(
                     "refresh refused for a session of {subject}; it lasts until its "
                     "access token expires ({reason})",
                     subject=current.subject,
                     reason=e,
                 )
-                self._remember_failure(session_id)
                 return current
             _log.info(
                 "session of {subject} ended: its refresh token was refused ({reason})",
@@ -248,11 +252,20 @@ class Refresher:
             ),
         )
         try:
-            await sessions.save(session_id, fresh)
+            stored = await sessions.replace(session_id, sealed, fresh)
         except StoreError as e:
             # This request has a valid token; the next read gets the old record and,
             # with a rotating IdP, a refresh token already spent.
             _log.warn("a refreshed session could not be stored ({reason})", reason=e)
+            return fresh
+        if not stored:
+            # Ended (a logout, a back-channel logout) while the IdP answered: it stays
+            # ended, and this request goes on without it. (Or written by another
+            # process, had the lease lapsed: that record is the one to use.)
+            try:
+                return await sessions.load(session_id)
+            except StoreError:
+                return None
         return fresh
 
     async def _wait_for_other(

@@ -169,6 +169,15 @@ class ServerSessions(Service):
 
         @raise StoreError: The store cannot be read.
         """
+        loaded = await self.load_sealed(session_id)
+        return loaded[1] if loaded is not None else None
+
+    async def load_sealed(self, session_id: str) -> tuple[bytes, SessionRecord] | None:
+        """
+        Like L{load}, with the sealed value as stored (for L{replace}).
+
+        @raise StoreError: The store cannot be read.
+        """
         sealed = await self.store.get(session_id.encode("ascii"))
         if sealed is None:
             return None
@@ -192,12 +201,14 @@ class ServerSessions(Service):
             opened[cache_key] = record
         if record.expires_at <= self._clock.seconds():
             return None
-        return record
+        return sealed, record
+
+    def _sealed(self, session_id: str, record: SessionRecord) -> bytes:
+        return self.sealer.seal(encode_record(record), self._record_aad(session_id)).encode()
 
     async def save(self, session_id: str, record: SessionRecord) -> None:
         """
-        Store C{record} under C{session_id} until the session ends (one C{SET}: a rotated
-        refresh token is written together with its access token).
+        Store C{record} under C{session_id} until the session ends.
 
         @raise StoreError: The store cannot be written.
         """
@@ -205,8 +216,23 @@ class ServerSessions(Service):
         if ttl <= 0:
             await self.store.delete(session_id.encode("ascii"))
             return
-        sealed = self.sealer.seal(encode_record(record), self._record_aad(session_id))
-        await self.store.set(session_id.encode("ascii"), sealed.encode("ascii"), ttl)
+        await self.store.set(session_id.encode("ascii"), self._sealed(session_id, record), ttl)
+
+    async def replace(self, session_id: str, expected: bytes, record: SessionRecord) -> bool:
+        """
+        Store C{record} in place of the sealed value C{expected}, in one step (a rotated
+        refresh token is written together with its access token), unless the record was
+        deleted or changed meanwhile: a session ended while its refresh was under way
+        stays ended.
+
+        @return: Whether it was stored.
+        @raise StoreError: The store cannot be written.
+        """
+        ttl = record.expires_at - self._clock.seconds()
+        if ttl <= 0:
+            return False
+        sealed = self._sealed(session_id, record)
+        return await self.store.replace(session_id.encode("ascii"), expected, sealed, ttl)
 
     async def read(
         self, request: Request, note: Callable[[str, str], object] | None = None

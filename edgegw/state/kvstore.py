@@ -69,6 +69,15 @@ end
 return 0
 """
 
+# Sets the key only while it still holds the value read before (compare and set).
+_REPLACE = b"""
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+    redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])
+    return 1
+end
+return 0
+"""
+
 # Adds the member and extends the set's life to at least the given milliseconds, never
 # shortens it: the index lives as long as the longest-lived session it lists.
 _INDEX_ADD = b"""
@@ -362,6 +371,11 @@ class KvStoreService(Service):
 
     def set(self, key: bytes, value: bytes, ttl: float) -> Deferred[None]:
         return self._command("SET", self._key(key), value, "PX", _millis(ttl)).addCallback(_none)
+
+    def replace(self, key: bytes, expected: bytes, value: bytes, ttl: float) -> Deferred[bool]:
+        return self._script(
+            _REPLACE, [self._key(key)], [expected, value, _millis(ttl)]
+        ).addCallback(bool)
 
     def delete(self, *keys: bytes) -> Deferred[int]:
         if not keys:

@@ -56,6 +56,13 @@ class IStateStore(Interface):
         @param ttl: Positive seconds.
         """
 
+    def replace(key: bytes, expected: bytes, value: bytes, ttl: float) -> Deferred[bool]:
+        """
+        Store C{value} under C{key}, expiring in C{ttl} seconds, if and only if C{key}
+        still holds C{expected} (atomically); fires with whether it did. A key deleted
+        (or changed) meanwhile stays as it is.
+        """
+
     def delete(*keys: bytes) -> Deferred[int]:
         """
         Remove the keys; fires with how many existed.
