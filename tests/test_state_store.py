@@ -12,6 +12,7 @@ from typing import Any
 from twisted.application.service import IService
 from twisted.internet import reactor
 from twisted.internet.task import Clock, deferLater
+from twisted.internet.testing import StringTransport
 from twisted.logger import ILogObserver, LogEvent, LogLevel, formatEvent, globalLogPublisher
 from twisted.trial.unittest import SynchronousTestCase, TestCase
 from zope.interface import provider
@@ -572,3 +573,22 @@ spec: {{type: memcached}}
         unknown = 'no state provider of type "memcached" is installed (installed: kvstore)'
         self.assertIn(f'document 1, Gateway "g": spec.stateProvider.type: {unknown}', problems)
         self.assertIn(f'document 3, StateProvider "memcached": spec.type: {unknown}', problems)
+
+
+class WholeReadsTests(SynchronousTestCase):
+    """
+    Every reply a read brings is parsed in that read (txredisapi 1.6 alone parses one
+    bulk reply a reactor turn, so replies arriving together wait for each other).
+    """
+
+    def test_replies_of_one_read_parsed_at_once(self) -> None:
+        protocol = kvstore._Protocol(charset=None, convertNumbers=False)
+        protocol.transport = StringTransport()
+        protocol.connected = 1
+        got: list[bytes | None] = []
+        for key in ("a", "b", "c", "d"):
+            protocol.execute_command("GET", key).addCallback(got.append)
+        protocol.dataReceived(b"$1\r\nx\r\n$2\r\nyy\r\n$-1\r\n$3\r\nz")
+        self.assertEqual(got, [b"x", b"yy", None])
+        protocol.dataReceived(b"zz\r\n")
+        self.assertEqual(got, [b"x", b"yy", None, b"zzz"])

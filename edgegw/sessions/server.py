@@ -110,6 +110,7 @@ class ServerSessions(Service):
         self._prefix = key_prefix.encode("utf-8")
         self._clock = reactor
         self._opened: dict[tuple[str, bytes], SessionRecord] = {}
+        self._ids: dict[bytes, str] = {}
         self.refresher = Refresher(self, provider, refresh_skew, reactor)
 
     # -- service -------------------------------------------------------------------------
@@ -151,10 +152,18 @@ class ServerSessions(Service):
         sealed = read_chunked(request.received_cookies, self.cookie.name)
         if sealed is None:
             return None
-        opened = self.sealer.unseal(sealed, SESSION_ID_AAD)
-        if opened is None or not _SESSION_ID.fullmatch(opened):
-            return None
-        return opened.decode("ascii")
+        ids = self._ids
+        session_id = ids.get(sealed)
+        if session_id is None:
+            opened = self.sealer.unseal(sealed, SESSION_ID_AAD)
+            if opened is None or not _SESSION_ID.fullmatch(opened):
+                return None
+            session_id = opened.decode("ascii")
+            # A browser sends the same sealed id with every request: open it once.
+            if len(ids) >= MAX_OPENED:
+                ids.clear()
+            ids[sealed] = session_id
+        return session_id
 
     def _record_aad(self, session_id: str) -> bytes:
         return SESSION_RECORD_AAD + self._prefix + session_id.encode("ascii")

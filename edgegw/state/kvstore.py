@@ -149,6 +149,8 @@ class _Factory(txredisapi.RedisFactory):  # type: ignore[misc]
     when it is lost, and that never gives up reconnecting.
     """
 
+    protocol: Any = None  # _Protocol, once defined (below)
+
     def __init__(self, store: KvStoreService, label: str, **kwargs: Any) -> None:
         super().__init__(None, kwargs.pop("dbid", None), 1, isLazy=True, **kwargs)
         self.store = store
@@ -192,7 +194,38 @@ class _Factory(txredisapi.RedisFactory):  # type: ignore[misc]
             self.store._connected(self, conn)
 
 
-class _Subscriber(txredisapi.SubscriberProtocol):  # type: ignore[misc]
+class _WholeReads:
+    """
+    Parses every reply one read brings, at once.
+
+    txredisapi 1.6's line receiver, on finishing a bulk reply (a GET's value), pauses the
+    connection and parses the rest of what was read on a later reactor turn: under load,
+    one reply a turn. Here the rest is parsed in the same turn, iteratively (no
+    recursion however many replies arrive together).
+    """
+
+    _rest = b""
+
+    def setLineMode(self, extra: bytes | str = b"") -> None:
+        self.line_mode = 1
+        if extra:
+            self._rest += extra if isinstance(extra, bytes) else extra.encode()
+
+    def dataReceived(self, data: bytes, unpause: bool = False) -> None:
+        super().dataReceived(data, unpause)  # type: ignore[misc]
+        while self._rest and self.transport is not None and not self.transport.disconnecting:
+            rest, self._rest = self._rest, b""
+            super().dataReceived(rest)  # type: ignore[misc]
+
+    line_mode: int
+    transport: Any
+
+
+class _Protocol(_WholeReads, txredisapi.RedisProtocol):  # type: ignore[misc]
+    """The command connection's protocol."""
+
+
+class _Subscriber(_WholeReads, txredisapi.SubscriberProtocol):  # type: ignore[misc]
     """
     The pub/sub connection: hands every message to the store.
     """
@@ -201,6 +234,9 @@ class _Subscriber(txredisapi.SubscriberProtocol):  # type: ignore[misc]
 
     def messageReceived(self, pattern: bytes | None, channel: bytes, message: bytes) -> None:
         self.factory.store._deliver(channel, message)
+
+
+_Factory.protocol = _Protocol
 
 
 class _SubscriberFactory(_Factory):
@@ -304,7 +340,9 @@ class KvStoreService(Service):
             charset=None,
             password=password,
             username=self.config.user if password is not None else None,
-            replyTimeout=self.timeout,
+            # No reply timeout of txredisapi's: every operation has one timer, the
+            # store's own (_bounded), which also aborts a connection that timed out.
+            replyTimeout=None,
             convertNumbers=False,
         )
         factory.startConnecting(self._endpoint())
@@ -338,9 +376,22 @@ class KvStoreService(Service):
     def _key(self, key: bytes) -> bytes:
         return self.key_prefix + key
 
-    def _bounded(self, d: Deferred[_T]) -> Deferred[_T]:
+    def _bounded(self, d: Deferred[_T], factory: _Factory | None = None) -> Deferred[_T]:
         d.addTimeout(self.timeout, self._reactor)
+        if factory is not None:
+            d.addErrback(self._timed_out, factory)
         return d.addErrback(self._translate)
+
+    def _timed_out(self, failure: Failure, factory: _Factory) -> Failure:
+        if failure.check(TimeoutError):
+            # No answer in time: the connection may be dead without knowing it (a Redis
+            # host gone, a frozen server). Drop it; the factory reconnects with backoff,
+            # and until then operations fail at once rather than queue up behind it.
+            for connection in list(factory.pool):
+                transport = connection.transport
+                if transport is not None:
+                    transport.abortConnection()
+        return failure
 
     def _translate(self, failure: Failure) -> Failure:
         if failure.check(*_UNAVAILABLE):
@@ -361,7 +412,7 @@ class KvStoreService(Service):
             message = f"not connected to Redis at {self.config.address}"
             self._throttle.failure(message)
             return fail(StoreUnavailableError(message))
-        return self._bounded(factory.handler.execute_command(command, *args))
+        return self._bounded(factory.handler.execute_command(command, *args), factory)
 
     def _command(self, command: str, *args: Any) -> Deferred[Any]:
         return self._run(self._commands, command, *args)
@@ -452,7 +503,7 @@ class KvStoreService(Service):
         if factory is None or not factory.size:
             return self._run(None, "EVAL")
         # txredisapi's eval sends EVALSHA once the script is known on the connection.
-        return self._bounded(factory.handler.eval(script, keys, args))
+        return self._bounded(factory.handler.eval(script, keys, args), factory)
 
 
 def load_trust_root(path: str) -> IOpenSSLTrustRoot:
