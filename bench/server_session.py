@@ -455,7 +455,7 @@ def seed_server_session(
                 id_token=tokens["id_token"],
                 idp_session=IDP_SESSION,
             )
-            return await sessions.create(request, record)
+            return await sessions.create(request, record, record.subject)
         finally:
             await service.stopService()
 

@@ -69,6 +69,15 @@ class _Collector:
             producing.addCallbacks(self._complete, self._failed)
         return self.done
 
+    def cancel(self) -> None:
+        """
+        Stop reading (the client left); nothing once the whole body is read.
+        """
+        if not self.done.called:
+            if self.body is not None:
+                self.body.stopProducing()
+            self.done.errback(CancelledError())
+
     def _complete(self, _: object) -> None:
         if not self.done.called:
             self.done.callback(b"".join(self.parts))
@@ -124,12 +133,15 @@ class BackchannelLogoutResource(AuthEndpoint):
         if isinstance(length, int) and length > MAX_BODY:
             self._invalid(request, "the body is too large")
             return b""
-        reading = _Collector(body).read()
+        collector = _Collector(body)
+        reading = collector.read()
+        # A client that leaves stops the body read; once the token is read, the logout
+        # is carried out whether or not the IdP waits for the answer.
+        request.notifyFinish().addErrback(lambda _: collector.cancel())
         running = reading.addCallback(lambda form: Deferred.fromCoroutine(self._end(form)))
         running.addCallback(lambda ended: self._done(request, ended))
         running.addErrback(self._refused, request)
         answer_failures(request, running)
-        request.notifyFinish().addErrback(lambda _: running.cancel())
         return NOT_DONE_YET
 
     async def _end(self, body: bytes) -> int:
@@ -149,10 +161,15 @@ class BackchannelLogoutResource(AuthEndpoint):
         try:
             if not await server.first_use(token.jti, MAX_AGE + DEFAULT_LEEWAY):
                 raise _BadRequestError("logout token replayed")
-            ended = await server.end_matching(token.sid, token.sub)
         except StoreError as e:
             raise _UnavailableError(f"the session store: {e}") from None
-        return ended
+        try:
+            return await server.end_matching(token.sid, token.sub)
+        except StoreError as e:
+            # Not done: the IdP's retry of this very token must be carried out, not
+            # refused as a replay.
+            await server.forget_use(token.jti)
+            raise _UnavailableError(f"the session store: {e}") from None
 
     async def _verify(self, token: str) -> LogoutToken:
         provider = self.provider

@@ -202,7 +202,9 @@ class CallbackResource(AuthEndpoint):
                 idp_session=idp_session if isinstance(idp_session, str) and idp_session else None,
             )
             try:
-                await server.create(request, record)
+                await server.create(request, record, str(claims["sub"]))
+            except SessionTooLargeError as e:
+                raise LoginFailedError(502, f"session too large: {e}") from None
             except SessionStoreError as e:
                 raise LoginFailedError(503, f"the session store cannot be written: {e}") from None
         _log.info("login of {subject}", subject=principal.subject)

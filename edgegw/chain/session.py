@@ -62,9 +62,11 @@ def session_stage(
         without it a valid assertion alone authenticates. An invalid or unusable
         assertion is ignored (the reason goes to the access log), never an error.
     @param server: With a state provider: the cookie holds a session id, the record is
-        read from the store (its access token refreshed first when due), and the request
-        is tracked as one of the session's open streams until it finishes. A store that
-        cannot be reached leaves the request unauthenticated (fail closed).
+        read from the store (its access token refreshed first when due, on routes that
+        require a login), and the request is tracked as one of the session's open
+        streams until it finishes. A store that cannot be reached leaves the request
+        unauthenticated (fail closed); routes that do not require a login skip the store
+        for a while after it failed to answer.
     """
     trusted = frozenset(origin.lower() for origin in trusted_origins)
     assertion_header = assertions.header if assertions is not None else b""
@@ -92,7 +94,7 @@ def session_stage(
                 if server is None:
                     record = cookie.read(request)
                 else:
-                    found = await server.read(request, exchange.note)
+                    found = await server.read(request, exchange.note, refuse is None)
                     record = None
                     if found is not None:
                         session_id, record = found

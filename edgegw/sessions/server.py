@@ -23,6 +23,7 @@ copied to another key or another prefix does not open.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import hmac
 import re
@@ -30,7 +31,7 @@ import secrets
 from collections.abc import Callable, Iterable
 
 from twisted.application.service import Service
-from twisted.internet.defer import Deferred
+from twisted.internet.defer import Deferred, TimeoutError
 from twisted.internet.interfaces import IReactorTime
 from twisted.logger import Logger
 from twisted.python.failure import Failure
@@ -42,12 +43,13 @@ from edgegw.identity.sealing import SESSION_ID_AAD, SESSION_RECORD_AAD
 from edgegw.identity.session_cookie import (
     SessionCookie,
     SessionRecord,
+    SessionTooLargeError,
     decode_record,
     encode_record,
 )
 from edgegw.sessions.refresh import Refresher
 from edgegw.sessions.streams import OpenRequests
-from edgegw.state.store import IStateStore, StoreError
+from edgegw.state.store import IStateStore, StoreError, StoreUnavailableError
 
 __all__ = ["LOGOUT_CHANNEL", "ServerSessions", "SessionStoreError"]
 
@@ -56,8 +58,26 @@ _log = Logger(namespace="edgegw.sessions")
 LOGOUT_CHANNEL = b"logout"
 """The channel (under the key prefix) ended session ids are published on."""
 
-MAX_OPENED = 4096
+MAX_OPENED = 2048
 """Opened records kept per gateway ((session id, sealed value) -> its record)."""
+
+MAX_OPENED_SIZE = 8192
+"""The largest sealed record kept opened (so the cache is bounded in bytes too)."""
+
+MAX_RECORD = 64 * 1024
+"""The largest sealed record a login stores."""
+
+OPTIONAL_READ_BUDGET = 0.25
+"""
+The longest a route that does not require a login waits for the store (at most the
+store's own timeout): past it the request is served as anonymous.
+"""
+
+SKIP_AFTER_FAILURE = 5.0
+"""
+Seconds after the store failed to answer a read during which routes that do not require
+a login skip it (they are served as anonymous rather than wait on the store).
+"""
 
 _SESSION_ID = re.compile(rb"[A-Za-z0-9_-]{32}")
 
@@ -111,6 +131,7 @@ class ServerSessions(Service):
         self._clock = reactor
         self._opened: dict[tuple[str, bytes], SessionRecord] = {}
         self._ids: dict[bytes, str] = {}
+        self._skip_until = 0.0
         self.refresher = Refresher(self, provider, refresh_skew, reactor)
 
     # -- service -------------------------------------------------------------------------
@@ -204,10 +225,12 @@ class ServerSessions(Service):
             if record is None:
                 return None
             # The same sealed value comes back on every request until the record is
-            # written again: open it once. Only authentic values get here.
-            if len(opened) >= MAX_OPENED:
-                opened.clear()
-            opened[cache_key] = record
+            # written again: open it once. Only authentic values get here; records of
+            # accounts with many groups or claims are opened each time instead.
+            if len(sealed) <= MAX_OPENED_SIZE:
+                if len(opened) >= MAX_OPENED:
+                    opened.clear()
+                opened[cache_key] = record
         if record.expires_at <= self._clock.seconds():
             return None
         return sealed, record
@@ -244,12 +267,20 @@ class ServerSessions(Service):
         return await self.store.replace(session_id.encode("ascii"), expected, sealed, ttl)
 
     async def read(
-        self, request: Request, note: Callable[[str, str], object] | None = None
+        self,
+        request: Request,
+        note: Callable[[str, str], object] | None = None,
+        optional: bool = False,
     ) -> tuple[str, SessionRecord] | None:
         """
         The session of C{request}, its access token refreshed first when it is due.
 
         @param note: Told why a session cookie did not count (for the access log).
+        @param optional: The route does not require a login (C{auth: public}): the
+            access token is not refreshed (an expired one is not forwarded), and for
+            L{SKIP_AFTER_FAILURE} seconds after a read the store did not answer the store
+            is not asked at all; it is waited for at most L{OPTIONAL_READ_BUDGET}. The
+            request is then served as anonymous rather than wait.
         @return: The session id and record; L{None} without a cookie, for a session that
             does not exist (any more), for another browser's (fingerprint), or when the
             store cannot be reached (fail closed: the store logs why).
@@ -257,9 +288,23 @@ class ServerSessions(Service):
         session_id = self.session_id(request)
         if session_id is None:
             return None
+        if optional and self._skip_until > self._clock.seconds():
+            if note is not None:
+                note("auth", "session store unavailable: session not used")
+            return None
         try:
-            record = await self.load(session_id)
+            if optional:
+                loading = Deferred.fromCoroutine(self.load(session_id))
+                budget = min(self.store.timeout, OPTIONAL_READ_BUDGET)
+                loading.addTimeout(budget, self._clock)
+                try:
+                    record = await loading
+                except TimeoutError:
+                    raise StoreUnavailableError(f"no answer within {budget:g}s") from None
+            else:
+                record = await self.load(session_id)
         except StoreError:
+            self._skip_until = self._clock.seconds() + SKIP_AFTER_FAILURE
             if note is not None:
                 note("auth", "session store unavailable: session not used")
             return None
@@ -267,34 +312,41 @@ class ServerSessions(Service):
             return None
         if not hmac.compare_digest(record.fingerprint, self.cookie.fingerprint(request)):
             return None
-        if self.refresher.due(record):
+        if not optional and self.refresher.due(record):
             record = await self.refresher.refreshed(session_id, record)
             if record is None:
                 return None
         return session_id, record
 
-    async def create(self, request: Request, record: SessionRecord) -> str:
+    async def create(self, request: Request, record: SessionRecord, idp_subject: str) -> str:
         """
         Store a new session for C{record} and set its cookie on the response.
 
+        @param idp_subject: The id_token's C{sub}: what a back-channel logout names (the
+            principal's subject may come from another claim, C{identity.subjectClaim}).
         @return: The new session id.
+        @raise SessionTooLargeError: The sealed record is over L{MAX_RECORD}.
         @raise SessionStoreError: The store cannot be written: no session was begun.
         """
         session_id = secrets.token_urlsafe(24)
         ttl = record.expires_at - self._clock.seconds()
         member = session_id.encode("ascii")
+        sealed = self._sealed(session_id, record)
+        if len(sealed) > MAX_RECORD:
+            raise SessionTooLargeError(
+                f"the sealed session record is {len(sealed)} bytes, over {MAX_RECORD}"
+            )
         try:
-            await self.save(session_id, record)
-            await self.store.add_to_index(index_key(b"sub", record.subject), member, ttl)
+            await self.store.set(member, sealed, ttl)
+            await self.store.add_to_index(index_key(b"sub", idp_subject), member, ttl)
             if record.idp_session is not None:
                 await self.store.add_to_index(index_key(b"idp", record.idp_session), member, ttl)
         except StoreError as e:
             raise SessionStoreError(str(e)) from None
-        sealed = self.sealer.seal(member, SESSION_ID_AAD)
         write_chunked(
             request,
             self.cookie.name,
-            sealed,
+            self.sealer.seal(member, SESSION_ID_AAD),
             max_age=max(0, int(ttl)),
             secure=is_https(request),
         )
@@ -348,7 +400,8 @@ class ServerSessions(Service):
         members = await self.store.index_members(index)
         ids = [m.decode("ascii") for m in members if _SESSION_ID.fullmatch(m)]
         ended = await self.end_sessions(ids)
-        await self.store.delete(index)
+        # Only those read: a login that joined the index meanwhile stays in it.
+        await self.store.remove_from_index(index, *members)
         return ended
 
     async def first_use(self, jti: str, lifetime: float) -> bool:
@@ -358,5 +411,16 @@ class ServerSessions(Service):
 
         @raise StoreError: The store cannot be reached.
         """
-        key = b"jti:" + hashlib.sha256(jti.encode("utf-8", "surrogatepass")).hexdigest().encode()
-        return await self.store.acquire(key, b"1", lifetime)
+        return await self.store.acquire(_jti_key(jti), b"1", lifetime)
+
+    async def forget_use(self, jti: str) -> None:
+        """
+        Forget a logout token's C{jti} (its logout could not be carried out: the IdP's
+        retry of the same token must not be refused as a replay). Best effort.
+        """
+        with contextlib.suppress(StoreError):
+            await self.store.delete(_jti_key(jti))
+
+
+def _jti_key(jti: str) -> bytes:
+    return b"jti:" + hashlib.sha256(jti.encode("utf-8", "surrogatepass")).hexdigest().encode()

@@ -28,7 +28,6 @@ from twisted.application.service import Service
 from twisted.internet import error as internet_error
 from twisted.internet._sslverify import IOpenSSLTrustRoot
 from twisted.internet.defer import (
-    CancelledError,
     Deferred,
     TimeoutError,
     fail,
@@ -89,10 +88,11 @@ return 0
 """
 
 # What a lost, refused or timed-out connection looks like once it reaches an operation.
+# (A CancelledError is the caller's own, say a client that left: passed through as it
+# is, never logged as Redis failing. The store's own timeout arrives as TimeoutError.)
 _UNAVAILABLE = (
     txredisapi.ConnectionError,
     TimeoutError,
-    CancelledError,
     internet_error.ConnectError,
     internet_error.ConnectionLost,
     internet_error.ConnectionDone,
@@ -396,7 +396,7 @@ class KvStoreService(Service):
     def _translate(self, failure: Failure) -> Failure:
         if failure.check(*_UNAVAILABLE):
             message = failure.getErrorMessage() or failure.type.__name__  # type: ignore[union-attr]
-            if failure.check(TimeoutError, CancelledError):
+            if failure.check(TimeoutError):
                 message = f"no answer from Redis within {self.timeout:g}s"
             self._throttle.failure(message)
             return Failure(StoreUnavailableError(message))
