@@ -60,6 +60,7 @@ from tests.support.fake_idp import FakeIdP
 from tests.support.processes import listen_local, port_of
 from tests.support.rawclient import RawClient, connect
 from tests.support.redis import RedisServer, redis_server
+from tests.support.sessions import server_session_config
 
 reactor: Any = _reactor
 
@@ -117,49 +118,13 @@ class World:
         self.backend, self.held = _backend()
         test.addCleanup(self.backend.stop)
         upstream = f"http://127.0.0.1:{self.backend.port}"
-        text = f"""\
-kind: Gateway
-metadata: {{name: gw}}
-spec:
-  listen: "127.0.0.1:0"
-  session: {{key: "{KEY}"}}
-  identity:
-    groups: {{source: groups, match: ["ou=groups"], render: cn}}
-{identity_extra}
-  stateProvider:
-    type: kvstore
-    refreshSkew: 60s
-    config: {{address: "{self.redis.address}", timeout: 1s}}
----
-kind: IdP
-metadata: {{name: idp}}
-spec:
-  type: oidc
-  issuer: "{self.idp.issuer}"
-  clientID: gw
-  clientSecret: gw-secret
----
-kind: Route
-metadata: {{name: app}}
-spec:
-  match: /app/
-  type: app
-  access: {{auth: required}}
-  handler: {{type: reverse-proxy, upstream: "{upstream}", forwardAccessToken: true}}
----
-kind: Route
-metadata: {{name: api}}
-spec:
-  match: /api/
-  handler: {{type: reverse-proxy, upstream: "{upstream}", forwardAccessToken: true}}
----
-kind: Route
-metadata: {{name: open}}
-spec:
-  match: /open/
-  type: app
-  handler: {{type: reverse-proxy, upstream: "{upstream}"}}
-"""
+        text = server_session_config(
+            key=KEY,
+            redis_address=self.redis.address,
+            issuer=self.idp.issuer,
+            upstream=upstream,
+            identity_extra=identity_extra,
+        )
         root = write_tree(test.mktemp(), {"a.yaml": text})
         client = UpstreamClient(reactor)
         self.gateway = build_gateway(

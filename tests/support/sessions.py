@@ -325,51 +325,16 @@ class SessionGateway:
         return self.origin + path
 
     def config_text(self) -> str:
-        upstream = f"http://127.0.0.1:{self.backend.port}"
-        tls = "true" if self.redis.tls else "false"
-        return f"""\
-kind: Gateway
-metadata: {{name: gw}}
-spec:
-  listen: "127.0.0.1:0"
-  session: {{key: "{self.key}"}}
-  identity:
-    groups: {{source: groups, match: ["ou=groups"], render: cn}}
-  stateProvider:
-    type: kvstore
-    refreshSkew: {self.skew}
-    keyPrefix: "{self.prefix}"
-    config: {{address: "{self.redis.address}", timeout: {self.timeout}, tls: {tls}}}
----
-kind: IdP
-metadata: {{name: idp}}
-spec:
-  type: oidc
-  issuer: "{self.idp.issuer}"
-  clientID: gw
-  clientSecret: gw-secret
----
-kind: Route
-metadata: {{name: app}}
-spec:
-  match: /app/
-  type: app
-  access: {{auth: required}}
-  handler: {{type: reverse-proxy, upstream: "{upstream}", forwardAccessToken: true}}
----
-kind: Route
-metadata: {{name: api}}
-spec:
-  match: /api/
-  handler: {{type: reverse-proxy, upstream: "{upstream}", forwardAccessToken: true}}
----
-kind: Route
-metadata: {{name: open}}
-spec:
-  match: /open/
-  type: app
-  handler: {{type: reverse-proxy, upstream: "{upstream}"}}
-"""
+        return server_session_config(
+            key=self.key,
+            redis_address=self.redis.address,
+            issuer=self.idp.issuer,
+            upstream=f"http://127.0.0.1:{self.backend.port}",
+            skew=self.skew,
+            prefix=self.prefix,
+            timeout=self.timeout,
+            tls=self.redis.tls,
+        )
 
     async def start(self, wait_for_store: bool = True) -> SessionGateway:
         """
@@ -485,3 +450,71 @@ spec:
         A session cookie value naming C{session_id}, as the gateway would set it.
         """
         return self.sealer.seal(session_id.encode("ascii"), SESSION_ID_AAD)
+
+
+def server_session_config(
+    *,
+    key: str,
+    redis_address: str,
+    issuer: str,
+    upstream: str,
+    skew: str = "60s",
+    prefix: str = "gw:sess:",
+    timeout: str = "1s",
+    tls: bool = False,
+    identity_extra: str = "",
+    extra_routes: str = "",
+) -> str:
+    """
+    A gateway with server-side sessions in the kvstore at C{redis_address}, login at the
+    IdP C{issuer} (client gw, secret gw-secret), and three routes to C{upstream}:
+    C{/app/} (app, login required, forwards the access token), C{/api/} (service,
+    required by default, forwards it) and C{/open/} (a public app route).
+
+    @param identity_extra: Lines added to the C{identity} block (indented by four).
+    @param extra_routes: More resources, appended as they are.
+    """
+    return f"""\
+kind: Gateway
+metadata: {{name: gw}}
+spec:
+  listen: "127.0.0.1:0"
+  session: {{key: "{key}"}}
+  identity:
+    groups: {{source: groups, match: ["ou=groups"], render: cn}}
+{identity_extra}
+  stateProvider:
+    type: kvstore
+    refreshSkew: {skew}
+    keyPrefix: "{prefix}"
+    config: {{address: "{redis_address}", timeout: {timeout}, tls: {"true" if tls else "false"}}}
+---
+kind: IdP
+metadata: {{name: idp}}
+spec:
+  type: oidc
+  issuer: "{issuer}"
+  clientID: gw
+  clientSecret: gw-secret
+---
+kind: Route
+metadata: {{name: app}}
+spec:
+  match: /app/
+  type: app
+  access: {{auth: required}}
+  handler: {{type: reverse-proxy, upstream: "{upstream}", forwardAccessToken: true}}
+---
+kind: Route
+metadata: {{name: api}}
+spec:
+  match: /api/
+  handler: {{type: reverse-proxy, upstream: "{upstream}", forwardAccessToken: true}}
+---
+kind: Route
+metadata: {{name: open}}
+spec:
+  match: /open/
+  type: app
+  handler: {{type: reverse-proxy, upstream: "{upstream}"}}
+{extra_routes}"""
