@@ -31,6 +31,7 @@ from tests.support.daemons import GatewayProcess, HttpAnswer, http_exchange, red
 from tests.support.fake_idp import FakeIdP
 from tests.support.rawclient import RawClient, connect
 from tests.support.redis import RedisServer, redis_server
+from tests.support.sessions import server_session_config
 
 reactor: Any = _reactor
 
@@ -48,41 +49,14 @@ _WS_GUID = b"258EAFA5-E914-47DA-95CA-C5AB0DC85B11"
 
 
 def _config(redis: RedisServer, idp: FakeIdP, upstream: str, sse: str, ws: str) -> str:
-    return f"""\
-kind: Gateway
-metadata: {{name: gw}}
-spec:
-  listen: "127.0.0.1:0"
-  session: {{key: "{KEY}"}}
-  stateProvider:
-    type: kvstore
-    refreshSkew: 60s
-    keyPrefix: "{KEY_PREFIX}"
-    config: {{address: "{redis.address}", timeout: 2s}}
----
-kind: IdP
-metadata: {{name: idp}}
-spec:
-  type: oidc
-  issuer: "{idp.issuer}"
-  clientID: gw
-  clientSecret: gw-secret
----
-kind: Route
-metadata: {{name: app}}
-spec:
-  match: /app/
-  type: app
-  access: {{auth: required}}
-  handler: {{type: reverse-proxy, upstream: "{upstream}", forwardAccessToken: true}}
----
-kind: Route
-metadata: {{name: api}}
-spec:
-  match: /api/
-  type: service
-  access: {{auth: required}}
-  handler: {{type: reverse-proxy, upstream: "{upstream}", forwardAccessToken: true}}
+    return server_session_config(
+        key=KEY,
+        redis_address=redis.address,
+        issuer=idp.issuer,
+        upstream=upstream,
+        prefix=KEY_PREFIX,
+        timeout="2s",
+        extra_routes=f"""\
 ---
 kind: Route
 metadata: {{name: events}}
@@ -99,7 +73,8 @@ spec:
   type: service
   access: {{auth: required}}
   handler: {{type: reverse-proxy, upstream: "{ws}"}}
-"""
+""",
+    )
 
 
 def _event_stream(request: Request) -> int:
