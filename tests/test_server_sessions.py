@@ -45,6 +45,7 @@ from tests.support.sessions import (
     SessionGateway,
     index_key,
     open_stream,
+    server_session_config,
     sleep,
     stream_backend,
 )
@@ -1162,3 +1163,64 @@ spec:
         gateway = build_gateway(load_config(root, {}), Clock())
         self.assertIn(("POST", "/idp/logout"), gateway.auth_endpoints)
         self.assertNotIn(backchannel, gateway.auth_endpoints)
+
+
+class ServiceTreeTests(TestCase):
+    """
+    Issue 14 point 1: the store (and the sessions over it) are child services of the
+    gateway: they connect when the tree starts and close when it stops.
+    """
+
+    async def test_children_connect_at_start_and_close_at_stop(self) -> None:
+        from edgegw.service import build_service
+
+        server = await redis_server(self)
+        idp = FakeIdP()
+        await idp.start(self)
+        text = server_session_config(
+            key=KEY,
+            redis_address=server.address,
+            issuer=idp.issuer,
+            upstream="http://127.0.0.1:9",
+        )
+        root = write_tree(self.mktemp(), {"a.yaml": text})
+        service = build_service(
+            load_config(root, {}),
+            reactor,
+            state_options={"first_retry": 0.05, "retry_cap": 0.2},
+        )
+        names = [child.name for child in service]
+        self.assertLess(names.index("state"), names.index("sessions"))
+        self.assertLess(names.index("sessions"), names.index("idp"))
+        self.assertIs(service.getServiceNamed("state"), service.gateway.state)
+        self.assertIs(service.getServiceNamed("sessions"), service.gateway.sessions)
+        probe = RedisProbe(server)
+
+        async def clients() -> int:
+            listing = await probe.command("CLIENT", "LIST")
+            # The probe's own connection is one of them.
+            return len(bytes(listing).strip().splitlines()) - 1
+
+        self.assertEqual(await clients(), 0)
+        service.startService()
+        stopped = False
+
+        async def stop() -> None:
+            if not stopped:
+                await service.stopService()
+
+        self.addCleanup(stop)
+        for _ in range(200):
+            # The command connection, and the pub/sub one the logout channel needs.
+            if await clients() == 2 and await probe.subscribers(f"{PREFIX}logout") == 1:
+                break
+            await sleep(0.05)
+        else:
+            self.fail(f"the store did not connect: {await clients()} client(s)")
+        await service.stopService()
+        stopped = True
+        for _ in range(200):
+            if await clients() == 0:
+                break
+            await sleep(0.05)
+        self.assertEqual(await clients(), 0, "the store left connections open at stop")
