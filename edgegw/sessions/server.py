@@ -238,18 +238,6 @@ class ServerSessions(Service):
     def _sealed(self, session_id: str, record: SessionRecord) -> bytes:
         return self.sealer.seal(encode_record(record), self._record_aad(session_id)).encode()
 
-    async def save(self, session_id: str, record: SessionRecord) -> None:
-        """
-        Store C{record} under C{session_id} until the session ends.
-
-        @raise StoreError: The store cannot be written.
-        """
-        ttl = record.expires_at - self._clock.seconds()
-        if ttl <= 0:
-            await self.store.delete(session_id.encode("ascii"))
-            return
-        await self.store.set(session_id.encode("ascii"), self._sealed(session_id, record), ttl)
-
     async def replace(self, session_id: str, expected: bytes, record: SessionRecord) -> bool:
         """
         Store C{record} in place of the sealed value C{expected}, in one step (a rotated
