@@ -547,3 +547,32 @@ class OpenedCacheTests(TestCase):
             f"{len(w.sessions._opened)} x the largest an IdP account makes); the cookie "
             f"cache keeps none over {MAX_OPENED_SIZE} bytes",
         )
+
+
+class ChunkedBackchannelTests(TestCase):
+    """
+    A back-channel logout body without Content-Length (chunked) and over the 32 KiB cap:
+    refused while it streams in, never buffered whole; the session survives.
+    """
+
+    async def setUp(self) -> None:  # type: ignore[override]
+        self.w = await World(self).start()
+
+    async def test_oversized_chunked_body_refused_while_streaming(self) -> None:
+        w = self.w
+        browser = await w.login()
+        client = await connect(w.port)
+        self.addCleanup(client.close)
+        client.send(
+            b"POST /auth/backchannel-logout HTTP/1.1\r\n"
+            + f"Host: 127.0.0.1:{w.port}\r\n".encode()
+            + b"Content-Type: application/x-www-form-urlencoded\r\n"
+            + b"Transfer-Encoding: chunked\r\n\r\n"
+        )
+        chunk = b"x" * 8192
+        for _ in range(6):  # 48 KiB, past the cap; the last chunk never comes
+            client.send(b"%x\r\n" % len(chunk) + chunk + b"\r\n")
+        head = await client.until(b"\r\n\r\n")
+        self.assertTrue(head.startswith(b"HTTP/1.1 400 "), head[:200])
+        self.assertIn(b"invalid_request", await client.until(b"invalid_request"))
+        self.assertEqual((await w.api(browser)).status, 200)
