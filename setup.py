@@ -68,6 +68,11 @@ setup(
         "console_scripts": ["edgegw=edgegw.__main__:main"],
         # State providers (edgegw/state/providers.py): registered as any other package would.
         "edgegw.state_providers": ["kvstore = edgegw.state.kvstore:provider"],
+        # Request and response plugins (edgegw/plugins/registry.py), likewise.
+        "edgegw.plugins": [
+            "headers = edgegw.plugins.headers:plugin",
+            "body-limit = edgegw.plugins.body_limit:plugin",
+        ],
     },
     zip_safe=False,
 )

@@ -20,9 +20,21 @@ from edgegw.service import build_service
 def route_table(routes: Sequence[CompiledRoute]) -> str:
     """
     The effective route table: pattern, name, type, auth, the RouteGroups that select
-    the route, its merged policies and deny redirect, and the handler.
+    the route, its merged policies and deny redirect, its request and response plugins
+    (resource names, in the order they run), and the handler.
     """
-    header = ("PATTERN", "NAME", "TYPE", "AUTH", "GROUPS", "POLICIES", "ON-DENY", "HANDLER")
+    header = (
+        "PATTERN",
+        "NAME",
+        "TYPE",
+        "AUTH",
+        "GROUPS",
+        "POLICIES",
+        "ON-DENY",
+        "REQUEST-PLUGINS",
+        "RESPONSE-PLUGINS",
+        "HANDLER",
+    )
     rows = [header]
     for route in routes:
         effective = route.effective
@@ -37,6 +49,8 @@ def route_table(routes: Sequence[CompiledRoute]) -> str:
                 ",".join(effective.groups) or "-",
                 ",".join(access.authorize) or "-",
                 on_deny or "-",
+                ",".join(spec.name for spec in effective.request_plugins) or "-",
+                ",".join(spec.name for spec in effective.response_plugins) or "-",
                 route.handler_description,
             )
         )

@@ -60,6 +60,10 @@ from edgegw.identity.groups import GroupRenderer
 from edgegw.identity.login_state import LoginStates
 from edgegw.identity.provider import CALL_TIMEOUT, IdentityProvider
 from edgegw.identity.session_cookie import SessionCookie
+from edgegw.plugins.manifest import check_manifest
+from edgegw.plugins.messages import Protected
+from edgegw.plugins.registry import ConfiguredPlugins, configure_plugins
+from edgegw.plugins.stages import request_plugins_stage, response_plugins_stage
 from edgegw.routing.mux import Mux
 from edgegw.server.limits import LimitedSite
 from edgegw.server.request import GatewayChannel, GatewayRequest
@@ -151,7 +155,8 @@ def build_gateway(
     """
     problems = Problems()
     _check_state_providers(config, problems)
-    _refuse_unavailable(config, problems)
+    check_manifest(config.gateway, problems)
+    configured = configure_plugins(config, problems)
     # Built only from a config that passed: a provider's build may assume its own checks.
     store = None if problems else _state_store(config, reactor, state_options or {})
     inflight = InFlight()
@@ -189,6 +194,14 @@ def build_gateway(
     if login is not None:
         endpoints = _mount_login(reserved, config, login, access, inflight)
     context = _TerminalContext(config, client, agent, reactor, projected, login)
+    plugins = RoutePlugins(
+        configured,
+        Protected(
+            request=projected | context.assertion_headers,
+            response=context.gateway_headers,
+        ),
+        reactor,
+    )
     for effective in routes:
         terminal = _terminal(effective, context, problems)
         if terminal is None or not set(effective.access.authorize) <= set(policies):
@@ -210,6 +223,7 @@ def build_gateway(
                 policies,
                 projected,
                 identity,
+                plugins,
             ),
         )
         compiled.append(route)
@@ -443,6 +457,7 @@ def route_runner(
     policies: Mapping[str, CompiledPolicy] | None = None,
     projected: frozenset[bytes] = frozenset(),
     identity: IdentityStages | None = None,
+    plugins: RoutePlugins | None = None,
 ) -> RouteRunner:
     """
     Compose one route's per-route chain, ending in rendering its terminal Resource.
@@ -451,6 +466,7 @@ def route_runner(
         outside C{X-User-*} (the projection stage strips them from every request).
     @param identity: The identity stages; L{None} when neither a session nor an IdP is
         configured (the session and auth-gate stages are then left out: rule 4).
+    @param plugins: The configured request and response plugins.
 
     Stages that have nothing to do on a route are left out rather than passed through:
     the session and auth-gate stages join the chain only where identity is configured,
@@ -492,7 +508,48 @@ def route_runner(
             projected,
         )
     )
+    if plugins is not None:
+        stages.extend(plugins.stages(effective))
     return RouteRunner(route, compose(stages, render_stage(terminal)), inflight)
+
+
+@attrs.frozen
+class RoutePlugins:
+    """
+    The configured plugins, and what their stages share.
+
+    @ivar configured: The hook of each plugin resource.
+    @ivar protected: The header names plugins cannot change.
+    @ivar reactor: Schedules the response stage's work.
+    """
+
+    configured: ConfiguredPlugins
+    protected: Protected
+    reactor: IReactorTime
+
+    def stages(self, effective: EffectiveRoute) -> list[Stage]:
+        """
+        The request-plugins and response-plugins stages of one route (each only when
+        some plugin resource selects it), its plugins in document order.
+        """
+        out: list[Stage] = []
+        requests = self.configured.request
+        responses = self.configured.response
+        request_hooks = [
+            (spec.name, requests[spec.order])
+            for spec in effective.request_plugins
+            if spec.order in requests
+        ]
+        response_hooks = [
+            (spec.name, responses[spec.order])
+            for spec in effective.response_plugins
+            if spec.order in responses
+        ]
+        if request_hooks:
+            out.append(request_plugins_stage(request_hooks, self.protected))
+        if response_hooks:
+            out.append(response_plugins_stage(response_hooks, self.protected, self.reactor))
+        return out
 
 
 class _TerminalContext:
@@ -590,12 +647,3 @@ def _check_state_providers(config: Config, problems: Problems) -> None:
         if where is not None:
             for problem in factory.validate(provider_config, where, f"{path}.config"):
                 problems.add(problem.location, problem.field, problem.message)
-
-
-def _refuse_unavailable(config: Config, problems: Problems) -> None:
-    """
-    Refuse, rather than silently ignore, configured features that this version cannot
-    enforce yet: ignoring an authorization policy or a login requirement would fail open.
-    """
-    for plugin in (*config.request_plugins, *config.response_plugins):
-        problems.add(plugin.location, "", f"{plugin.kind}: not available in this version of edgegw")

@@ -471,7 +471,18 @@ class RouteTableTests(SynchronousTestCase):
         rows = {line.split()[0]: line.split() for line in route_table(gateway.routes).splitlines()}
         self.assertEqual(
             rows["PATTERN"],
-            ["PATTERN", "NAME", "TYPE", "AUTH", "GROUPS", "POLICIES", "ON-DENY", "HANDLER"],
+            [
+                "PATTERN",
+                "NAME",
+                "TYPE",
+                "AUTH",
+                "GROUPS",
+                "POLICIES",
+                "ON-DENY",
+                "REQUEST-PLUGINS",
+                "RESPONSE-PLUGINS",
+                "HANDLER",
+            ],
         )
         self.assertEqual(
             rows["/api/"][:7],

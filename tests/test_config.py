@@ -177,7 +177,7 @@ class LoadingModelTests(SynchronousTestCase):
             spec:
               listen: "[::1]:8443"
               trustedProxies: ["10.0.0.0/8", "192.0.2.1", "*"]
-              plugins: ["example.com/plugin@v1"]
+              plugins: ["example_plugin@v1"]
               security:
                 csrf:
                   enabled: true

@@ -84,10 +84,12 @@ class CommandLineTests(TestCase):
         text = out.decode()
         self.assertIn("configuration " + EXAMPLE + " is valid", text)
         self.assertRegex(
-            text, r"PATTERN\s+NAME\s+TYPE\s+AUTH\s+GROUPS\s+POLICIES\s+ON-DENY\s+HANDLER"
+            text,
+            r"PATTERN\s+NAME\s+TYPE\s+AUTH\s+GROUPS\s+POLICIES\s+ON-DENY\s+"
+            r"REQUEST-PLUGINS\s+RESPONSE-PLUGINS\s+HANDLER",
         )
-        self.assertRegex(text, r"GET /healthz\s+health\s+app\s+public\s+-\s+-\s+-\s+health")
-        self.assertRegex(text, r"GET /\s+spa\s+app\s+public\s+-\s+-\s+-\s+static ")
+        self.assertRegex(text, r"GET /healthz\s+health\s+app\s+public\s+-\s+-\s+-\s+-\s+-\s+health")
+        self.assertRegex(text, r"GET /\s+spa\s+app\s+public\s+-\s+-\s+-\s+-\s+-\s+static ")
 
     @inlineCallbacks
     def test_twistd_check_flag(self) -> Any:

@@ -27,6 +27,7 @@ class IExchange(Interface):
     request = Attribute("The Twisted request; the response is written to it.")
     route = Attribute("The compiled route the mux chose.")
     params = Attribute("The route's path wildcards, decoded (dict of str).")
+    body = Attribute("The request body the terminal forwards (IBodyProducer or None).")
     request_id = Attribute("The request id (set by the request-id stage).")
     principal = Attribute("The authenticated Principal, or None.")
     span = Attribute("The request's SERVER span, or None when tracing is off.")
@@ -53,6 +54,8 @@ class Exchange:
     @ivar request: The Twisted request; the response is written to it.
     @ivar route: The compiled route the mux chose.
     @ivar params: The route's path wildcards, decoded.
+    @ivar body: The request body the terminal forwards (an C{IBodyProducer}, or
+        L{None}): the request's own, unless a request plugin wrapped it.
     @ivar request_id: Set by the request-id stage.
     @ivar principal: Set by the session stage when a credential is valid.
     @ivar started: C{time.monotonic()} when the route began handling the request.
@@ -63,6 +66,7 @@ class Exchange:
     """
 
     __slots__ = (
+        "body",
         "notes",
         "params",
         "principal",
@@ -85,6 +89,7 @@ class Exchange:
         self.route = route
         self.params = params
         self.started = started
+        self.body: Any = getattr(request, "body", None)
         self.request_id = ""
         self.principal: Principal | None = None
         self.notes: dict[str, Any] | None = None

@@ -13,6 +13,7 @@ from edgegw.config.addresses import endpoint_description
 from edgegw.config.fields import Node
 from edgegw.config.identity import read_identity
 from edgegw.config.limits import read_limits
+from edgegw.config.manifest import parse_manifest_entry
 from edgegw.config.model import AccessLogSpec, AuthSpec, GatewaySpec
 from edgegw.config.security import read_security
 from edgegw.config.session import read_session
@@ -46,6 +47,11 @@ def read_gateway(spec: Node, base_dir: str) -> GatewaySpec:
             )
     security = read_security(spec.mapping("security"))
     plugins = spec.strings("plugins")
+    for index, entry in enumerate(plugins):
+        try:
+            parse_manifest_entry(entry)
+        except ValueError as e:
+            spec.error(f"plugins[{index}]", str(e))
     session = read_session(spec.mapping("session"))
     identity = read_identity(spec.mapping("identity"))
     auth = _auth(spec.mapping("auth"))

@@ -328,7 +328,7 @@ class ProxyHandler(TerminalResource):
         upgrade = method == b"GET" and is_websocket_upgrade(
             headers.getRawHeaders(b"connection"), headers.getRawHeaders(b"upgrade")
         )
-        body: Any = getattr(request, "body", None)
+        body: Any = exchange.body
         outgoing = self.request_headers(request, exchange, upgrade)
         if body is not None and body.length == 0:
             body = None

@@ -47,7 +47,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from io import BytesIO
-from typing import Final, Protocol, cast
+from typing import Any, Final, Protocol, cast
 from urllib.parse import unquote_to_bytes as unquote
 
 from twisted.internet.abstract import FileDescriptor
@@ -65,6 +65,7 @@ from twisted.web.iweb import UNKNOWN_LENGTH, IBodyProducer
 from twisted.web.server import Request
 from zope.interface import implementer
 
+from edgegw.chain.response_filter import IResponseFilter
 from edgegw.server.response_head import ResponseHeaders, serialize_head
 
 BUFFER_LIMIT: Final = 64 * 1024
@@ -456,10 +457,15 @@ class GatewayRequest(Request):
     response is finished, the body and C{notifyFinish} fail with the reason, as in
     Twisted; so they do, at once, if the body's chunked framing turns out malformed.
 
+    While a L{response_filter<IResponseFilter>} is installed (the response-plugin
+    stage), the output calls go to it instead (L{edgegw.chain.response_filter}).
+
     @ivar body: The request body.
+    @ivar response_filter: Receives the output calls while set.
     """
 
     body: RequestBody = EMPTY_BODY
+    response_filter: IResponseFilter | None = None
     _dispatched = False
     _cleanupPending = False
     _expectContinue = False
@@ -481,6 +487,46 @@ class GatewayRequest(Request):
             self.render(self.site.getResourceFor(self))
         except BaseException:
             self.processingFailed(Failure())
+
+    def write(self, data: bytes) -> None:
+        """
+        Write C{data} to the client, or hand it to the response filter.
+        """
+        response_filter = self.response_filter
+        if response_filter is None:
+            Request.write(self, data)
+        else:
+            response_filter.write(data)
+
+    def finish(self) -> None:
+        """
+        Finish the response, or tell the response filter the terminal has.
+        """
+        response_filter = self.response_filter
+        if response_filter is None:
+            Request.finish(self)
+        else:
+            response_filter.finish()
+
+    def registerProducer(self, producer: Any, streaming: bool) -> None:
+        """
+        Attach C{producer} to the client connection, or hand it to the response filter.
+        """
+        response_filter = self.response_filter
+        if response_filter is None:
+            Request.registerProducer(self, producer, streaming)
+        else:
+            response_filter.registerProducer(producer, streaming)
+
+    def unregisterProducer(self) -> None:
+        """
+        Detach the producer, or tell the response filter.
+        """
+        response_filter = self.response_filter
+        if response_filter is None:
+            Request.unregisterProducer(self)
+        else:
+            response_filter.unregisterProducer()
 
     def setResponseCode(self, code: int, message: bytes | None = None) -> None:
         """

@@ -1,5 +1,5 @@
 """
-State providers, found through package entry points.
+State providers, found through package entry points (L{edgegw.registry}).
 
 A provider is an object providing L{IStateProviderFactory}, named by an entry point in
 the group C{edgegw.state_providers} of any installed distribution; the entry point's
@@ -15,13 +15,13 @@ load, not at import), so installing a provider needs no change to edgegw.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from importlib.metadata import EntryPoint, entry_points
 from typing import Any
 
 from twisted.application.service import IService
 from zope.interface import Attribute, Interface
 
 from edgegw.config.errors import Location, Problem
+from edgegw.registry import NotRegisteredError, find_registered, registered_names
 from edgegw.state.store import IStateStore
 
 __all__ = [
@@ -71,15 +71,11 @@ class IStateProviderFactory(Interface):
         """
 
 
-def _entry_points() -> dict[str, EntryPoint]:
-    return {ep.name: ep for ep in entry_points(group=ENTRY_POINT_GROUP)}
-
-
 def provider_types() -> list[str]:
     """
     The provider types installed, sorted.
     """
-    return sorted(_entry_points())
+    return registered_names(ENTRY_POINT_GROUP)
 
 
 def find_provider(type_: str) -> IStateProviderFactory:
@@ -89,23 +85,13 @@ def find_provider(type_: str) -> IStateProviderFactory:
     @raise UnknownProviderError: When none is, or the entry point does not load or does
         not name an L{IStateProviderFactory}.
     """
-    found = _entry_points().get(type_)
-    if found is None:
-        known = ", ".join(provider_types()) or "none"
-        raise UnknownProviderError(
-            f'no state provider of type "{type_}" is installed (installed: {known})'
-        )
     try:
-        factory = found.load()
-    except Exception as e:
-        raise UnknownProviderError(
-            f'state provider "{type_}" ({found.value}) cannot be loaded: {e}'
-        ) from e
-    if not IStateProviderFactory.providedBy(factory):
-        raise UnknownProviderError(
-            f'state provider "{type_}" ({found.value}) is not an IStateProviderFactory'
+        factory = find_registered(
+            ENTRY_POINT_GROUP, type_, (IStateProviderFactory,), "state provider of type"
         )
-    return factory
+    except NotRegisteredError as e:
+        raise UnknownProviderError(str(e)) from e
+    return factory  # type: ignore[return-value]
 
 
 def provides_service(store: IStateStore) -> bool:

@@ -4,8 +4,8 @@ The demo backend `make run` starts beside the gateway: a tiny JSON API on 127.0.
   - GET /users/{id}, /users/{id}/orders, /recommendations: small JSON documents, the
     three backends of the example's api fan-out route (GET /dash/{id});
   - anything else under /: an echo of what the gateway forwarded (method, path, the
-    X-Forwarded-*, X-Request-Id and X-User-* headers), behind the example's reverse-proxy
-    routes /api/ and /me/ (login required).
+    X-Forwarded-*, X-Request-Id and X-User-* headers, and for a POST the body's size),
+    behind the example's reverse-proxy routes /api/ and /me/ (login required).
 
 Run as `python examples/demo/backend.py --port 8081`.
 """
@@ -40,13 +40,30 @@ class DemoHandler(BaseHTTPRequestHandler):
         else:
             self.echo()
 
-    def echo(self) -> None:
+    def do_POST(self) -> None:
+        self.echo(len(self.read_body()))
+
+    def read_body(self) -> bytes:
+        if self.headers.get("transfer-encoding", "").lower() != "chunked":
+            return self.rfile.read(int(self.headers.get("content-length") or 0))
+        body = b""
+        while size := int(self.rfile.readline().split(b";")[0], 16):
+            body += self.rfile.read(size)
+            self.rfile.readline()
+        while self.rfile.readline() not in (b"\r\n", b"\n", b""):
+            pass  # trailer fields
+        return body
+
+    def echo(self, received: int | None = None) -> None:
         headers = {name: self.headers[name] for name in _ECHOED if name in self.headers}
         # The identity the gateway projects for a logged-in user (route /me/).
         for name, value in self.headers.items():
             if name.lower().startswith("x-user-"):
                 headers[name.lower()] = value
-        self.answer({"method": self.command, "path": self.path, "headers": headers})
+        answer: dict[str, object] = {"method": self.command, "path": self.path, "headers": headers}
+        if received is not None:
+            answer["bytes"] = received
+        self.answer(answer)
 
     def answer(self, document: object) -> None:
         data = json.dumps(document).encode("utf-8")

@@ -1,0 +1,137 @@
+"""
+Checking and installing the modules the Gateway's C{plugins} manifest lists.
+
+This is the Python counterpart of a build-time module manifest: C{edgegw plugins
+install CONFIG} installs what is missing into the gateway's own environment (with
+pip), and startup refuses a configuration whose listed modules are not installed, or
+not at the listed version.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import subprocess
+import sys
+from collections.abc import Callable, Sequence
+from importlib.metadata import PackageNotFoundError, packages_distributions, version
+from typing import Any, TextIO
+
+from edgegw.config.errors import Problems
+from edgegw.config.manifest import ManifestEntry, parse_manifest_entry
+from edgegw.config.model import GatewaySpec
+
+__all__ = ["check_manifest", "entry_problem", "install_manifest", "requirement"]
+
+
+def _module_found(import_path: str) -> bool:
+    try:
+        return importlib.util.find_spec(import_path) is not None
+    except (ImportError, ValueError):
+        # A parent package is missing (ModuleNotFoundError) or broken.
+        return False
+
+
+def _distributions(import_path: str) -> list[str]:
+    return sorted(set(packages_distributions().get(import_path.split(".")[0], [])))
+
+
+def _versions(import_path: str) -> dict[str, str]:
+    found = {}
+    for name in _distributions(import_path):
+        try:
+            found[name] = version(name)
+        except PackageNotFoundError:
+            continue
+    return found
+
+
+def entry_problem(entry: ManifestEntry) -> str | None:
+    """
+    What is wrong with C{entry} in this environment, or L{None}.
+    """
+    if not _module_found(entry.import_path):
+        return (
+            f"module {entry.import_path} is not installed "
+            "(install it with: edgegw plugins install CONFIG)"
+        )
+    if entry.version is None:
+        return None
+    versions = _versions(entry.import_path)
+    if not versions:
+        return (
+            f"module {entry.import_path} belongs to no installed distribution, so its "
+            f"version cannot be checked against {entry.version}"
+        )
+    if entry.version in versions.values():
+        return None
+    have = ", ".join(f"{name} {found}" for name, found in versions.items())
+    return (
+        f"module {entry.import_path} is installed at another version ({have}); the "
+        f"manifest asks for {entry.version} (install it with: edgegw plugins install CONFIG)"
+    )
+
+
+def check_manifest(gateway: GatewaySpec, problems: Problems) -> None:
+    """
+    Add a problem, located at its C{spec.plugins} entry, for each manifest entry that is
+    missing or at another version.
+    """
+    for index, text in enumerate(gateway.plugins):
+        try:
+            entry = parse_manifest_entry(text)
+        except ValueError:
+            continue  # reported at load
+        problem = entry_problem(entry)
+        if problem is not None:
+            problems.add(gateway.location, f"spec.plugins[{index}]", problem)
+
+
+def requirement(entry: ManifestEntry) -> str:
+    """
+    What to ask pip for: the distribution that provides C{entry}'s module (when one is
+    installed, at another version), else the distribution named like its top-level
+    package; pinned to the entry's version.
+    """
+    installed = _distributions(entry.import_path)
+    name = installed[0] if installed else entry.import_path.split(".")[0].replace("_", "-")
+    return name if entry.version is None else f"{name}=={entry.version}"
+
+
+def install_manifest(
+    gateway: GatewaySpec,
+    pip_options: Sequence[str],
+    out: TextIO,
+    run: Callable[[list[str]], Any] = subprocess.run,
+) -> int:
+    """
+    Install the manifest's missing or mismatched modules with pip, then check them all.
+
+    @param pip_options: Passed to C{pip install} (such as C{--no-index --find-links DIR}).
+    @param run: Runs the pip command line (tests replace it).
+    @return: The exit status: 0 when every entry is then satisfied, 1 otherwise.
+    """
+    entries = [parse_manifest_entry(text) for text in gateway.plugins]
+    wanted = [requirement(entry) for entry in entries if entry_problem(entry) is not None]
+    if not entries:
+        out.write("edgegw: the Gateway lists no plugin modules\n")
+        return 0
+    if wanted:
+        command = [sys.executable, "-m", "pip", "install", *pip_options, *wanted]
+        out.write("edgegw: " + " ".join(command) + "\n")
+        out.flush()
+        result = run(command)
+        importlib.invalidate_caches()
+        if getattr(result, "returncode", 0) != 0:
+            out.write("edgegw: pip failed; nothing more was checked\n")
+            return 1
+    status = 0
+    for entry in entries:
+        problem = entry_problem(entry)
+        if problem is None:
+            have = ", ".join(f"{n} {v}" for n, v in _versions(entry.import_path).items())
+            out.write(f"  ok       {entry}" + (f" ({have})" if have else "") + "\n")
+        else:
+            status = 1
+            out.write(f"  missing  {entry}: {problem}\n")
+    return status

@@ -1,0 +1,471 @@
+"""
+What a plugin sees of a request and a response: typed views that keep the gateway's
+invariants.
+
+A plugin changes a request or a response only through these views. They refuse (with
+C{ValueError}, which answers 500 like any plugin failure) what would let a backend or a
+browser read the message differently from the gateway: header names that are not
+tokens, values with control characters, the framing headers (C{Content-Length},
+C{Transfer-Encoding}, ...), the headers the gateway owns (identity, C{X-Forwarded-*},
+C{X-Request-Id}, the security headers), and a path that is not clean.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Final
+
+from twisted.web.http import parse_qs
+from twisted.web.http_headers import Headers
+from twisted.web.iweb import IBodyProducer
+from twisted.web.server import Request
+
+from edgegw.chain.exchange import Exchange
+from edgegw.chain.respond import TEXT_PLAIN
+from edgegw.identity.principal import Principal
+from edgegw.routing.paths import clean_path, vet_path
+
+__all__ = [
+    "REQUEST_FRAMING",
+    "REQUEST_OWNED",
+    "REQUEST_OWNED_PREFIXES",
+    "RESPONSE_FRAMING",
+    "RESPONSE_OWNED",
+    "HeaderView",
+    "PluginRequest",
+    "PluginResponse",
+    "Protected",
+    "Reply",
+    "check_header_name",
+    "check_header_value",
+    "write_reply",
+]
+
+_TOKEN: Final = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")
+# Field values (RFC 9110 section 5.5): visible characters, spaces and tabs, obs-text.
+_FIELD_VALUE: Final = re.compile(r"[\t\x20-\x7e\x80-\xff]*")
+# Path and query characters a plugin may set: printable ASCII less space, "#" and, in a
+# path, "?"; escapes are checked as the edge checks the client's path.
+_PATH: Final = re.compile(r"/[!$%&'()*+,\-./0-9:;=@A-Z_a-z~]*")
+_QUERY: Final = re.compile(r"[!$%&'()*+,\-./0-9:;=?@A-Z_a-z~]*")
+
+REQUEST_FRAMING: Final = frozenset(
+    {
+        b"connection",
+        b"content-length",
+        b"expect",
+        b"host",
+        b"keep-alive",
+        b"proxy-connection",
+        b"te",
+        b"trailer",
+        b"transfer-encoding",
+        b"upgrade",
+    }
+)
+"""Request headers that frame the message or the connection: no plugin sets them."""
+
+RESPONSE_FRAMING: Final = frozenset(
+    {
+        b"connection",
+        b"content-length",
+        b"date",
+        b"keep-alive",
+        b"proxy-connection",
+        b"trailer",
+        b"transfer-encoding",
+        b"upgrade",
+    }
+)
+"""Response headers the gateway frames the response with: no plugin sets them."""
+
+REQUEST_OWNED: Final = frozenset(
+    {b"x-request-id", b"x-forwarded-for", b"x-forwarded-host", b"x-forwarded-proto"}
+)
+"""Request headers the gateway sets for backends, whatever the configuration."""
+
+REQUEST_OWNED_PREFIXES: Final = (b"x-user-",)
+"""Prefixes of the identity headers the projection sets (and strips from clients)."""
+
+RESPONSE_OWNED: Final = frozenset(
+    {
+        b"content-security-policy",
+        b"referrer-policy",
+        b"server",
+        b"strict-transport-security",
+        b"x-content-type-options",
+        b"x-frame-options",
+        b"x-request-id",
+    }
+)
+"""Response headers the gateway sets on every response (the security headers)."""
+
+
+def check_header_name(name: str) -> bytes:
+    """
+    C{name} as bytes.
+
+    @raise ValueError: It is not an RFC 9110 token.
+    """
+    if not isinstance(name, str) or _TOKEN.fullmatch(name) is None:
+        raise ValueError(f"{name!r} is not a valid header name")
+    return name.encode("ascii")
+
+
+def check_header_value(value: str) -> bytes:
+    """
+    C{value} as bytes (Latin-1).
+
+    @raise ValueError: It holds a control character (CR, LF, NUL, ...) or a character
+        beyond Latin-1.
+    """
+    if not isinstance(value, str) or _FIELD_VALUE.fullmatch(value) is None:
+        raise ValueError(f"{value!r} is not a valid header value")
+    return value.encode("latin-1")
+
+
+class Protected:
+    """
+    The header names plugins cannot change, computed once per gateway.
+
+    @ivar request: Lowercased request header names: framing, those the gateway always
+        sets (L{REQUEST_OWNED}), and the configuration's (projected identity headers
+        outside C{X-User-*}, assertion headers).
+    @ivar request_prefixes: Lowercased prefixes of request header names likewise
+        (C{x-user-}).
+    @ivar response: Lowercased response header names: framing and L{RESPONSE_OWNED}.
+    """
+
+    __slots__ = ("request", "request_prefixes", "response")
+
+    def __init__(
+        self,
+        request: Iterable[bytes] = (),
+        request_prefixes: tuple[bytes, ...] = (),
+        response: Iterable[bytes] = (),
+    ) -> None:
+        self.request = REQUEST_FRAMING | REQUEST_OWNED | {name.lower() for name in request}
+        self.request_prefixes = REQUEST_OWNED_PREFIXES + tuple(
+            prefix.lower() for prefix in request_prefixes
+        )
+        self.response = RESPONSE_FRAMING | RESPONSE_OWNED | {name.lower() for name in response}
+
+
+class HeaderView:
+    """
+    A message's headers as plugins read and change them (names case-insensitive,
+    values as C{str}).
+    """
+
+    __slots__ = ("_headers", "_prefixes", "_protected")
+
+    def __init__(
+        self, headers: Headers, protected: frozenset[bytes], prefixes: tuple[bytes, ...] = ()
+    ) -> None:
+        self._headers = headers
+        self._protected = protected
+        self._prefixes = prefixes
+
+    def get(self, name: str) -> str | None:
+        """
+        The first value of C{name}, or L{None}.
+        """
+        values = self._headers.getRawHeaders(name.encode("latin-1"))
+        return values[0].decode("latin-1") if values else None
+
+    def get_all(self, name: str) -> list[str]:
+        """
+        Every value of C{name}, in order (none: an empty list).
+        """
+        values = self._headers.getRawHeaders(name.encode("latin-1")) or []
+        return [value.decode("latin-1") for value in values]
+
+    def __contains__(self, name: object) -> bool:
+        return isinstance(name, str) and self._headers.hasHeader(name.encode("latin-1"))
+
+    def items(self) -> list[tuple[str, str]]:
+        """
+        Every (name, value) pair.
+        """
+        return [
+            (name.decode("latin-1"), value.decode("latin-1"))
+            for name, values in self._headers.getAllRawHeaders()
+            for value in values
+        ]
+
+    def set(self, name: str, value: str) -> None:
+        """
+        Replace every value of C{name} with C{value}.
+
+        @raise ValueError: The name or value is invalid, or the gateway owns the header.
+        """
+        self._headers.setRawHeaders(self._writable(name), [check_header_value(value)])
+
+    def add(self, name: str, value: str) -> None:
+        """
+        Add C{value} after the values C{name} has.
+
+        @raise ValueError: As L{set}.
+        """
+        self._headers.addRawHeader(self._writable(name), check_header_value(value))
+
+    def remove(self, name: str) -> None:
+        """
+        Remove every value of C{name}.
+
+        @raise ValueError: The name is invalid, or the gateway owns the header.
+        """
+        self._headers.removeHeader(self._writable(name))
+
+    def _writable(self, name: str) -> bytes:
+        raw = check_header_name(name)
+        lower = raw.lower()
+        if lower in self._protected or lower.startswith(self._prefixes):
+            raise ValueError(f"{name} is set by the gateway; a plugin cannot change it")
+        return raw
+
+
+class PluginRequest:
+    """
+    A request as a plugin sees it, after every gate (session, authentication,
+    authorization, identity projection) has passed.
+    """
+
+    __slots__ = ("_exchange", "_protected", "headers")
+
+    def __init__(self, exchange: Exchange, protected: Protected) -> None:
+        self._exchange = exchange
+        self._protected = protected
+        self.headers = HeaderView(
+            exchange.request.requestHeaders, protected.request, protected.request_prefixes
+        )
+
+    @property
+    def method(self) -> str:
+        """The method, such as C{GET}."""
+        return self._exchange.request.method.decode("ascii")
+
+    @property
+    def path(self) -> str:
+        """
+        The path as the terminal will use it, percent-escapes kept (the proxy forwards it
+        after C{stripPrefix}). Setting it must give a clean path: C{/} first, no dot
+        segments, empty segments or encoded slashes, dots or backslashes.
+        """
+        return self._exchange.request.uri.partition(b"?")[0].decode("latin-1")
+
+    @path.setter
+    def path(self, value: str) -> None:
+        if (
+            not isinstance(value, str)
+            or _PATH.fullmatch(value) is None
+            or vet_path(value, "reject") != value
+            or clean_path(value) != value
+        ):
+            raise ValueError(f"{value!r} is not a clean request path")
+        self._set_target(value.encode("ascii"), self.query.encode("ascii"))
+
+    @property
+    def query(self) -> str:
+        """
+        The query string without its C{?} (C{""} when there is none).
+        """
+        return self._exchange.request.uri.partition(b"?")[2].decode("latin-1")
+
+    @query.setter
+    def query(self, value: str) -> None:
+        if not isinstance(value, str) or _QUERY.fullmatch(value) is None:
+            raise ValueError(f"{value!r} is not a valid query string")
+        self._set_target(self.path.encode("latin-1"), value.encode("ascii"))
+
+    def _set_target(self, path: bytes, query: bytes) -> None:
+        request = self._exchange.request
+        request.path = path
+        request.uri = path + b"?" + query if query else path
+        request.args = parse_qs(query, 1) if query else {}
+
+    @property
+    def body(self) -> IBodyProducer | None:
+        """
+        The request body as an C{IBodyProducer} the terminal will read (L{None} when
+        there is none). Replace it with a producer that wraps it to watch or limit what
+        reaches the backend.
+        """
+        body = self._exchange.body
+        return body if body is not None and body.length != 0 else None
+
+    @body.setter
+    def body(self, value: IBodyProducer) -> None:
+        if not IBodyProducer.providedBy(value):
+            raise ValueError("a request body must provide IBodyProducer")
+        self._exchange.body = value
+
+    @property
+    def route(self) -> str:
+        """The route's pattern."""
+        return self._exchange.route.pattern
+
+    @property
+    def route_name(self) -> str:
+        """The Route's C{metadata.name}."""
+        return self._exchange.route.name
+
+    @property
+    def labels(self) -> Mapping[str, str]:
+        """The route's labels."""
+        return self._exchange.route.effective.spec.labels
+
+    @property
+    def params(self) -> Mapping[str, str]:
+        """The route's path wildcards, decoded."""
+        return self._exchange.params
+
+    @property
+    def principal(self) -> Principal | None:
+        """The authenticated caller (subject, passport, groups), or L{None}."""
+        return self._exchange.principal
+
+    @property
+    def request_id(self) -> str:
+        """The request id (as in the access log and C{X-Request-Id})."""
+        return self._exchange.request_id
+
+    @property
+    def client_address(self) -> str:
+        """The client's IP address (as the forwarded layer established it)."""
+        return str(getattr(self._exchange.request.getClientAddress(), "host", ""))
+
+    @property
+    def responded(self) -> bool:
+        """Whether the response has started (or the client has gone)."""
+        request = self._exchange.request
+        return bool(request.startedWriting or request.finished or request._disconnected)
+
+    def respond(self, reply: Reply) -> bool:
+        """
+        Answer the request with C{reply} now, if its response has not started (for a
+        plugin that decides later, such as on a body that grows too large).
+
+        @return: Whether C{reply} was sent.
+        @raise ValueError: C{reply} sets a header the gateway owns.
+        """
+        if self.responded:
+            return False
+        write_reply(self._exchange.request, reply, self._protected)
+        return True
+
+
+class PluginResponse:
+    """
+    A response as a response plugin sees it, on its way out.
+
+    @ivar request: The request it answers (read it; changing it now changes nothing).
+    @ivar headers: The response headers (the gateway's fixed security headers are added
+        as the head is written, and cannot be changed here).
+    """
+
+    __slots__ = ("_body", "_buffered", "_request", "headers", "request")
+
+    def __init__(
+        self,
+        request: Request,
+        view: PluginRequest,
+        protected: Protected,
+        body: bytes | None,
+    ) -> None:
+        self._request = request
+        self.request = view
+        self.headers = HeaderView(request.responseHeaders, protected.response)
+        self._body = body
+        self._buffered = body is not None
+
+    @property
+    def status(self) -> int:
+        """The status code."""
+        return int(self._request.code)
+
+    @status.setter
+    def status(self, value: int) -> None:
+        current = self._request.code
+        if value == current:
+            return
+        if current < 200:
+            raise ValueError("an informational response (101 Switching Protocols) keeps its status")
+        if not isinstance(value, int) or isinstance(value, bool) or not 200 <= value <= 599:
+            raise ValueError(f"{value!r} is not a status a plugin can set (200-599)")
+        self._request.setResponseCode(value)
+
+    @property
+    def body(self) -> bytes | None:
+        """
+        The whole body, when it was buffered (a plugin of the route wants the body, and
+        the response has one: not a HEAD, 1xx, 204, 304 or event stream); else L{None}.
+        Setting it replaces the body; the gateway sets C{Content-Length}.
+        """
+        return self._body
+
+    @body.setter
+    def body(self, value: bytes) -> None:
+        if not self._buffered:
+            raise ValueError("this response's body is not buffered: it cannot be replaced")
+        if not isinstance(value, bytes):
+            raise ValueError("a response body must be bytes")
+        self._body = value
+
+
+class Reply:
+    """
+    A plugin's own answer to a request: the terminal and the backend never see it.
+
+    @ivar status: 200-599.
+    @ivar body: The body (a C{str} is sent as UTF-8).
+    @ivar headers: (name, value) pairs, checked as a plugin's header changes are.
+    """
+
+    __slots__ = ("body", "headers", "status")
+
+    def __init__(
+        self,
+        status: int,
+        body: bytes | str = b"",
+        headers: Mapping[str, str] | Sequence[tuple[str, str]] = (),
+        content_type: str = TEXT_PLAIN.decode("ascii"),
+    ) -> None:
+        if not isinstance(status, int) or isinstance(status, bool) or not 200 <= status <= 599:
+            raise ValueError(f"{status!r} is not a status a reply can have (200-599)")
+        self.status = status
+        self.body = body.encode("utf-8") if isinstance(body, str) else bytes(body)
+        pairs: Iterable[tuple[str, str]] = (
+            headers.items() if isinstance(headers, Mapping) else headers
+        )
+        checked: list[tuple[bytes, bytes]] = [(b"Content-Type", check_header_value(content_type))]
+        for name, value in pairs:
+            raw = check_header_name(name)
+            if raw.lower() == b"content-type":
+                checked[0] = (b"Content-Type", check_header_value(value))
+            else:
+                checked.append((raw, check_header_value(value)))
+        self.headers = tuple(checked)
+
+
+def write_reply(request: Request, reply: Reply, protected: Protected) -> None:
+    """
+    Answer C{request} with C{reply} and finish it.
+
+    @raise ValueError: C{reply} sets a header in C{protected.response}; nothing is
+        written then.
+    """
+    for name, _ in reply.headers:
+        if name.lower() in protected.response:
+            raise ValueError(f"{name.decode()} is set by the gateway; a reply cannot set it")
+    request.setResponseCode(reply.status)
+    headers = request.responseHeaders
+    grouped: dict[bytes, list[bytes]] = {}
+    for name, value in reply.headers:
+        grouped.setdefault(name.lower(), []).append(value)
+    for name, values in grouped.items():
+        headers.setRawHeaders(name, values)
+    headers.setRawHeaders(b"content-length", [b"%d" % len(reply.body)])
+    request.write(reply.body)
+    request.finish()

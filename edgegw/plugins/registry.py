@@ -1,0 +1,160 @@
+"""
+Finding plugins (entry point group C{edgegw.plugins}) and configuring them for the
+resources that name them.
+
+A distribution registers a plugin exactly as edgegw registers its own::
+
+    entry_points={"edgegw.plugins": ["headers = edgegw.plugins.headers:plugin"]}
+
+The entry point's name is what a resource's C{spec.plugin} gives (default: its
+C{metadata.name}); the object it names provides L{IRequestPlugin}, L{IResponsePlugin}
+or both.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import attrs
+
+from edgegw.config.errors import Problems
+from edgegw.config.model import Config, PluginSpec
+from edgegw.plugins.interfaces import (
+    IRequestHook,
+    IRequestPlugin,
+    IResponseHook,
+    IResponsePlugin,
+    PluginConfigError,
+)
+from edgegw.registry import NotRegisteredError, find_registered, registered, registered_names
+
+__all__ = [
+    "ENTRY_POINT_GROUP",
+    "ConfiguredPlugins",
+    "configure_plugins",
+    "describe_plugins",
+    "plugin_names",
+]
+
+ENTRY_POINT_GROUP = "edgegw.plugins"
+"""The entry point group plugins register in."""
+
+
+def plugin_names() -> list[str]:
+    """
+    The names of the installed plugins, sorted.
+    """
+    return registered_names(ENTRY_POINT_GROUP)
+
+
+@attrs.frozen
+class ConfiguredPlugins:
+    """
+    The hook of every plugin resource, by the resource's document position.
+    """
+
+    request: dict[int, IRequestHook] = attrs.field(factory=dict)
+    response: dict[int, IResponseHook] = attrs.field(factory=dict)
+
+
+def configure_plugins(config: Config, problems: Problems) -> ConfiguredPlugins:
+    """
+    Find the plugin each RequestPlugin and ResponsePlugin resource names and hand it the
+    resource's C{config}; what fails is added to C{problems}, located at the resource.
+
+    One hook is made per resource, shared by every route the resource selects.
+    """
+    configured = ConfiguredPlugins()
+    for spec in config.request_plugins:
+        hook = _configure(spec, IRequestPlugin, IRequestHook, "request_hook", problems)
+        if hook is not None:
+            configured.request[spec.order] = hook
+    for spec in config.response_plugins:
+        hook = _configure(spec, IResponsePlugin, IResponseHook, "response_hook", problems)
+        if hook is not None and _check_response_hook(spec, hook, problems):
+            configured.response[spec.order] = hook
+    return configured
+
+
+def _configure(
+    spec: PluginSpec, plugin_interface: Any, hook_interface: Any, method: str, problems: Problems
+) -> Any:
+    try:
+        plugin = find_registered(
+            ENTRY_POINT_GROUP, spec.plugin, (IRequestPlugin, IResponsePlugin), "plugin"
+        )
+    except NotRegisteredError as e:
+        problems.add(spec.location, "spec.plugin", str(e))
+        return None
+    if not plugin_interface.providedBy(plugin):
+        problems.add(
+            spec.location,
+            "spec.plugin",
+            f'plugin "{spec.plugin}" cannot be used as a {spec.kind}: '
+            f"it does not provide {plugin_interface.__name__}",
+        )
+        return None
+    try:
+        hook = getattr(plugin, method)(spec.config)
+    except PluginConfigError as e:
+        for field, message in e.problems:
+            problems.add(spec.location, f"spec.config.{field}" if field else "spec.config", message)
+        return None
+    except Exception as e:
+        problems.add(
+            spec.location,
+            "spec.config",
+            f'plugin "{spec.plugin}" failed while reading its config: {type(e).__name__}: {e}',
+        )
+        return None
+    if not hook_interface.providedBy(hook):
+        problems.add(
+            spec.location,
+            "spec.plugin",
+            f'plugin "{spec.plugin}" returned {type(hook).__name__}, '
+            f"which does not provide {hook_interface.__name__}",
+        )
+        return None
+    return hook
+
+
+def _check_response_hook(spec: PluginSpec, hook: IResponseHook, problems: Problems) -> bool:
+    wants = getattr(hook, "wants_body", None)
+    bound = getattr(hook, "max_body_bytes", None)
+    if not isinstance(wants, bool) or (
+        wants and (not isinstance(bound, int) or isinstance(bound, bool) or bound <= 0)
+    ):
+        problems.add(
+            spec.location,
+            "spec.plugin",
+            f'plugin "{spec.plugin}" returned a response hook without a boolean wants_body '
+            "and, when it wants the body, a positive integer max_body_bytes",
+        )
+        return False
+    return True
+
+
+def describe_plugins() -> str:
+    """
+    One line per installed plugin: its name, the kinds it can be used as, and where it
+    comes from (or why it does not load).
+    """
+    lines = []
+    for name, entry in sorted(registered(ENTRY_POINT_GROUP).items()):
+        try:
+            plugin = entry.load()
+        except Exception as e:
+            lines.append(f"{name:<20} cannot be loaded: {type(e).__name__}: {e}")
+            continue
+        kinds = [
+            kind
+            for kind, interface in (
+                ("RequestPlugin", IRequestPlugin),
+                ("ResponsePlugin", IResponsePlugin),
+            )
+            if interface.providedBy(plugin)
+        ]
+        dist = entry.dist
+        origin = f"{dist.name} {dist.version}" if dist is not None else "?"
+        lines.append(f"{name:<20} {','.join(kinds) or 'not a plugin':<29} {entry.value} ({origin})")
+    return "\n".join(lines) + "\n" if lines else "no plugins are installed\n"
