@@ -1,5 +1,5 @@
 """
-C{python -m bench proxy|memory|api|authz|telemetry|session|server-session|bearer}: the
+C{python -m bench proxy|memory|api|authz|telemetry|session|server-session|bearer|plugins}: the
 benchmark harness's command line.
 """
 
@@ -17,6 +17,7 @@ from bench import (
     authz,
     bearer,
     memory,
+    plugins,
     proxy,
     server_session,
     session,
@@ -293,6 +294,20 @@ def parser() -> argparse.ArgumentParser:
         variants.Settings(),
         "wrk connections",
     )
+    _wrk_options(
+        commands.add_parser(
+            "plugins",
+            help="request and response plugins (none, request, response, both): CPU/request",
+            description=(
+                "Measure, interleaved over rounds, one edgegw per variant serving the same "
+                "health route: (a) no plugins, (b) a request plugin (headers), (c) a "
+                "header-only response plugin (headers), (d) body-limit and headers on the "
+                "request and headers on the response."
+            ),
+        ),
+        variants.Settings(),
+        "wrk connections",
+    )
     return top
 
 
@@ -331,6 +346,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             )
         if args.command == "bearer":
             return bearer.run(variants.Settings(**_wrk_settings(args)))
+        if args.command == "plugins":
+            return plugins.run(variants.Settings(**_wrk_settings(args)))
         return memory.run(
             memory.Settings(
                 download_size=args.download_size,

@@ -360,25 +360,31 @@ class PluginResponse:
     """
     A response as a response plugin sees it, on its way out.
 
-    @ivar request: The request it answers (read it; changing it now changes nothing).
     @ivar headers: The response headers (the gateway's fixed security headers are added
         as the head is written, and cannot be changed here).
     """
 
-    __slots__ = ("_body", "_buffered", "_request", "headers", "request")
+    __slots__ = ("_body", "_buffered", "_exchange", "_protected", "_request", "_view", "headers")
 
-    def __init__(
-        self,
-        request: Request,
-        view: PluginRequest,
-        protected: Protected,
-        body: bytes | None,
-    ) -> None:
+    def __init__(self, exchange: Exchange, protected: Protected, body: bytes | None) -> None:
+        request = exchange.request
+        self._exchange = exchange
+        self._protected = protected
         self._request = request
-        self.request = view
+        self._view: PluginRequest | None = None
         self.headers = HeaderView(request.responseHeaders, protected.response)
         self._body = body
         self._buffered = body is not None
+
+    @property
+    def request(self) -> PluginRequest:
+        """
+        The request it answers (read it; changing it now changes nothing).
+        """
+        view = self._view
+        if view is None:
+            view = self._view = PluginRequest(self._exchange, self._protected)
+        return view
 
     @property
     def status(self) -> int:

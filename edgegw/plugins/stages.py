@@ -287,12 +287,7 @@ class _ResponseWatcher:
         """
         Run every hook over the response, first to last; L{None} when one failed.
         """
-        view = PluginResponse(
-            self._request(),
-            PluginRequest(self._exchange, self._protected),
-            self._protected,
-            body,
-        )
+        view = PluginResponse(self._exchange, self._protected, body)
         for name, hook in self._hooks:
             try:
                 hook.on_response(view)
