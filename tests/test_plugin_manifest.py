@@ -31,8 +31,9 @@ from twisted.trial.unittest import SynchronousTestCase, TestCase
 
 from edgegw.check import check
 from edgegw.config.errors import ConfigError
+from edgegw.config.manifest import ManifestEntry
 from edgegw.config.parse import load_config
-from edgegw.plugins.manifest import install_manifest
+from edgegw.plugins.manifest import install_manifest, requirement
 from edgegw.plugins.registry import plugin_names
 from tests.support.backends import SiteBackend
 from tests.support.configs import GATEWAY, write_tree
@@ -696,3 +697,45 @@ class InstallIntoAnEnvironmentTests(TestCase):
             self.assertEqual(code, 1)
             self.assertIn("spec.plugins[0]: module acme_edge is not installed", err)
         self.assertNotInTestEnvironment()
+
+
+class NamespacePackageTests(SynchronousTestCase):
+    """
+    A module is matched to the distribution that ships its own file, not to every
+    distribution sharing its top-level package (review of the manifest check).
+    """
+
+    def test_version_of_a_sibling_distribution_is_not_accepted(self) -> None:
+        """
+        zope.event's version does not satisfy an entry for zope.interface.
+        """
+        event, interface = version("zope.event"), version("zope.interface")
+        self.assertNotEqual(event, interface)
+        root = write_tree(self.mktemp(), {"a.yaml": gateway([f"zope.interface@{event}"])})
+        code, out, err = run_check(root)
+        self.assertEqual(code, 1, out)
+        self.assertIn(
+            "spec.plugins[0]: module zope.interface is installed at another version "
+            f"(zope.interface {interface}); the manifest asks for {event}",
+            err,
+        )
+
+    def test_twisted_at_edgegw_version_is_not_accepted(self) -> None:
+        """
+        edgegw ships twisted/plugins/edgegw_plugin.py, but its version is not Twisted's.
+        """
+        root = write_tree(self.mktemp(), {"a.yaml": gateway([f"twisted@{version('edgegw')}"])})
+        code, out, err = run_check(root)
+        self.assertEqual(code, 1, out)
+        self.assertIn(f"(Twisted {version('Twisted')})", err)
+
+    def test_requirement_for_a_missing_namespace_module(self) -> None:
+        """
+        A missing module under a namespace others share is asked for by its whole
+        import path, never as one of the sharing distributions.
+        """
+        self.assertEqual(
+            requirement(ManifestEntry("zope.sqlalchemy", "3.1")), "zope.sqlalchemy==3.1"
+        )
+        self.assertEqual(requirement(ManifestEntry("acme_edge.plugin", "1.0")), "acme-edge==1.0")
+        self.assertEqual(requirement(ManifestEntry("zope.interface", "1.0")), "zope.interface==1.0")

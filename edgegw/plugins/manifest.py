@@ -14,7 +14,13 @@ import importlib.util
 import subprocess
 import sys
 from collections.abc import Callable, Sequence
-from importlib.metadata import PackageNotFoundError, packages_distributions, version
+from importlib.machinery import ModuleSpec
+from importlib.metadata import (
+    Distribution,
+    distributions,
+    packages_distributions,
+)
+from pathlib import Path
 from typing import Any, TextIO
 
 from edgegw.config.errors import Problems
@@ -24,33 +30,57 @@ from edgegw.config.model import GatewaySpec
 __all__ = ["check_manifest", "entry_problem", "install_manifest", "requirement"]
 
 
-def _module_found(import_path: str) -> bool:
+def _spec(import_path: str) -> ModuleSpec | None:
     try:
-        return importlib.util.find_spec(import_path) is not None
+        return importlib.util.find_spec(import_path)
     except (ImportError, ValueError):
         # A parent package is missing (ModuleNotFoundError) or broken.
-        return False
+        return None
 
 
-def _distributions(import_path: str) -> list[str]:
-    return sorted(set(packages_distributions().get(import_path.split(".")[0], [])))
+def _owners(import_path: str) -> list[Distribution]:
+    """
+    The installed distributions that provide the module itself: whose files include the
+    file it is imported from (for a namespace package, a file inside it). Matching the
+    top-level name alone would confuse distributions sharing it (C{zope.interface} and
+    C{zope.event}, Twisted and the packages that ship C{twisted/plugins} files).
+    """
+    spec = _spec(import_path)
+    if spec is None:
+        return []
+    if spec.origin is not None and spec.has_location:
+        wanted = [Path(spec.origin).resolve()]
+        inside = False
+    else:
+        wanted = [Path(location).resolve() for location in spec.submodule_search_locations or ()]
+        inside = True
+    names = set(packages_distributions().get(import_path.split(".")[0], []))
+    # Every distribution of each name: an editable install has a dist-info that lists
+    # only its .pth, and the project's egg-info that lists the sources.
+    candidates = [dist for dist in distributions() if dist.metadata["Name"] in names]
+    owners: dict[str, Distribution] = {}
+    for dist in candidates:
+        for file in dist.files or ():
+            located = Path(str(dist.locate_file(file))).resolve()
+            if located in wanted or (inside and any(p in located.parents for p in wanted)):
+                owners.setdefault(dist.metadata["Name"], dist)
+                break
+    if not owners and len(names) == 1:
+        # No file list names the module (an editable install of another kind): the one
+        # distribution with that top-level package is its owner.
+        owners = {dist.metadata["Name"]: dist for dist in candidates[:1]}
+    return list(owners.values())
 
 
 def _versions(import_path: str) -> dict[str, str]:
-    found = {}
-    for name in _distributions(import_path):
-        try:
-            found[name] = version(name)
-        except PackageNotFoundError:
-            continue
-    return found
+    return {dist.metadata["Name"]: dist.version for dist in _owners(import_path)}
 
 
 def entry_problem(entry: ManifestEntry) -> str | None:
     """
     What is wrong with C{entry} in this environment, or L{None}.
     """
-    if not _module_found(entry.import_path):
+    if _spec(entry.import_path) is None:
         return (
             f"module {entry.import_path} is not installed "
             "(install it with: edgegw plugins install CONFIG)"
@@ -89,12 +119,19 @@ def check_manifest(gateway: GatewaySpec, problems: Problems) -> None:
 
 def requirement(entry: ManifestEntry) -> str:
     """
-    What to ask pip for: the distribution that provides C{entry}'s module (when one is
-    installed, at another version), else the distribution named like its top-level
-    package; pinned to the entry's version.
+    What to ask pip for, pinned to the entry's version: the distribution that provides
+    C{entry}'s module (when one is installed, at another version); else one named like
+    its top-level package (C{acme_edge.plugin} -> C{acme-edge}), or, when installed
+    distributions already share that top-level package (a namespace such as C{zope}),
+    named like the whole import path (C{zope.sqlalchemy}).
     """
-    installed = _distributions(entry.import_path)
-    name = installed[0] if installed else entry.import_path.split(".")[0].replace("_", "-")
+    owners = _owners(entry.import_path)
+    if owners:
+        name = owners[0].metadata["Name"]
+    else:
+        top = entry.import_path.split(".")[0]
+        shared = top != entry.import_path and top in packages_distributions()
+        name = (entry.import_path if shared else top).replace("_", "-")
     return name if entry.version is None else f"{name}=={entry.version}"
 
 
