@@ -27,6 +27,7 @@ from edgegw.check import check
 from edgegw.config.errors import ConfigError
 from edgegw.config.parse import load_config
 from edgegw.gateway import build_gateway
+from edgegw.plugins.messages import Reply
 from edgegw.plugins.registry import describe_plugins, plugin_names
 from edgegw.plugins.stages import PluginError
 from edgegw.upstream.pool import UpstreamClient
@@ -1577,3 +1578,73 @@ class CheckTests(PluginTestCase):
                 "bare": ("-", "-"),
             },
         )
+
+
+class NoBodyStatusTests(PluginTestCase):
+    """
+    A plugin that answers 204 or 304, or turns a response into one, leaves no body and
+    (for 204) no Content-Length on the wire: the next response on the connection starts
+    right after the head.
+    """
+
+    async def test_plugin_sets_204_or_304(self) -> None:
+        """
+        Header-only and body-wanting hooks that set 204 or 304, and a 204 Reply.
+        """
+        upstream = self.backend.url
+
+        def only(value: str) -> dict[str, dict[str, str]]:
+            return {"matchLabels": {"s": value}}
+
+        port = serve(
+            self,
+            {
+                "10-routes.yaml": route("nc", "/nc/", upstream, {"s": "204"})
+                + route("nm", "/nm/", upstream, {"s": "304"})
+                + route("ncb", "/ncb/", upstream, {"s": "204b"})
+                + route("reply", "/reply/", upstream, {"s": "reply"})
+                + response_plugin("up", "upper", selector=only("204b"))
+                + response_plugin("nc", "status", config={"status": 204}, selector=only("204"))
+                + response_plugin("ncb", "status", config={"status": 204}, selector=only("204b"))
+                + response_plugin("nm", "status", config={"status": 304}, selector=only("304"))
+                + request_plugin(
+                    "r", "replier", config={"status": 204, "body": ""}, selector=only("reply")
+                ),
+            },
+        )
+        cases = [
+            ("/nc/x", 204),
+            ("/nc/chunked", 204),
+            ("/nm/x", 304),
+            ("/nm/chunked", 304),
+            ("/ncb/x", 204),
+            ("/reply/x", 204),
+        ]
+        wrong: list[tuple[str, str]] = []
+        for target, expected in cases:
+            client = await connect(port)
+            client.send(f"GET {target} HTTP/1.1\r\nHost: x\r\n\r\n".encode())
+            await client.until(b"\r\n\r\n")
+            await sleep(0.05)
+            client.send(b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+            await client.closed
+            status, headers = parse_head(client.received)
+            after = client.received.partition(b"\r\n\r\n")[2]
+            if status != expected:
+                wrong.append((target, f"status {status}"))
+            if not after.startswith(b"HTTP/1.1 "):
+                wrong.append((target, f"body bytes after the head: {after[:20]!r}"))
+            if expected == 204 and "content-length" in headers:
+                wrong.append((target, f"Content-Length: {headers['content-length']}"))
+            if "transfer-encoding" in headers:
+                wrong.append((target, "Transfer-Encoding"))
+        self.assertEqual(wrong, [])
+
+    def test_reply_refuses_a_body_with_no_body_status(self) -> None:
+        """
+        A 204 or 304 Reply with a body is a plugin error (ValueError), not a framing one.
+        """
+        for status in (204, 304):
+            with self.assertRaises(ValueError):
+                Reply(status, "x")
+        self.assertEqual(Reply(204).body, b"")

@@ -42,6 +42,7 @@ __all__ = [
     "write_reply",
 ]
 
+_NO_BODY: Final = frozenset({204, 304})
 _TOKEN: Final = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")
 # Field values (RFC 9110 section 5.5): visible characters, spaces and tabs, obs-text.
 _FIELD_VALUE: Final = re.compile(r"[\t\x20-\x7e\x80-\xff]*")
@@ -442,6 +443,8 @@ class Reply:
             raise ValueError(f"{status!r} is not a status a reply can have (200-599)")
         self.status = status
         self.body = body.encode("utf-8") if isinstance(body, str) else bytes(body)
+        if status in _NO_BODY and self.body:
+            raise ValueError(f"a {status} reply has no body")
         pairs: Iterable[tuple[str, str]] = (
             headers.items() if isinstance(headers, Mapping) else headers
         )
@@ -472,6 +475,9 @@ def write_reply(request: Request, reply: Reply, protected: Protected) -> None:
         grouped.setdefault(name.lower(), []).append(value)
     for name, values in grouped.items():
         headers.setRawHeaders(name, values)
-    headers.setRawHeaders(b"content-length", [b"%d" % len(reply.body)])
-    request.write(reply.body)
+    if reply.status in _NO_BODY:
+        headers.removeHeader(b"content-type")
+    else:
+        headers.setRawHeaders(b"content-length", [b"%d" % len(reply.body)])
+        request.write(reply.body)
     request.finish()

@@ -178,6 +178,9 @@ class _ResponseWatcher:
         self._size = 0
         self._pull: Any = None
         self._streaming = False
+        # Set when header-only hooks made the response a 204 or 304: the terminal's body
+        # is dropped, as Twisted would drop it (the proxy writes through a bound method).
+        self._dropping = False
         # What stages before the terminal set, to answer an error with.
         self._saved = (
             request.code,
@@ -199,7 +202,7 @@ class _ResponseWatcher:
                 return
         elif state != _BUFFERING:
             return
-        if data:
+        if data and not self._dropping:
             self._size += len(data)
             if self._size > self._limit:
                 self._fail(f"response body over {self._limit} bytes for its response plugins")
@@ -222,15 +225,22 @@ class _ResponseWatcher:
             return
         body = b"".join(self._chunks)
         self._chunks = []
-        response = self._run(body)
-        if response is None:
-            return
+        if not self._dropping:
+            response = self._run(body)
+            if response is None:
+                return
+            if response.body is not None:
+                body = response.body
         self._release()
-        if response.body is not None:
-            body = response.body
         request.startedWriting = False
-        request.responseHeaders.setRawHeaders(b"content-length", [b"%d" % len(body)])
-        request.write(body)
+        headers = request.responseHeaders
+        if request.code in _NO_BODY_STATUS:
+            # No body, and no Content-Length announcing one (RFC 9110 section 8.6).
+            headers.removeHeader(b"content-length")
+            headers.removeHeader(b"transfer-encoding")
+        else:
+            headers.setRawHeaders(b"content-length", [b"%d" % len(body)])
+            request.write(body)
         request.finish()
 
     def registerProducer(self, producer: Any, streaming: bool) -> None:
@@ -271,8 +281,15 @@ class _ResponseWatcher:
             # Everyone else (recover, the terminal) must see a response that has started.
             request.startedWriting = True
             return True
+        had_body = request.code not in _NO_BODY_STATUS
         if self._run(None) is None:
             return False
+        if had_body and request.code in _NO_BODY_STATUS:
+            # A hook made it a 204 or 304: the terminal's body must not follow the head.
+            self._state = _BUFFERING
+            self._dropping = True
+            request.startedWriting = True
+            return True
         self._release()
         return True
 
@@ -292,7 +309,9 @@ class _ResponseWatcher:
             try:
                 hook.on_response(view)
             except Exception as e:
-                self._fail(PluginError("ResponsePlugin", name, e))
+                error = PluginError("ResponsePlugin", name, e)
+                error.__cause__ = e
+                self._fail(error)
                 return None
         return view
 
