@@ -156,7 +156,6 @@ def build_gateway(
     problems = Problems()
     _check_state_providers(config, problems)
     check_manifest(config.gateway, problems)
-    configured = configure_plugins(config, problems)
     # Built only from a config that passed: a provider's build may assume its own checks.
     store = None if problems else _state_store(config, reactor, state_options or {})
     inflight = InFlight()
@@ -194,14 +193,10 @@ def build_gateway(
     if login is not None:
         endpoints = _mount_login(reserved, config, login, access, inflight)
     context = _TerminalContext(config, client, agent, reactor, projected, login)
-    plugins = RoutePlugins(
-        configured,
-        Protected(
-            request=projected | context.assertion_headers,
-            response=context.gateway_headers,
-        ),
-        reactor,
+    protected = Protected(
+        request=projected | context.assertion_headers, response=context.gateway_headers
     )
+    plugins = RoutePlugins(configure_plugins(config, problems, protected), protected, reactor)
     for effective in routes:
         terminal = _terminal(effective, context, problems)
         if terminal is None or not set(effective.access.authorize) <= set(policies):

@@ -51,7 +51,19 @@ def find_registered(
     @raise NotRegisteredError: Nothing is registered under C{name}, or it cannot be
         loaded, or it provides none of C{interfaces}.
     """
-    found = registered(group).get(name)
+    claimants = {ep.value: ep for ep in entry_points(group=group) if ep.name == name}
+    if len(claimants) > 1:
+        # Which one wins would depend on the order of sys.path and of directory listings:
+        # an installed package could silently replace another's (or edgegw's own) plugin.
+        named = ", ".join(
+            f"{value} ({ep.dist.name if ep.dist is not None else '?'})"
+            for value, ep in sorted(claimants.items())
+        )
+        raise NotRegisteredError(
+            f'{what} "{name}" is registered by more than one installed distribution '
+            f"({named}): uninstall all but one"
+        )
+    found = next(iter(claimants.values()), None)
     if found is None:
         known = ", ".join(registered_names(group)) or "none"
         raise NotRegisteredError(f'no {what} "{name}" is installed (installed: {known})')

@@ -27,9 +27,10 @@ from edgegw.check import check
 from edgegw.config.errors import ConfigError
 from edgegw.config.parse import load_config
 from edgegw.gateway import build_gateway
+from edgegw.plugins.manifest import same_version
 from edgegw.plugins.messages import Reply
 from edgegw.plugins.registry import describe_plugins, plugin_names
-from edgegw.plugins.stages import PluginError
+from edgegw.plugins.stages import PluginError, _ResponseWatcher
 from edgegw.upstream.pool import UpstreamClient
 from tests.support.backends import RawBackend, RawConnection, RawRequest, SiteBackend
 from tests.support.configs import GATEWAY, write_tree
@@ -41,8 +42,8 @@ from tests.test_proxy import EchoWebSocket
 reactor: Any = _reactor
 
 INSTALLED = (
-    "body-limit, boom, coro, headers, later, missing, nothing, replier, rewriter, "
-    "status, strict, tagger, upper"
+    "body-limit, boom, cancels, coro, headers, hollow, later, missing, nothing, replier, "
+    "rewriter, status, strict, tagger, upper"
 )
 """Every plugin name registered while the test plugins are installed, as listed."""
 
@@ -1648,3 +1649,143 @@ class NoBodyStatusTests(PluginTestCase):
             with self.assertRaises(ValueError):
                 Reply(status, "x")
         self.assertEqual(Reply(204).body, b"")
+
+
+class ReviewFindingsTests(PluginTestCase):
+    """
+    What the cold review of the plugin stages found.
+    """
+
+    async def test_disconnect_while_buffering_a_static_file_stops_pulling(self) -> None:
+        """
+        A client that goes away while a static file is buffered for a body-wanting hook
+        leaves no producer pulled from the reactor forever (the file producer's own
+        cleanup cannot unregister once the channel is gone).
+        """
+        static = os.path.abspath(self.mktemp())
+        os.makedirs(static)
+        with open(os.path.join(static, "big.bin"), "wb") as stream:
+            stream.truncate(32 * 1024 * 1024)  # sparse: 512 pulls of 64 KiB
+        pulls = []
+        original = _ResponseWatcher._pull_next
+
+        def counted(watcher: _ResponseWatcher, producer: Any) -> None:
+            pulls.append(1)
+            original(watcher, producer)
+
+        self.patch(_ResponseWatcher, "_pull_next", counted)
+        port = serve(
+            self,
+            {
+                "10-routes.yaml": static_route("files", "/", static)
+                + response_plugin("up", "upper", config={"maxBodyBytes": 64 * 1024 * 1024}),
+            },
+        )
+        client = await connect(port)
+        client.send(request_bytes("GET", "/big.bin"))
+        await sleep(0.005)
+        await client.close()
+        await sleep(0.2)
+        settled = len(pulls)
+        self.assertLess(settled, 512)
+        await sleep(0.2)
+        self.assertEqual(len(pulls), settled)
+
+    async def test_cancelled_error_from_a_hook_is_a_500(self) -> None:
+        """
+        A hook failing with CancelledError while the client is still there fails the
+        request (500), rather than leaving it unanswered as if the client had gone.
+        """
+        port = serve(
+            self,
+            {"10-routes.yaml": route("r", "/", self.backend.url) + request_plugin("c", "cancels")},
+        )
+        status, _, body = await fetch(port, "GET", "/x")
+        self.assertEqual((status, body), (500, b"internal server error\n"))
+        self.assertEqual(self.backend.hits, 0)
+        self.flushLoggedErrors(PluginError)
+
+    async def test_client_connection_list_cannot_strip_plugin_headers(self) -> None:
+        """
+        A header a request plugin sets reaches the backend even when the client names it
+        in its Connection list (which strips the client's own hop-by-hop headers).
+        """
+        port = serve(
+            self,
+            {
+                "10-routes.yaml": route("r", "/", self.backend.url)
+                + request_plugin("key", "headers", config={"set": {"X-Backend-Key": "s3cret"}}),
+            },
+        )
+        status, _, _ = await fetch(
+            port, "GET", "/x", [("Connection", "close, X-Backend-Key, X-Mine"), ("X-Mine", "m")]
+        )
+        self.assertEqual(status, 200)
+        self.assertEqual(self.backend.header(0, b"x-backend-key"), [b"s3cret"])
+        self.assertEqual(self.backend.header(0, b"x-mine"), [])
+
+    def test_headers_plugin_refuses_configured_gateway_headers_at_load(self) -> None:
+        """
+        Header names the configuration makes the gateway's own (the assertion header,
+        always protected) are refused at load, not with a 500 on every request.
+        """
+        problems = config_problems(
+            self,
+            {
+                "10-routes.yaml": route("r", "/", self.backend.url)
+                + request_plugin("forge", "headers", config={"set": {"X-GW-Identity": "forged"}}),
+            },
+        )
+        self.assertEqual(
+            problems,
+            [
+                '10-routes.yaml, document 2, RequestPlugin "forge": '
+                "spec.config.set.X-GW-Identity: X-GW-Identity is set by the gateway; a plugin "
+                "cannot change it"
+            ],
+        )
+
+    def test_a_name_registered_twice_is_refused(self) -> None:
+        """
+        Two distributions registering one plugin name (here edgegw's own body-limit) is
+        an error naming both, never a silent choice by sys.path order.
+        """
+        install_plugins(self, {"body-limit": "tests.support.plugin_dists:tagger"}, name="evil-dist")
+        problems = config_problems(
+            self,
+            {
+                "10-routes.yaml": route("r", "/", self.backend.url)
+                + request_plugin("limit", "body-limit", config={"maxBytes": 10}),
+            },
+        )
+        self.assertEqual(len(problems), 1, problems)
+        self.assertIn(
+            'RequestPlugin "limit": spec.plugin: plugin "body-limit" is registered by more '
+            "than one installed distribution (edgegw.plugins.body_limit:plugin (edgegw), "
+            "tests.support.plugin_dists:tagger (evil-dist)): uninstall all but one",
+            problems[0],
+        )
+
+    def test_a_hook_without_its_method_is_a_located_error(self) -> None:
+        """
+        A hook that claims IRequestHook without on_request is refused at load, located.
+        """
+        problems = config_problems(
+            self, {"10-routes.yaml": route("r", "/", self.backend.url) + request_plugin("hollow")}
+        )
+        self.assertEqual(len(problems), 1, problems)
+        self.assertIn(
+            'RequestPlugin "hollow": spec.plugin: plugin "hollow" returned HollowHook, which '
+            "does not provide IRequestHook",
+            problems[0],
+        )
+
+    def test_same_version(self) -> None:
+        """
+        Manifest versions compare as PEP 440 release numbers: 1.2 is 1.2.0.
+        """
+        self.assertTrue(same_version("1.2", "1.2.0"))
+        self.assertTrue(same_version("2", "2.0.0"))
+        self.assertTrue(same_version("1.0rc1", "1.0.0RC1"))
+        self.assertFalse(same_version("1.2", "1.2.1"))
+        self.assertFalse(same_version("1.0rc1", "1.0"))

@@ -56,6 +56,8 @@ class Exchange:
     @ivar params: The route's path wildcards, decoded.
     @ivar body: The request body the terminal forwards (an C{IBodyProducer}, or
         L{None}): the request's own, unless a request plugin wrapped it.
+    @ivar plugin_headers: Lowercased names of the request headers request plugins set or
+        added (the client's C{Connection} list cannot remove them), or L{None}.
     @ivar request_id: Set by the request-id stage.
     @ivar principal: Set by the session stage when a credential is valid.
     @ivar started: C{time.monotonic()} when the route began handling the request.
@@ -69,6 +71,7 @@ class Exchange:
         "body",
         "notes",
         "params",
+        "plugin_headers",
         "principal",
         "request",
         "request_id",
@@ -90,6 +93,7 @@ class Exchange:
         self.params = params
         self.started = started
         self.body: Any = getattr(request, "body", None)
+        self.plugin_headers: set[bytes] | None = None
         self.request_id = ""
         self.principal: Principal | None = None
         self.notes: dict[str, Any] | None = None

@@ -184,17 +184,22 @@ class ProxyHandler(TerminalResource):
 
         The headers the client's C{Connection} names are removed, except those the
         gateway sets itself (C{X-Request-Id}, C{X-Forwarded-*}, projected identity
-        headers): the client's hop-by-hop list covers the client's own headers only.
+        headers) and those request plugins set: the client's hop-by-hop list covers the
+        client's own headers only.
         """
         incoming = request.requestHeaders
         drop = self.drop_request
         named = connection_tokens(incoming.getRawHeaders(b"connection"))
         if named:
             gateway_set = self.gateway_set
+            # Nor those a request plugin set: a client must not strip them.
+            plugin_set = exchange.plugin_headers or ()
             named = frozenset(
                 name
                 for name in named
-                if name not in gateway_set and not name.startswith(USER_PREFIX)
+                if name not in gateway_set
+                and not name.startswith(USER_PREFIX)
+                and name not in plugin_set
             )
         out: list[tuple[bytes, bytes]] = []
         append = out.append

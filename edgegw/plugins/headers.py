@@ -21,6 +21,7 @@ from typing import Any, Final
 from zope.interface import implementer
 
 from edgegw.plugins.interfaces import (
+    IHeaderNames,
     IRequestHook,
     IRequestPlugin,
     IResponseHook,
@@ -63,6 +64,16 @@ class HeaderEdits:
         self.remove = remove
         self.set = set
         self.add = add
+
+    def header_names(self) -> list[tuple[str, str]]:
+        """
+        (config field, name) of every header edited.
+        """
+        return [
+            *((f"remove[{index}]", name) for index, name in enumerate(self.remove)),
+            *((f"set.{name}", name) for name, _ in self.set),
+            *((f"add.{name}", name) for name, _ in self.add),
+        ]
 
     def apply(self, headers: HeaderView) -> None:
         """
@@ -146,7 +157,7 @@ def read_edits(
     return HeaderEdits(tuple(remove), tuple(pairs["set"]), tuple(pairs["add"]))
 
 
-@implementer(IRequestHook)
+@implementer(IRequestHook, IHeaderNames)
 class RequestHeaders:
     """
     Edits request headers before the terminal.
@@ -161,8 +172,14 @@ class RequestHeaders:
         """
         self.edits.apply(request.headers)
 
+    def header_names(self) -> list[tuple[str, str]]:
+        """
+        The edited names, for the gateway's load-time check.
+        """
+        return self.edits.header_names()
 
-@implementer(IResponseHook)
+
+@implementer(IResponseHook, IHeaderNames)
 class ResponseHeaders:
     """
     Edits response headers as the head goes out (the body keeps streaming).
@@ -179,6 +196,12 @@ class ResponseHeaders:
         Apply the edits.
         """
         self.edits.apply(response.headers)
+
+    def header_names(self) -> list[tuple[str, str]]:
+        """
+        The edited names, for the gateway's load-time check.
+        """
+        return self.edits.header_names()
 
 
 @implementer(IRequestPlugin, IResponsePlugin)

@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     from edgegw.plugins.messages import PluginRequest, PluginResponse, Reply
 
 __all__ = [
+    "IHeaderNames",
     "IRequestHook",
     "IRequestPlugin",
     "IResponseHook",
@@ -87,6 +88,19 @@ class IResponseHook(Interface):
         Look at and change C{response} (status, headers, and the body when it was
         buffered) before it goes out. Runs as the response starts: it must not block.
         Raising answers 500.
+        """
+
+
+class IHeaderNames(Interface):
+    """
+    Optionally provided by a hook whose header edits are fixed by its config: edgegw
+    then refuses, at load, names the gateway owns (which would fail every request).
+    """
+
+    def header_names() -> Sequence[tuple[str, str]]:
+        """
+        (field path inside C{config}, header name) of every header the hook sets, adds
+        or removes.
         """
 
 

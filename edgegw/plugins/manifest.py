@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import re
 import subprocess
 import sys
 from collections.abc import Callable, Sequence
@@ -27,15 +28,54 @@ from edgegw.config.errors import Problems
 from edgegw.config.manifest import ManifestEntry, parse_manifest_entry
 from edgegw.config.model import GatewaySpec
 
-__all__ = ["check_manifest", "entry_problem", "install_manifest", "requirement"]
+_RELEASE = re.compile(r"(\d+(?:\.\d+)*)(.*)")
+
+__all__ = [
+    "check_manifest",
+    "entry_problem",
+    "install_manifest",
+    "requirement",
+    "same_version",
+]
 
 
 def _spec(import_path: str) -> ModuleSpec | None:
     try:
         return importlib.util.find_spec(import_path)
-    except (ImportError, ValueError):
-        # A parent package is missing (ModuleNotFoundError) or broken.
+    except Exception:
+        # A parent package is missing (ModuleNotFoundError) or fails to import: which,
+        # _import_problem says.
         return None
+
+
+def _import_problem(import_path: str) -> str:
+    """
+    Why C{import_path} cannot be found. Finding a module imports its parent packages,
+    which runs their code, as loading the plugin would.
+    """
+    try:
+        importlib.util.find_spec(import_path)
+    except ModuleNotFoundError:
+        pass
+    except Exception as e:
+        return f"module {import_path} cannot be imported: {type(e).__name__}: {e}"
+    return f"module {import_path} is not installed (install it with: edgegw plugins install CONFIG)"
+
+
+def same_version(wanted: str, installed: str) -> bool:
+    """
+    Whether C{installed} is the version C{wanted}: equal, or equal once both are read as
+    PEP 440 release numbers (C{1.2} is C{1.2.0}) with the same case-insensitive rest.
+    """
+    if wanted == installed:
+        return True
+    a, b = _RELEASE.match(wanted), _RELEASE.match(installed)
+    if a is None or b is None or a.group(2).lower() != b.group(2).lower():
+        return False
+    left = [int(part) for part in a.group(1).split(".")]
+    right = [int(part) for part in b.group(1).split(".")]
+    width = max(len(left), len(right))
+    return left + [0] * (width - len(left)) == right + [0] * (width - len(right))
 
 
 def _owners(import_path: str) -> list[Distribution]:
@@ -81,10 +121,7 @@ def entry_problem(entry: ManifestEntry) -> str | None:
     What is wrong with C{entry} in this environment, or L{None}.
     """
     if _spec(entry.import_path) is None:
-        return (
-            f"module {entry.import_path} is not installed "
-            "(install it with: edgegw plugins install CONFIG)"
-        )
+        return _import_problem(entry.import_path)
     if entry.version is None:
         return None
     versions = _versions(entry.import_path)
@@ -93,7 +130,7 @@ def entry_problem(entry: ManifestEntry) -> str | None:
             f"module {entry.import_path} belongs to no installed distribution, so its "
             f"version cannot be checked against {entry.version}"
         )
-    if entry.version in versions.values():
+    if any(same_version(entry.version, found) for found in versions.values()):
         return None
     have = ", ".join(f"{name} {found}" for name, found in versions.items())
     return (

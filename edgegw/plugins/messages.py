@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Mapping, Sequence
+from types import MappingProxyType
 from typing import Final
 
 from twisted.web.http import parse_qs
@@ -159,14 +160,22 @@ class HeaderView:
     values as C{str}).
     """
 
-    __slots__ = ("_headers", "_prefixes", "_protected")
+    __slots__ = ("_headers", "_prefixes", "_protected", "_written")
 
     def __init__(
-        self, headers: Headers, protected: frozenset[bytes], prefixes: tuple[bytes, ...] = ()
+        self,
+        headers: Headers,
+        protected: frozenset[bytes],
+        prefixes: tuple[bytes, ...] = (),
+        written: set[bytes] | None = None,
     ) -> None:
+        """
+        @param written: Receives the lowercased names set or added through this view.
+        """
         self._headers = headers
         self._protected = protected
         self._prefixes = prefixes
+        self._written = written
 
     def get(self, name: str) -> str | None:
         """
@@ -201,7 +210,10 @@ class HeaderView:
 
         @raise ValueError: The name or value is invalid, or the gateway owns the header.
         """
-        self._headers.setRawHeaders(self._writable(name), [check_header_value(value)])
+        raw = self._writable(name)
+        self._headers.setRawHeaders(raw, [check_header_value(value)])
+        if self._written is not None:
+            self._written.add(raw.lower())
 
     def add(self, name: str, value: str) -> None:
         """
@@ -209,7 +221,10 @@ class HeaderView:
 
         @raise ValueError: As L{set}.
         """
-        self._headers.addRawHeader(self._writable(name), check_header_value(value))
+        raw = self._writable(name)
+        self._headers.addRawHeader(raw, check_header_value(value))
+        if self._written is not None:
+            self._written.add(raw.lower())
 
     def remove(self, name: str) -> None:
         """
@@ -238,8 +253,14 @@ class PluginRequest:
     def __init__(self, exchange: Exchange, protected: Protected) -> None:
         self._exchange = exchange
         self._protected = protected
+        written = exchange.plugin_headers
+        if written is None:
+            written = exchange.plugin_headers = set()
         self.headers = HeaderView(
-            exchange.request.requestHeaders, protected.request, protected.request_prefixes
+            exchange.request.requestHeaders,
+            protected.request,
+            protected.request_prefixes,
+            written,
         )
 
     @property
@@ -314,13 +335,14 @@ class PluginRequest:
 
     @property
     def labels(self) -> Mapping[str, str]:
-        """The route's labels."""
-        return self._exchange.route.effective.spec.labels
+        """The route's labels (read-only)."""
+        return MappingProxyType(self._exchange.route.effective.spec.labels)
 
     @property
     def params(self) -> Mapping[str, str]:
-        """The route's path wildcards, decoded."""
-        return self._exchange.params
+        """The route's path wildcards, decoded (read-only: an api route's backend paths
+        are built from them)."""
+        return MappingProxyType(self._exchange.params)
 
     @property
     def principal(self) -> Principal | None:

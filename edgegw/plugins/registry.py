@@ -16,16 +16,20 @@ from __future__ import annotations
 from typing import Any
 
 import attrs
+from zope.interface.exceptions import Invalid
+from zope.interface.verify import verifyObject
 
 from edgegw.config.errors import Problems
 from edgegw.config.model import Config, PluginSpec
 from edgegw.plugins.interfaces import (
+    IHeaderNames,
     IRequestHook,
     IRequestPlugin,
     IResponseHook,
     IResponsePlugin,
     PluginConfigError,
 )
+from edgegw.plugins.messages import Protected
 from edgegw.registry import NotRegisteredError, find_registered, registered, registered_names
 
 __all__ = [
@@ -57,23 +61,57 @@ class ConfiguredPlugins:
     response: dict[int, IResponseHook] = attrs.field(factory=dict)
 
 
-def configure_plugins(config: Config, problems: Problems) -> ConfiguredPlugins:
+def configure_plugins(
+    config: Config, problems: Problems, protected: Protected | None = None
+) -> ConfiguredPlugins:
     """
     Find the plugin each RequestPlugin and ResponsePlugin resource names and hand it the
     resource's C{config}; what fails is added to C{problems}, located at the resource.
 
     One hook is made per resource, shared by every route the resource selects.
+
+    @param protected: The header names plugins cannot change: a hook that declares its
+        header names (L{IHeaderNames}) may not name one.
     """
+    protected = protected or Protected()
     configured = ConfiguredPlugins()
     for spec in config.request_plugins:
         hook = _configure(spec, IRequestPlugin, IRequestHook, "request_hook", problems)
-        if hook is not None:
+        if hook is not None and _check_names(
+            spec, hook, protected.request, protected.request_prefixes, problems
+        ):
             configured.request[spec.order] = hook
     for spec in config.response_plugins:
         hook = _configure(spec, IResponsePlugin, IResponseHook, "response_hook", problems)
-        if hook is not None and _check_response_hook(spec, hook, problems):
+        if (
+            hook is not None
+            and _check_response_hook(spec, hook, problems)
+            and _check_names(spec, hook, protected.response, (), problems)
+        ):
             configured.response[spec.order] = hook
     return configured
+
+
+def _check_names(
+    spec: PluginSpec,
+    hook: Any,
+    owned: frozenset[bytes],
+    prefixes: tuple[bytes, ...],
+    problems: Problems,
+) -> bool:
+    if not IHeaderNames.providedBy(hook):
+        return True
+    good = True
+    for field, name in hook.header_names():
+        lower = name.lower().encode("latin-1", "replace")
+        if lower in owned or lower.startswith(prefixes):
+            problems.add(
+                spec.location,
+                f"spec.config.{field}",
+                f"{name} is set by the gateway; a plugin cannot change it",
+            )
+            good = False
+    return good
 
 
 def _configure(
@@ -107,12 +145,14 @@ def _configure(
             f'plugin "{spec.plugin}" failed while reading its config: {type(e).__name__}: {e}',
         )
         return None
-    if not hook_interface.providedBy(hook):
+    try:
+        verifyObject(hook_interface, hook)
+    except Invalid as e:
         problems.add(
             spec.location,
             "spec.plugin",
             f'plugin "{spec.plugin}" returned {type(hook).__name__}, '
-            f"which does not provide {hook_interface.__name__}",
+            f"which does not provide {hook_interface.__name__}: {e}",
         )
         return None
     return hook

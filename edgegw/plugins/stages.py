@@ -69,11 +69,17 @@ def request_plugins_stage(hooks: Sequence[tuple[str, IRequestHook]], protected: 
                 result: Any = on_request(view)
                 if isawaitable(result):
                     result = await result
-            except CancelledError:
-                raise
+            except CancelledError as e:
+                if request._disconnected:
+                    raise  # the client went away: the runner cancelled the chain
+                raise PluginError("RequestPlugin", name, e) from e
             except Exception as e:
                 raise PluginError("RequestPlugin", name, e) from e
             if result is not None:
+                if view.responded:
+                    raise PluginError(
+                        "RequestPlugin", name, "returned a Reply after answering with respond()"
+                    )
                 if not isinstance(result, Reply):
                     raise PluginError(
                         "RequestPlugin", name, f"returned {type(result).__name__}, not a Reply"
@@ -115,14 +121,13 @@ def response_plugins_stage(
         try:
             await terminal
         except CancelledError:
-            if watcher.outcome is None:
+            if watcher.outcome is None and not watcher.stopped:
                 raise
         except Exception:
             watcher.restore()
             raise
         finally:
-            if request.response_filter is watcher:  # type: ignore[attr-defined]
-                remove_response_filter(request)
+            watcher.stop()
         outcome = watcher.outcome
         if outcome is None:
             return
@@ -157,6 +162,8 @@ class _ResponseWatcher:
     @ivar terminal: The running terminal, cancelled when the response fails.
     @ivar outcome: Why the response failed (a L{PluginError}, or the reason for a 502),
         or L{None}.
+    @ivar stopped: The response was complete before the terminal was (a hook made it a
+        204 or 304), so the terminal was cancelled.
     """
 
     def __init__(
@@ -178,9 +185,6 @@ class _ResponseWatcher:
         self._size = 0
         self._pull: Any = None
         self._streaming = False
-        # Set when header-only hooks made the response a 204 or 304: the terminal's body
-        # is dropped, as Twisted would drop it (the proxy writes through a bound method).
-        self._dropping = False
         # What stages before the terminal set, to answer an error with.
         self._saved = (
             request.code,
@@ -189,6 +193,7 @@ class _ResponseWatcher:
         )
         self.terminal: Deferred[None] | None = None
         self.outcome: PluginError | str | None = None
+        self.stopped = False
 
     # -- IResponseFilter -------------------------------------------------------------
 
@@ -202,7 +207,7 @@ class _ResponseWatcher:
                 return
         elif state != _BUFFERING:
             return
-        if data and not self._dropping:
+        if data:
             self._size += len(data)
             if self._size > self._limit:
                 self._fail(f"response body over {self._limit} bytes for its response plugins")
@@ -225,12 +230,11 @@ class _ResponseWatcher:
             return
         body = b"".join(self._chunks)
         self._chunks = []
-        if not self._dropping:
-            response = self._run(body)
-            if response is None:
-                return
-            if response.body is not None:
-                body = response.body
+        response = self._run(body)
+        if response is None:
+            return
+        if response.body is not None:
+            body = response.body
         self._release()
         request.startedWriting = False
         headers = request.responseHeaders
@@ -285,11 +289,19 @@ class _ResponseWatcher:
         if self._run(None) is None:
             return False
         if had_body and request.code in _NO_BODY_STATUS:
-            # A hook made it a 204 or 304: the terminal's body must not follow the head.
-            self._state = _BUFFERING
-            self._dropping = True
-            request.startedWriting = True
-            return True
+            # A hook made it a 204 or 304: it is complete now. Nothing of the terminal's
+            # body may follow the head (the proxy writes through a bound method, past
+            # Twisted's own guard), nor a Content-Length announcing one.
+            headers = request.responseHeaders
+            headers.removeHeader(b"content-length")
+            headers.removeHeader(b"transfer-encoding")
+            self._release()
+            request.finish()
+            install_response_filter(request, self)
+            self._state = _DISCARDING
+            self.stopped = True
+            self._reactor.callLater(0, self._stop_terminal)
+            return False
         self._release()
         return True
 
@@ -333,10 +345,28 @@ class _ResponseWatcher:
             terminal.cancel()
 
     def _pull_next(self, producer: Any) -> None:
-        if self._pull is producer and self._state == _BUFFERING:
-            producer.resumeProducing()
-            if self._pull is producer:
-                self._reactor.callLater(0, self._pull_next, producer)
+        if self._pull is not producer or self._state != _BUFFERING:
+            return
+        if self._request()._disconnected:
+            # The producer's own cleanup may not unregister it once the channel is gone.
+            self._pull = None
+            return
+        producer.resumeProducing()
+        if self._pull is producer:
+            self._reactor.callLater(0, self._pull_next, producer)
+
+    def stop(self) -> None:
+        """
+        The stage is done with the response: stop pulling, drop whatever the terminal
+        still writes, and leave the request alone.
+        """
+        self._pull = None
+        if self._state != _RELEASED:
+            self._state = _DISCARDING
+            self._chunks = []
+        request = self._request()
+        if request.response_filter is self:
+            remove_response_filter(request)
 
     def _release(self) -> None:
         self._state = _RELEASED

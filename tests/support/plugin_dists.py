@@ -36,7 +36,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from twisted.internet import reactor as _reactor
-from twisted.internet.defer import Deferred
+from twisted.internet.defer import CancelledError, Deferred, fail
 from twisted.trial.unittest import SynchronousTestCase
 from zope.interface import implementer
 
@@ -72,6 +72,8 @@ TEST_PLUGINS: Mapping[str, str] = {
     "status": "tests.support.plugin_dists:status",
     "upper": "tests.support.plugin_dists:upper",
     "strict": "tests.support.plugin_dists:strict",
+    "cancels": "tests.support.plugin_dists:cancels",
+    "hollow": "tests.support.plugin_dists:hollow",
     "nothing": "tests.support.plugin_dists:nothing",
     "missing": "tests.support.plugin_dists:no_such_object",
 }
@@ -453,6 +455,43 @@ class Strict:
         return NoResponse()
 
 
+@implementer(IRequestHook)
+class CancelsHook:
+    """
+    Fails with C{CancelledError} although nobody cancelled anything.
+    """
+
+    def on_request(self, request: PluginRequest) -> Deferred[None]:
+        return fail(CancelledError())
+
+
+@implementer(IRequestPlugin)
+class Cancels:
+    """
+    The C{cancels} plugin.
+    """
+
+    def request_hook(self, config: Mapping[str, Any]) -> CancelsHook:
+        return CancelsHook()
+
+
+@implementer(IRequestHook)
+class HollowHook:  # type: ignore[misc]  # deliberately lacks on_request
+    """
+    Says it provides IRequestHook but has no C{on_request}.
+    """
+
+
+@implementer(IRequestPlugin)
+class Hollow:
+    """
+    The C{hollow} plugin: its hook lacks the method the interface requires.
+    """
+
+    def request_hook(self, config: Mapping[str, Any]) -> HollowHook:
+        return HollowHook()
+
+
 tagger = Tagger()
 replier = Replier()
 rewriter = Rewriter()
@@ -462,4 +501,6 @@ coro = Coro()
 status = Status()
 upper = Upper()
 strict = Strict()
+cancels = Cancels()
+hollow = Hollow()
 nothing = object()
