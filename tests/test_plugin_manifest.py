@@ -739,3 +739,29 @@ class NamespacePackageTests(SynchronousTestCase):
         )
         self.assertEqual(requirement(ManifestEntry("acme_edge.plugin", "1.0")), "acme-edge==1.0")
         self.assertEqual(requirement(ManifestEntry("zope.interface", "1.0")), "zope.interface==1.0")
+
+
+class BrokenPackageTests(SynchronousTestCase):
+    """
+    A listed module whose parent package fails to import is a located error, not a
+    traceback from edgegw check (review of the manifest check).
+    """
+
+    def test_failing_parent_package(self) -> None:
+        root = os.path.abspath(self.mktemp())
+        os.makedirs(os.path.join(root, "boompkg"))
+        with open(os.path.join(root, "boompkg", "__init__.py"), "w") as stream:
+            stream.write("raise RuntimeError('broken on purpose')\n")
+        sys.path.insert(0, root)
+        importlib.invalidate_caches()
+        self.addCleanup(sys.modules.pop, "boompkg", None)
+        self.addCleanup(sys.path.remove, root)
+        config = write_tree(self.mktemp(), {"a.yaml": gateway(["boompkg.plug"])})
+        code, out, err = run_check(config)
+        self.assertEqual(code, 1, out)
+        self.assertIn(
+            "spec.plugins[0]: module boompkg.plug cannot be imported: RuntimeError: "
+            "broken on purpose",
+            err,
+        )
+        self.assertNotIn("Traceback", err)
