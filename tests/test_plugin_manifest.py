@@ -14,7 +14,6 @@ import importlib.util
 import io
 import json
 import os
-import re
 import subprocess
 import sys
 import sysconfig
@@ -24,9 +23,7 @@ from typing import Any
 
 from twisted.internet import reactor
 from twisted.internet.defer import Deferred
-from twisted.internet.protocol import ProcessProtocol
 from twisted.internet.utils import getProcessOutputAndValue
-from twisted.python.failure import Failure
 from twisted.trial.unittest import SynchronousTestCase, TestCase
 
 from edgegw.check import check
@@ -46,6 +43,7 @@ from tests.support.wheels import (
     build_wheel,
     record_hash,
 )
+from tests.test_daemon import DaemonProtocol
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # The test environment's own site-packages (where Twisted, pip and edgegw's metadata are).
@@ -388,30 +386,6 @@ class WheelTests(SynchronousTestCase):
 # -- a separate environment -------------------------------------------------------------
 
 
-class _Daemon(ProcessProtocol):
-    """
-    Collects a twistd child's output; fires C{listening} with the bound port.
-    """
-
-    def __init__(self) -> None:
-        self.output = b""
-        self.listening: Deferred[int] = Deferred()
-        self.ended: Deferred[None] = Deferred()
-
-    def outReceived(self, data: bytes) -> None:
-        self.output += data
-        found = re.search(rb"edgegw listening on .*?port=(\d+)", self.output)
-        if found and not self.listening.called:
-            self.listening.callback(int(found.group(1)))
-
-    errReceived = outReceived
-
-    def processEnded(self, reason: Failure) -> None:
-        if not self.listening.called:
-            self.listening.errback(RuntimeError(self.output.decode(errors="replace")))
-        self.ended.callback(None)
-
-
 class Environment:
     """
     A new virtual environment (no pip of its own) that sees the test environment's
@@ -644,7 +618,7 @@ class InstallIntoAnEnvironmentTests(TestCase):
         plugin_config(self.config, ["acme_edge.plugin@v1.0.0"], backend.port)
         code, out, err = await self.env.edgegw("check", self.config)
         self.assertEqual(code, 0, err)
-        daemon = _Daemon()
+        daemon = DaemonProtocol()
         process = reactor.spawnProcess(
             daemon,
             self.env.python,
