@@ -34,7 +34,7 @@ from typing import Any
 
 from twisted.application.internet import StreamServerEndpointService
 from twisted.application.service import IService, MultiService, Service
-from twisted.internet.defer import Deferred, maybeDeferred, succeed
+from twisted.internet.defer import Deferred, gatherResults, maybeDeferred, succeed
 from twisted.internet.interfaces import (
     IListeningPort,
     IStreamServerEndpoint,
@@ -44,14 +44,20 @@ from twisted.python.failure import Failure
 from zope.interface import implementer
 
 from edgegw.chain.access_log import AccessLog
+from edgegw.config.errors import ConfigError, Problem
 from edgegw.config.model import Config
+from edgegw.config.parse import load_config
 from edgegw.gateway import Gateway, build_gateway
+from edgegw.notify import SystemdNotifier
 from edgegw.server.limits import LimitedSite
 from edgegw.server.listen import server_endpoint
 from edgegw.telemetry import Telemetry
 from edgegw.upstream.pool import UpstreamClient
 
 _log = Logger(namespace="edgegw.service")
+
+STATUS_INTERVAL = 10.0
+"""Seconds between checks of the C{STATUS=} line sent to systemd (sent when it changes)."""
 
 
 @implementer(IStreamServerEndpoint)
@@ -190,13 +196,42 @@ class GatewayService(MultiService):
     Serves one L{Gateway}: the root of the service tree (see the module docstring).
     """
 
-    def __init__(self, gateway: Gateway, reactor: Any) -> None:
+    def __init__(
+        self,
+        gateway: Gateway,
+        reactor: Any,
+        source: str | None = None,
+        notifier: SystemdNotifier | None = None,
+        **build_options: Any,
+    ) -> None:
+        """
+        @param source: Where the configuration was read from, read again by L{reload}.
+        @param notifier: Tells systemd when the gateway is ready, reloading, stopping.
+        @param build_options: Passed to L{build_gateway} again on a reload.
+        """
         super().__init__()
         self.gateway = gateway
         self.reactor = reactor
+        self.source = source
+        self.notifier = notifier or SystemdNotifier({})
+        self._build_options = build_options
         self.listener = ListenerService(gateway.config.gateway.listen, gateway.site, reactor)
+        self.listener.setName("listener")
+        self.listener.setServiceParent(self)
+        self._adopt(gateway)
+        self._stop_waiters: list[Deferred[None]] | None = None
+        # Gateways replaced by a reload, until their requests in flight have finished
+        # and their services have stopped.
+        self._retiring: list[Deferred[None]] = []
+        self._status_call: Any = None
+        self._status = ""
+
+    def _adopt(self, gateway: Gateway) -> None:
+        """
+        Add the children that serve C{gateway} (all but the listener), started when the
+        tree is running.
+        """
         children: list[tuple[str, Service]] = [
-            ("listener", self.listener),
             ("access-log", AccessLogService(gateway.access_log)),
             ("upstream-pool", UpstreamPoolService(gateway.upstream_client)),
         ]
@@ -214,7 +249,6 @@ class GatewayService(MultiService):
         for name, child in children:
             child.setName(name)
             child.setServiceParent(self)
-        self._stop_waiters: list[Deferred[None]] | None = None
 
     @property
     def port(self) -> IListeningPort | None:
@@ -225,7 +259,7 @@ class GatewayService(MultiService):
 
     def startService(self) -> None:
         """
-        Start the children; say where the gateway listens.
+        Start the children; say where the gateway listens, and tell systemd it is ready.
         """
         super().startService()
         port = self.listener.port
@@ -235,6 +269,129 @@ class GatewayService(MultiService):
                 address=port.getHost(),
                 count=len(self.gateway.routes),
             )
+            # Under twistd this runs before the reactor does, and so before its SIGTERM
+            # handler exists: systemd may stop the service as soon as it is ready.
+            self.reactor.callWhenRunning(self._ready)
+
+    def _ready(self) -> None:
+        if not self.running or self._stop_waiters is not None:
+            return
+        self._status = self.status_line()
+        self.notifier.ready(self._status)
+        self._status_call = self.reactor.callLater(STATUS_INTERVAL, self._update_status)
+
+    def status_line(self) -> str:
+        """
+        One line for C{systemctl status}: routes, the listen address, the IdP's state.
+        """
+        gateway = self.gateway
+        port = self.listener.port
+        line = f"serving {len(gateway.routes)} routes on {port.getHost() if port else '-'}"
+        idp = gateway.idp
+        if idp is not None:
+            reachable = "reachable" if idp.ready else "not reachable yet"
+            line += f"; IdP {idp.spec.issuer} {reachable}"
+        return line
+
+    def _update_status(self) -> None:
+        status = self.status_line()
+        if status != self._status:
+            self._status = status
+            self.notifier.status(status)
+        self._status_call = self.reactor.callLater(STATUS_INTERVAL, self._update_status)
+
+    def reload(self) -> bool:
+        """
+        Read the configuration again (SIGHUP). A valid one serves every new connection
+        from now on; the requests in flight finish on the old one, whose connections
+        close after their response (idle ones at once), and whose services stop once
+        they have (or after its C{drainTimeout}). An invalid one, or one that listens
+        elsewhere (that needs a restart), is logged and the old one keeps serving.
+
+        @return: Whether the new configuration was taken.
+        """
+        if self.source is None or not self.running or self._stop_waiters is not None:
+            return False
+        self.notifier.reloading()
+        try:
+            taken = self._replace()
+        finally:
+            self._status = self.status_line()
+            self.notifier.ready(self._status)
+        return taken
+
+    def _replace(self) -> bool:
+        assert self.source is not None
+        old = self.gateway
+        try:
+            config = load_config(self.source)
+            listen = config.gateway.listen
+            if listen != old.config.gateway.listen:
+                problem = Problem(
+                    config.gateway.location,
+                    "spec.listen",
+                    f"changed from {old.config.gateway.listen} to {listen}: a new listen "
+                    "address needs a restart (the running configuration keeps serving)",
+                )
+                raise ConfigError([problem])
+            new = build_gateway(config, self.reactor, **self._build_options)
+            open_access_log(new)
+        except ConfigError as e:
+            _log.error(
+                "reload refused, the running configuration keeps serving: {problems}",
+                problems=e.render(),
+            )
+            return False
+        retired = [child for child in self if child is not self.listener]
+        for child in retired:
+            # Out of the tree without being stopped: they stop once the old requests
+            # have finished.
+            self.services.remove(child)
+            del self.namedServices[child.name]
+            child.parent = None
+        self.gateway = new
+        self._adopt(new)
+        self._switch_site(new)
+        _log.info(
+            "configuration reloaded from {source}: {count} routes",
+            source=self.source,
+            count=len(new.routes),
+        )
+        retiring = self._retire(old, retired)
+        self._retiring.append(retiring)
+        retiring.addBoth(self._retired, retiring)
+        return True
+
+    def _retired(self, result: object, retiring: Deferred[None]) -> None:
+        if retiring in self._retiring:
+            self._retiring.remove(retiring)
+
+    def _switch_site(self, new: Gateway) -> None:
+        """
+        New connections go to C{new}'s Site.
+        """
+        self.listener.factory = new.site
+        port: Any = self.listener.port
+        if port is not None:
+            factory = port.factory
+            if getattr(factory, "wrappedFactory", None) is not None:
+                factory.wrappedFactory = new.site  # a TLS wrapper around the Site
+            else:
+                port.factory = new.site
+
+    def _retire(self, old: Gateway, children: list[IService]) -> Deferred[None]:
+        """
+        Drain C{old} (its connections close after their response, idle ones now), then
+        stop its services in reverse start order.
+        """
+        drained = old.inflight.drain()
+        old.site.shut_down()
+        drained.addTimeout(old.config.gateway.drain_timeout, self.reactor)
+        stopping: Deferred[Any] = drained.addErrback(lambda _: None)
+        for child in reversed(children):
+            stopping.addCallback(_stop_child, child)
+        stopping.addErrback(_log_retire_failure)
+        return stopping.addCallback(lambda _: None)
 
     def stopService(self) -> Deferred[None]:
         """
@@ -249,6 +406,9 @@ class GatewayService(MultiService):
             self._stop_waiters.append(waiter)
             return waiter
         self._stop_waiters = []
+        self.notifier.stopping()
+        if self._status_call is not None and self._status_call.active():
+            self._status_call.cancel()
         Service.stopService(self)
         # From now on every response closes its connection, those in flight included.
         drained = self._drain()
@@ -257,6 +417,8 @@ class GatewayService(MultiService):
         for child in reversed(list(self)):
             if child is not self.listener:
                 stopping.addCallback(_stop_child, child)
+        # And what a reload replaced, if it has not finished yet.
+        stopping.addCallback(lambda _: gatherResults(list(self._retiring)))
         stopping.addBoth(self._stopped)
         return stopping
 
@@ -274,6 +436,9 @@ class GatewayService(MultiService):
         drained = inflight.drain()
         # An idle keep-alive connection would otherwise carry new requests until the end.
         self.gateway.site.shut_down()
+        for retiring in self._retiring:
+            # Their gateways are draining already; keep the tree's stop within its own.
+            retiring.addTimeout(self.gateway.config.gateway.drain_timeout, self.reactor)
         timeout = self.gateway.config.gateway.drain_timeout
         if inflight.count:
             _log.info(
@@ -298,14 +463,48 @@ def _stop_child(result: object, child: IService) -> Deferred[Any]:
     return maybeDeferred(child.stopService)
 
 
-def build_service(config: Config, reactor: Any, **build_options: Any) -> GatewayService:
+def build_service(
+    config: Config,
+    reactor: Any,
+    source: str | None = None,
+    notifier: SystemdNotifier | None = None,
+    **build_options: Any,
+) -> GatewayService:
     """
     Build the gateway of C{config} and its whole service tree, starting nothing.
 
     @param reactor: The reactor (a test clock for C{edgegw check}, which starts nothing).
-
+    @param source: Where C{config} was read from (what a reload reads again).
+    @param notifier: Tells systemd about readiness, reloads and stopping.
     @param build_options: Passed to L{build_gateway} (tests inject an upstream client or
         a span processor).
     @raise ConfigError: Something in the configuration cannot run.
     """
-    return GatewayService(build_gateway(config, reactor, **build_options), reactor)
+    gateway = build_gateway(config, reactor, **build_options)
+    return GatewayService(gateway, reactor, source, notifier, **build_options)
+
+
+def open_access_log(gateway: Gateway) -> None:
+    """
+    Open (and create) the access-log file as the daemon starts: building the gateway
+    opens nothing, so that C{edgegw check} leaves no file behind (run as root, it would
+    leave one the service user cannot write).
+
+    @raise ConfigError: The file cannot be opened.
+    """
+    writer = gateway.access_log.writer
+    if writer is None:
+        return
+    try:
+        writer.open()
+    except OSError as e:
+        problem = Problem(
+            gateway.config.gateway.location,
+            "spec.accessLog.output",
+            f"cannot open {writer.output}: {e.strerror or e}",
+        )
+        raise ConfigError([problem]) from None
+
+
+def _log_retire_failure(failure: Failure) -> None:
+    _log.failure("stopping the services of a replaced configuration", failure)

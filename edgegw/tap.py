@@ -5,17 +5,15 @@ The twistd plugin's options and service factory: C{twistd -n edgegw --config PAT
 from __future__ import annotations
 
 import gc
+import signal
 import sys
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from twisted.application.service import IService
 from twisted.python import usage
 
-from edgegw.config.errors import ConfigError, Problem
+from edgegw.config.errors import ConfigError
 from edgegw.config.parse import load_config
-
-if TYPE_CHECKING:
-    from edgegw.gateway import Gateway
 
 DEFAULT_CONFIG = "/etc/edgegw"
 GC_YOUNG_THRESHOLD = 20_000
@@ -49,7 +47,8 @@ def makeService(options: Options | dict[str, Any]) -> IService:
     """
     from twisted.internet import reactor
 
-    from edgegw.service import build_service
+    from edgegw.notify import SystemdNotifier
+    from edgegw.service import build_service, open_access_log
 
     source = options["config"]
     if options.get("check"):
@@ -57,35 +56,31 @@ def makeService(options: Options | dict[str, Any]) -> IService:
 
         raise SystemExit(check(source))
     try:
-        service = build_service(load_config(source), reactor)
+        service = build_service(load_config(source), reactor, source, SystemdNotifier())
         open_access_log(service.gateway)
     except ConfigError as e:
         sys.stderr.write(f"edgegw: {e.render()}\n")
         raise SystemExit(1) from None
     tune_garbage_collector()
+    install_reload_signal(service, reactor)
     return service
 
 
-def open_access_log(gateway: Gateway) -> None:
+def install_reload_signal(service: Any, reactor: Any) -> None:
     """
-    Open (and create) the access-log file as the daemon starts: building the gateway
-    opens nothing, so that C{edgegw check} leaves no file behind (run as root, it would
-    leave one the service user cannot write).
+    Reload the configuration on SIGHUP (systemd's C{ExecReload}): the handler only asks
+    the reactor, which runs the reload between two events.
+    """
 
-    @raise ConfigError: The file cannot be opened.
-    """
-    writer = gateway.access_log.writer
-    if writer is None:
-        return
-    try:
-        writer.open()
-    except OSError as e:
-        problem = Problem(
-            gateway.config.gateway.location,
-            "spec.accessLog.output",
-            f"cannot open {writer.output}: {e.strerror or e}",
-        )
-        raise ConfigError([problem]) from None
+    def reload() -> None:
+        service.reload()
+        # What the configuration built is long-lived again: out of the collector's sight.
+        tune_garbage_collector()
+
+    def handler(signum: int, frame: object) -> None:
+        reactor.callFromThread(reload)
+
+    signal.signal(signal.SIGHUP, handler)
 
 
 def tune_garbage_collector(young_threshold: int = GC_YOUNG_THRESHOLD) -> None:
