@@ -17,7 +17,8 @@ OLDEST_STAMP := $(OLDEST)/.installed
 E2E := tests/e2e
 E2E_STAMP := $(E2E)/node_modules/.installed
 
-.PHONY: run test check lint typecheck layers unit unit-oldest venv clean bench redis
+.PHONY: run test check lint typecheck layers unit unit-oldest venv clean bench redis \
+	systemd-tools
 
 # $(call debian,TEST,PACKAGES,WHO): when the shell command TEST fails, install Debian's
 # PACKAGES when root, else say what to run and stop.
@@ -59,6 +60,12 @@ need_redis = $(call debian,command -v redis-server,redis-server,edgegw's tests n
 
 redis:
 	$(need_redis)
+
+# The unit-file tests run systemd's own checks (systemd-analyze verify and security).
+need_systemd = $(call debian,command -v systemd-analyze,systemd,edgegw's tests need)
+
+systemd-tools:
+	$(need_systemd)
 
 $(E2E_STAMP): $(E2E)/package-lock.json
 	$(need_node)
@@ -104,11 +111,11 @@ typecheck: $(STAMP)
 layers: $(STAMP)
 	$(BIN)/lint-imports
 
-unit: $(STAMP) $(E2E_STAMP) redis
+unit: $(STAMP) $(E2E_STAMP) redis systemd-tools
 	$(BIN)/trial --jobs=2 tests
 
 ## The trial suite again, on the oldest versions the dependency ranges allow.
-unit-oldest: $(OLDEST_STAMP) $(E2E_STAMP) redis
+unit-oldest: $(OLDEST_STAMP) $(E2E_STAMP) redis systemd-tools
 	$(OLDEST)/bin/trial --jobs=2 --temp-directory=_trial_temp_oldest tests
 
 ## Set up and pass the whole suite: lint, types, layers, tests (newest and oldest versions).

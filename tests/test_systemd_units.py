@@ -1,0 +1,116 @@
+"""
+The systemd units in systemd/: what C{systemd-analyze verify} and
+C{systemd-analyze security} say of them (systemd's own tools; C{make test} installs
+Debian's systemd where they are missing), and the settings the daemon relies on.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+
+from twisted.trial.unittest import SynchronousTestCase
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+UNITS = os.path.join(ROOT, "systemd")
+PREFIX = "/opt/venvs/edgegw"
+"""Where the package installs the gateway's virtual environment (the units name it)."""
+
+
+def _analyze(*args: str) -> subprocess.CompletedProcess[str]:
+    tool = shutil.which("systemd-analyze")
+    if tool is None:
+        raise AssertionError("systemd-analyze is missing: make test installs Debian's systemd")
+    return subprocess.run([tool, *args], capture_output=True, text=True, timeout=60, check=False)
+
+
+def _settings(name: str) -> dict[str, list[str]]:
+    settings: dict[str, list[str]] = {}
+    with open(os.path.join(UNITS, name), encoding="utf-8") as stream:
+        for line in stream:
+            line = line.strip()
+            if not line or line.startswith(("#", "[")):
+                continue
+            key, _, value = line.partition("=")
+            settings.setdefault(key, []).append(value)
+    return settings
+
+
+class UnitFileTests(SynchronousTestCase):
+    """
+    The units, as installed, checked by systemd's own tools.
+    """
+
+    def installed(self) -> str:
+        """
+        The units in a temporary directory, the package's prefix replaced by one where
+        edgegw and twistd (this environment's) exist: verify checks every command.
+        """
+        directory: str = os.path.abspath(self.mktemp())
+        bin_dir = os.path.join(directory, "venv", "bin")
+        os.makedirs(bin_dir)
+        for command in ("edgegw", "twistd"):
+            os.symlink(
+                os.path.join(os.path.dirname(sys.executable), command),
+                os.path.join(bin_dir, command),
+            )
+        for name in os.listdir(UNITS):
+            with open(os.path.join(UNITS, name), encoding="utf-8") as source:
+                text = source.read().replace(PREFIX, os.path.join(directory, "venv"))
+            with open(os.path.join(directory, name), "w", encoding="utf-8") as target:
+                target.write(text)
+        return directory
+
+    def test_verify_is_clean(self) -> None:
+        directory = self.installed()
+        units = sorted(
+            os.path.join(directory, name)
+            for name in os.listdir(directory)
+            if name.endswith((".service", ".socket"))
+        )
+        result = _analyze("verify", *units)
+        self.assertEqual((result.returncode, result.stdout + result.stderr), (0, ""))
+
+    def test_security_is_ok_or_better(self) -> None:
+        directory = self.installed()
+        # --threshold is the exposure times ten: at most 4.9, systemd's "OK".
+        result = _analyze(
+            "security",
+            "--offline=true",
+            "--threshold=49",
+            "--no-pager",
+            os.path.join(directory, "edgegw.service"),
+        )
+        self.assertEqual(result.returncode, 0, result.stdout + result.stderr)
+        self.assertRegex(
+            result.stdout, r"Overall exposure level for edgegw\.service: \d\.\d (OK|SAFE)"
+        )
+
+    def test_service_settings(self) -> None:
+        service = _settings("edgegw.service")
+        for key, value in {
+            "Type": "notify",
+            "NotifyAccess": "main",
+            "User": "edgegw",
+            "Group": "edgegw",
+            "ExecStartPre": f"{PREFIX}/bin/edgegw check /etc/edgegw",
+            "ExecReload": "/bin/kill -HUP $MAINPID",
+            "ConfigurationDirectory": "edgegw",
+            "LogsDirectory": "edgegw",
+            "RuntimeDirectory": "edgegw",
+            "Restart": "on-failure",
+            "NoNewPrivileges": "yes",
+            "ProtectSystem": "strict",
+            "CapabilityBoundingSet": "",
+            "SystemCallArchitectures": "native",
+        }.items():
+            self.assertEqual(service.get(key), [value], key)
+        self.assertIn("@system-service", service["SystemCallFilter"])
+        self.assertEqual(
+            service["ExecStart"],
+            [f"{PREFIX}/bin/twistd --nodaemon --pidfile= edgegw --config /etc/edgegw"],
+        )
+        socket = _settings("edgegw.socket")
+        self.assertEqual(socket["FileDescriptorName"], ["edgegw"])
