@@ -110,7 +110,10 @@ class UnitFileTests(SynchronousTestCase):
         self.assertIn("@system-service", service["SystemCallFilter"])
         self.assertEqual(
             service["ExecStart"],
-            [f"{PREFIX}/bin/twistd --nodaemon --pidfile= edgegw --config /etc/edgegw"],
+            [
+                f"{PREFIX}/bin/twistd --nodaemon --pidfile= --logger=edgegw.journal.observer "
+                "edgegw --config /etc/edgegw"
+            ],
         )
         socket = _settings("edgegw.socket")
         self.assertEqual(socket["FileDescriptorName"], ["edgegw"])
