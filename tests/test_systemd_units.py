@@ -7,6 +7,7 @@ Debian's systemd where they are missing), and the settings the daemon relies on.
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -59,7 +60,9 @@ class UnitFileTests(SynchronousTestCase):
         for name in os.listdir(UNITS):
             with open(os.path.join(UNITS, name), encoding="utf-8") as source:
                 text = source.read().replace(PREFIX, os.path.join(directory, "venv"))
-            with open(os.path.join(directory, name), "w", encoding="utf-8") as target:
+            # The template as systemd instantiates it (the worker units).
+            installed = name.replace("@.", "@1.")
+            with open(os.path.join(directory, installed), "w", encoding="utf-8") as target:
                 target.write(text)
         return directory
 
@@ -75,21 +78,33 @@ class UnitFileTests(SynchronousTestCase):
 
     def test_security_is_ok_or_better(self) -> None:
         directory = self.installed()
-        # --threshold is the exposure times ten: at most 4.9, systemd's "OK".
-        result = _analyze(
-            "security",
-            "--offline=true",
-            "--threshold=49",
-            "--no-pager",
-            os.path.join(directory, "edgegw.service"),
-        )
-        self.assertEqual(result.returncode, 0, result.stdout + result.stderr)
-        self.assertRegex(
-            result.stdout, r"Overall exposure level for edgegw\.service: \d\.\d (OK|SAFE)"
-        )
+        for service in ("edgegw.service", "edgegw@1.service"):
+            # --threshold is the exposure times ten: at most 4.9, systemd's "OK".
+            result = _analyze(
+                "security",
+                "--offline=true",
+                "--threshold=49",
+                "--no-pager",
+                os.path.join(directory, service),
+            )
+            self.assertEqual(result.returncode, 0, result.stdout + result.stderr)
+            self.assertRegex(
+                result.stdout,
+                rf"Overall exposure level for {re.escape(service)}: \d\.\d (OK|SAFE)",
+            )
 
     def test_service_settings(self) -> None:
-        service = _settings("edgegw.service")
+        for name in ("edgegw.service", "edgegw@.service"):
+            self.check_service(_settings(name))
+        self.assertEqual(_settings("edgegw@.service")["Sockets"], ["edgegw-workers.socket"])
+        for name in ("edgegw.socket", "edgegw-workers.socket"):
+            socket = _settings(name)
+            self.assertEqual(socket["FileDescriptorName"], ["edgegw"])
+            # What the packaged configuration's listen is served on (etc/edgegw-package).
+            self.assertEqual(socket["ListenStream"], ["8080"])
+        self.assertEqual(_settings("edgegw-workers.socket")["Service"], ["edgegw@1.service"])
+
+    def check_service(self, service: dict[str, list[str]]) -> None:
         for key, value in {
             "Type": "notify",
             "NotifyAccess": "main",
@@ -115,5 +130,3 @@ class UnitFileTests(SynchronousTestCase):
                 "edgegw --config /etc/edgegw"
             ],
         )
-        socket = _settings("edgegw.socket")
-        self.assertEqual(socket["FileDescriptorName"], ["edgegw"])

@@ -1,0 +1,115 @@
+"""
+Worker processes (systemd/edgegw@.service): several gateways on one machine sharing one
+listening socket that systemd passes each of them, as systemd does (LISTEN_FDS,
+LISTEN_PID, the socket at descriptor 3), with the packaged configuration's listen value.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+from typing import Any
+
+from twisted.internet import reactor as _reactor
+from twisted.trial.unittest import TestCase
+
+from tests.support.configs import write_tree
+from tests.support.processes import http_get, kill
+from tests.test_daemon import BIN, ENV, ROOT, DaemonProtocol
+
+reactor: Any = _reactor
+PACKAGED = os.path.join(ROOT, "etc", "edgegw-package")
+
+
+def shared_listener() -> socket.socket:
+    """
+    A listening socket on 127.0.0.1, as edgegw.socket would hold it.
+    """
+    listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(128)
+    return listener
+
+
+def worker(test: TestCase, listener: socket.socket, config: str) -> DaemonProtocol:
+    """
+    One gateway process given C{listener} as systemd gives it a socket.
+    """
+    protocol = DaemonProtocol()
+    twistd = os.path.join(BIN, "twistd")
+    process = reactor.spawnProcess(
+        protocol,
+        "/bin/sh",
+        [
+            "sh",
+            "-c",
+            'export LISTEN_PID=$$; exec "$0" -n --pidfile= '
+            '--logger=edgegw.journal.observer edgegw --config "$1"',
+            twistd,
+            config,
+        ],
+        env={**ENV, "LISTEN_FDS": "1", "LISTEN_FDNAMES": "edgegw"},
+        path=ROOT,
+        childFDs={0: "w", 1: "r", 2: "r", 3: listener.fileno()},
+    )
+    test.addCleanup(lambda: protocol.ended)
+    test.addCleanup(kill, process)
+    return protocol
+
+
+class WorkerTests(TestCase):
+    """
+    Two workers, one socket.
+    """
+
+    timeout = 60
+
+    async def test_two_workers_share_one_socket(self) -> None:
+        listener = shared_listener()
+        self.addCleanup(listener.close)
+        port = listener.getsockname()[1]
+        config = write_tree(
+            self.mktemp(),
+            {name: _read(os.path.join(PACKAGED, name)) for name in os.listdir(PACKAGED)},
+        )
+        workers = [worker(self, listener, config) for _ in range(2)]
+        for each in workers:
+            await each.listening
+        answered = 0
+        for _ in range(200):
+            # A new connection each time: the kernel hands it to either process.
+            response = await http_get(f"http://127.0.0.1:{port}/healthz")
+            self.assertEqual(response.code, 200)
+            await response.content()
+            answered += 1
+        self.assertEqual(answered, 200)
+        # The access-log lines come in batches (every 100 ms): wait for all of them.
+        for _ in range(100):
+            served = [_served(each.output) for each in workers]
+            if sum(served) == 200:
+                break
+            await _sleep(0.05)
+        # Both processes answered some of the requests, on the one socket.
+        self.assertTrue(all(count > 0 for count in served), served)
+        self.assertEqual(sum(served), 200)
+
+
+def _served(output: bytes) -> int:
+    """
+    How many 200s a worker's JSON log shows.
+    """
+    records = [json.loads(line) for line in output.splitlines() if line.startswith(b"{")]
+    return sum(1 for record in records if record.get("access", {}).get("status") == 200)
+
+
+def _read(path: str) -> str:
+    with open(path, encoding="utf-8") as stream:
+        return stream.read()
+
+
+async def _sleep(seconds: float) -> None:
+    from twisted.internet.task import deferLater
+
+    await deferLater(reactor, seconds, lambda: None)
