@@ -131,6 +131,8 @@ bench: $(STAMP)
 	$(BIN)/python -m bench telemetry
 	$(BIN)/python -m bench session
 	$(BIN)/python -m bench bearer
+	$(BIN)/python -m bench plugins
+	$(BIN)/python -m bench workers
 
 clean:
 	rm -rf $(VENV) $(OLDEST) _trial_temp* build *.egg-info .mypy_cache .ruff_cache

@@ -1,6 +1,6 @@
 """
-C{python -m bench proxy|memory|api|authz|telemetry|session|server-session|bearer|plugins}: the
-benchmark harness's command line.
+The benchmark harness's command line: C{python -m bench COMMAND}, where COMMAND is one of
+proxy, memory, api, authz, telemetry, session, server-session, bearer, plugins, workers.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from bench import (
     session,
     telemetry,
     variants,
+    workers,
 )
 from bench.tools import MissingToolsError
 
@@ -308,6 +309,20 @@ def parser() -> argparse.ArgumentParser:
         variants.Settings(),
         "wrk connections",
     )
+    _wrk_options(
+        commands.add_parser(
+            "workers",
+            help="one edgegw process against two worker processes on one socket: req/s",
+            description=(
+                "Measure, interleaved over rounds, the same health route served by (a) one "
+                "edgegw process, (b) two processes sharing one listening socket passed in "
+                "as systemd passes it. Target: b at least 1.8x a (needs a core per worker "
+                "besides wrk's)."
+            ),
+        ),
+        variants.Settings(),
+        "wrk connections",
+    )
     return top
 
 
@@ -348,6 +363,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return bearer.run(variants.Settings(**_wrk_settings(args)))
         if args.command == "plugins":
             return plugins.run(variants.Settings(**_wrk_settings(args)))
+        if args.command == "workers":
+            return workers.run(variants.Settings(**_wrk_settings(args)))
         return memory.run(
             memory.Settings(
                 download_size=args.download_size,

@@ -70,6 +70,7 @@ class Process:
     @ivar log: The file receiving the process's stdout and stderr.
     @param env: Its whole environment; the harness's own by default.
     @param cwd: Its working directory; the repository root by default.
+    @param pass_fds: Descriptors it inherits (a listening socket).
     """
 
     def __init__(
@@ -79,6 +80,7 @@ class Process:
         log: Path,
         env: Mapping[str, str] | None = None,
         cwd: Path = REPO_ROOT,
+        pass_fds: Sequence[int] = (),
     ) -> None:
         self.name = name
         self.log = log
@@ -91,6 +93,7 @@ class Process:
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
+                pass_fds=tuple(pass_fds),
             )
 
     @property
