@@ -18,7 +18,7 @@ E2E := tests/e2e
 E2E_STAMP := $(E2E)/node_modules/.installed
 
 .PHONY: run test check lint typecheck layers unit unit-oldest venv clean bench redis \
-	systemd-tools
+	systemd-tools deb
 
 # $(call debian,TEST,PACKAGES,WHO): when the shell command TEST fails, install Debian's
 # PACKAGES when root, else say what to run and stop.
@@ -67,6 +67,27 @@ need_systemd = $(call debian,command -v systemd-analyze,systemd,edgegw's tests n
 systemd-tools:
 	$(need_systemd)
 
+# The Debian package (debian/), built from a copy of the tree into build/deb/ and
+# checked by lintian; the package tests (tests/test_debian_package.py) inspect it.
+DEB_DIR := build/deb
+DEB_STAMP := $(DEB_DIR)/.built
+DEB_TOOLS = command -v dpkg-buildpackage && command -v dh && command -v lintian \
+	&& command -v fakeroot && /usr/bin/python3.11 -c "import ensurepip, venv"
+need_deb_tools = $(call debian,$(DEB_TOOLS),dpkg-dev debhelper lintian fakeroot python3-venv,\
+	edgegw's package build needs)
+
+## Build the Debian package: build/deb/edgegw_VERSION_ARCH.deb (lintian-clean).
+deb: $(DEB_STAMP)
+
+$(DEB_STAMP): $(wildcard $(shell git ls-files 2>/dev/null))
+	$(need_deb_tools)
+	rm -rf $(DEB_DIR) && mkdir -p $(DEB_DIR)/src
+	git ls-files -z --cached --others --exclude-standard | xargs -0 cp --parents -t $(DEB_DIR)/src
+	cd $(DEB_DIR)/src && dpkg-buildpackage -us -uc -b
+	lintian --fail-on error,warning $(DEB_DIR)/*.deb
+	rm -rf $(DEB_DIR)/src
+	touch $(DEB_STAMP)
+
 $(E2E_STAMP): $(E2E)/package-lock.json
 	$(need_node)
 	npm ci --prefix $(E2E) --no-audit --no-fund
@@ -111,11 +132,11 @@ typecheck: $(STAMP)
 layers: $(STAMP)
 	$(BIN)/lint-imports
 
-unit: $(STAMP) $(E2E_STAMP) redis systemd-tools
+unit: $(STAMP) $(E2E_STAMP) redis systemd-tools $(DEB_STAMP)
 	$(BIN)/trial --jobs=2 tests
 
 ## The trial suite again, on the oldest versions the dependency ranges allow.
-unit-oldest: $(OLDEST_STAMP) $(E2E_STAMP) redis systemd-tools
+unit-oldest: $(OLDEST_STAMP) $(E2E_STAMP) redis systemd-tools $(DEB_STAMP)
 	$(OLDEST)/bin/trial --jobs=2 --temp-directory=_trial_temp_oldest tests
 
 ## Set up and pass the whole suite: lint, types, layers, tests (newest and oldest versions).
