@@ -7,7 +7,9 @@ SIGHUP reloads of a real twistd process with a request in flight.
 from __future__ import annotations
 
 import os
+import shutil
 import signal
+import tempfile
 from typing import Any
 
 from twisted.internet import reactor as _reactor
@@ -107,7 +109,10 @@ class ReloadTests(TestCase):
 
         self.backend = SiteBackend(slow).start()
         self.addCleanup(lambda: Deferred.fromCoroutine(self.backend.stop()))
-        self.socket_path = os.path.abspath(self.mktemp())
+        # A short path: trial's temporary directories can exceed AF_UNIX's 108 bytes.
+        directory = tempfile.mkdtemp(prefix="edgegw-notify-")
+        self.addCleanup(shutil.rmtree, directory, True)
+        self.socket_path = os.path.join(directory, "notify")
         self.notes = _Messages()
         listening = reactor.listenUNIXDatagram(self.socket_path, self.notes)
         self.addCleanup(listening.stopListening)
