@@ -23,6 +23,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from twisted.logger import ILogObserver, LogLevel, formatEvent
+from twisted.python.threadable import isInIOThread
 from zope.interface import implementer
 
 from edgegw.chain.access_writer import LineWriter
@@ -46,9 +47,20 @@ class JsonLinesObserver:
     @ivar priorities: Prefix each line with its syslog priority (for journald).
     """
 
-    def __init__(self, writer: LineWriter, priorities: bool = False) -> None:
+    def __init__(
+        self,
+        writer: LineWriter,
+        priorities: bool = False,
+        reactor: Any = None,
+    ) -> None:
+        """
+        @param reactor: The reactor the writer flushes on: before it runs (a failure to
+            listen exits before it ever does) each line is flushed at once, and a line
+            logged from another thread is handed to it.
+        """
         self.writer = writer
         self.priorities = priorities
+        self.reactor = reactor
 
     def __call__(self, event: dict[str, Any]) -> None:
         level = event.get("log_level", LogLevel.info)
@@ -73,7 +85,18 @@ class JsonLinesObserver:
         line = json.dumps(record, ensure_ascii=False, default=str).encode("utf-8", "replace")
         if self.priorities:
             line = _PRIORITY.get(level, b"<6>") + line
-        self.writer.write(line)
+        reactor = self.reactor
+        if reactor is None:
+            self.writer.write(line)
+        elif not reactor.running:
+            # Startup (one thread): a failure to listen exits before the reactor runs.
+            self.writer.write(line)
+            self.writer.flush()
+        elif not isInIOThread():
+            # The OTLP exporter's thread logs too; the writer is the reactor's alone.
+            reactor.callFromThread(self.writer.write, line)
+        else:
+            self.writer.write(line)
 
 
 def observer() -> JsonLinesObserver:
@@ -85,4 +108,4 @@ def observer() -> JsonLinesObserver:
 
     writer = LineWriter(reactor, "-")
     reactor.addSystemEventTrigger("after", "shutdown", writer.close)
-    return JsonLinesObserver(writer, priorities="JOURNAL_STREAM" in os.environ)
+    return JsonLinesObserver(writer, priorities="JOURNAL_STREAM" in os.environ, reactor=reactor)

@@ -8,11 +8,13 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import socket
 from typing import Any
 
 from twisted.internet import reactor as _reactor
 from twisted.internet.protocol import ProcessProtocol
 from twisted.internet.task import deferLater
+from twisted.internet.utils import getProcessOutputAndValue
 from twisted.logger import Logger, LogLevel
 from twisted.python.failure import Failure
 from twisted.trial.unittest import SynchronousTestCase, TestCase
@@ -158,3 +160,41 @@ class BlockedStdoutTests(TestCase):
         complete = waiting.rpartition(b"\n")[0].split(b"\n")
         records = [json.loads(line) for line in complete if line.startswith(b"{")]
         self.assertTrue(any(record.get("access", {}).get("status") == 200 for record in records))
+
+
+class StartupFailureTests(TestCase):
+    """
+    A daemon that cannot listen exits before its reactor runs: what it says about it
+    still reaches the journal.
+    """
+
+    timeout = 30
+
+    async def test_bind_failure_is_logged(self) -> None:
+        taken = socket.socket()
+        taken.bind(("127.0.0.1", 0))
+        taken.listen(1)
+        self.addCleanup(taken.close)
+        port = taken.getsockname()[1]
+        root = write_tree(
+            self.mktemp(),
+            {
+                "a.yaml": GATEWAY.replace('"127.0.0.1:0"', f'"127.0.0.1:{port}"')
+                + "---\nkind: Route\nmetadata: {name: h}\n"
+                + HEALTH
+            },
+        )
+        out, err, code = await getProcessOutputAndValue(
+            os.path.join(BIN, "twistd"),
+            ["-n", "--pidfile=", "--logger=edgegw.journal.observer", "edgegw", "--config", root],
+            env=ENV,
+            path=ROOT,
+        )
+        self.assertEqual(code, 1)
+        messages = [
+            json.loads(line)["message"] for line in out.splitlines() if line.startswith(b"{")
+        ]
+        self.assertTrue(
+            any(f"cannot listen on 127.0.0.1:{port}" in message for message in messages),
+            out + err,
+        )
