@@ -71,6 +71,7 @@ class PackageTests(SynchronousTestCase):
             "usr/lib/sysusers.d/edgegw.conf",
             "usr/share/man/man1/edgegw.1.gz",
             "usr/share/doc/edgegw/copyright",
+            "usr/share/doc/edgegw/README.md",
             "usr/share/doc/edgegw/examples/edgegw/00-gateway.yaml",
             f"{VENV}/bin/twistd",
             f"{VENV}/bin/edgegw",
@@ -104,7 +105,10 @@ class PackageTests(SynchronousTestCase):
         with open(os.path.join(extracted, "postrm"), encoding="utf-8") as stream:
             self.assertIn("rm -rf /var/log/edgegw", stream.read())
         with open(os.path.join(extracted, "prerm"), encoding="utf-8") as stream:
-            self.assertIn("__pycache__", stream.read())
+            prerm = stream.read()
+        self.assertIn("__pycache__", prerm)
+        # Removal stops the service and the worker processes, not only the socket.
+        self.assertIn("deb-systemd-invoke stop edgegw.service edgegw-workers.socket", prerm)
 
     def test_lintian_is_clean(self) -> None:
         lintian = shutil.which("lintian")

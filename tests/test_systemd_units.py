@@ -106,12 +106,13 @@ class UnitFileTests(SynchronousTestCase):
 
     def check_service(self, service: dict[str, list[str]]) -> None:
         for key, value in {
+            "LogRateLimitIntervalSec": "0",
+            "RuntimeDirectoryPreserve": "yes",
             "Type": "notify",
             "NotifyAccess": "main",
             "User": "edgegw",
             "Group": "edgegw",
             "ExecStartPre": f"{PREFIX}/bin/edgegw check /etc/edgegw",
-            "ExecReload": "/bin/kill -HUP $MAINPID",
             "ConfigurationDirectory": "edgegw",
             "LogsDirectory": "edgegw",
             "RuntimeDirectory": "edgegw",
@@ -123,6 +124,10 @@ class UnitFileTests(SynchronousTestCase):
         }.items():
             self.assertEqual(service.get(key), [value], key)
         self.assertIn("@system-service", service["SystemCallFilter"])
+        self.assertEqual(
+            service["ExecReload"],
+            [f"{PREFIX}/bin/edgegw check /etc/edgegw", "/bin/kill -HUP $MAINPID"],
+        )
         self.assertEqual(
             service["ExecStart"],
             [
