@@ -315,6 +315,11 @@ class GatewayService(MultiService):
         self.notifier.reloading()
         try:
             taken = self._replace()
+        except Exception:
+            # A bug, not a configuration problem: logged, and the old one keeps serving
+            # if the swap had not begun.
+            _log.failure("reload failed")
+            taken = False
         finally:
             self._status = self.status_line()
             self.notifier.ready(self._status)
@@ -387,7 +392,9 @@ class GatewayService(MultiService):
         drained = old.inflight.drain()
         old.site.shut_down()
         drained.addTimeout(old.config.gateway.drain_timeout, self.reactor)
-        stopping: Deferred[Any] = drained.addErrback(lambda _: None)
+        # Past its drainTimeout, what the old configuration still serves (streams) is cut,
+        # as a stop would: nothing keeps running on stopped services.
+        stopping: Deferred[Any] = drained.addErrback(lambda _: _abort_connections(old))
         for child in reversed(children):
             stopping.addCallback(_stop_child, child)
         stopping.addErrback(_log_retire_failure)
@@ -504,6 +511,13 @@ def open_access_log(gateway: Gateway) -> None:
             f"cannot open {writer.output}: {e.strerror or e}",
         )
         raise ConfigError([problem]) from None
+
+
+def _abort_connections(gateway: Gateway) -> None:
+    for channel in list(gateway.site.connections.channels):
+        transport = getattr(channel, "transport", None)
+        if transport is not None:
+            transport.abortConnection()
 
 
 def _log_retire_failure(failure: Failure) -> None:

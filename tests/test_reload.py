@@ -197,6 +197,25 @@ class ReloadTests(TestCase):
         self.assertIn(b"\r\nConnection: close\r\n", answer)
         await self.output("configuration reloaded from")
 
+    async def test_old_connections_end_at_the_drain_timeout(self) -> None:
+        """
+        A request the old configuration still serves when its drainTimeout passes is cut,
+        as at a stop: nothing goes on running on its stopped services.
+        """
+        with open(os.path.join(self.root, "00-gateway.yaml"), "w") as stream:
+            stream.write(GATEWAY + "  drainTimeout: 1s\n")
+        port = await self.start()
+        in_flight = raw_exchange(port, b"GET /slow HTTP/1.1\r\nHost: x\r\n\r\n")
+        for _ in range(200):
+            if self.held:
+                break
+            await deferLater(reactor, 0.01, lambda: None)
+        os.kill(self.process.pid, signal.SIGHUP)
+        await self.notes.wait_for("READY=1", 2)
+        answer = await in_flight.addTimeout(10, reactor)
+        # Cut, not answered: the backend never finished.
+        self.assertEqual(answer, b"")
+
     async def test_invalid_reload_keeps_serving(self) -> None:
         port = await self.start()
         with open(os.path.join(self.root, "20-bad.yaml"), "w") as stream:
