@@ -198,3 +198,29 @@ class StartupFailureTests(TestCase):
             any(f"cannot listen on 127.0.0.1:{port}" in message for message in messages),
             out + err,
         )
+
+
+class ReportRecursionTests(SynchronousTestCase):
+    """
+    A writer whose drop report is logged back to itself (the journal observer's) does
+    not recurse when the report is dropped too.
+    """
+
+    def test_late_drop_report(self) -> None:
+        from twisted.internet.task import Clock
+        from twisted.logger import globalLogPublisher
+
+        from edgegw.chain.access_writer import LineWriter
+
+        writer = LineWriter(Clock(), "/dev/null")
+        # An output that takes nothing: every late line is dropped and reported.
+        writer._write = lambda data: 0
+        writer.open = lambda: None  # type: ignore[method-assign]
+        writer._close_output = lambda: None  # type: ignore[method-assign]
+        writer._closed = True
+        observer = JsonLinesObserver(writer)
+        globalLogPublisher.addObserver(observer)
+        self.addCleanup(globalLogPublisher.removeObserver, observer)
+        Logger(namespace="edgegw.test").info("one line")
+        self.assertGreaterEqual(writer.dropped, 2)
+        self.assertLess(writer.dropped, 10)

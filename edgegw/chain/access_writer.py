@@ -140,6 +140,7 @@ class LineWriter:
         self._report_call: IDelayedCall | None = None
         self._unreported = 0
         self._reason = ""
+        self._reporting = False
         self._closed = False
         self._fd = -1
         self._stdout: _Stdout | None = None
@@ -276,14 +277,22 @@ class LineWriter:
 
     def _report_drops(self) -> None:
         self._report_call = None
+        if self._reporting:
+            # The report itself came back to this writer (the daemon's journal log is
+            # one) and was dropped: counted, reported with the next one.
+            return
         count, self._unreported = self._unreported, 0
         if count:
-            _log.warn(
-                "access log {output}: {count} line(s) dropped ({reason})",
-                output=self.output,
-                count=count,
-                reason=self._reason,
-            )
+            self._reporting = True
+            try:
+                _log.warn(
+                    "access log {output}: {count} line(s) dropped ({reason})",
+                    output=self.output,
+                    count=count,
+                    reason=self._reason,
+                )
+            finally:
+                self._reporting = False
 
     def close(self) -> None:
         """
