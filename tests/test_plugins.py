@@ -38,6 +38,7 @@ from tests.support.plugin_dists import PluginBoomError, install_distribution, in
 from tests.support.processes import connections_closed, listen_local, port_of
 from tests.support.rawclient import connect, response_complete
 from tests.test_proxy import EchoWebSocket
+from tests.test_proxy import parse as parse_response
 
 reactor: Any = _reactor
 
@@ -161,19 +162,7 @@ def parse(data: bytes) -> Response:
     """
     Status, headers (lowercased names) and body (dechunked) of one response.
     """
-    status, headers = parse_head(data)
-    body = data.partition(b"\r\n\r\n")[2]
-    if "chunked" in headers.get("transfer-encoding", []):
-        decoded = b""
-        while True:
-            size_line, _, body = body.partition(b"\r\n")
-            size = int(size_line, 16)
-            if size == 0:
-                break
-            decoded += body[:size]
-            body = body[size + 2 :]
-        body = decoded
-    return status, headers, body
+    return parse_response(data)
 
 
 def request_bytes(
