@@ -28,6 +28,11 @@
 // token endpoint oidc-provider issues that JWT only when `resource=urn:edgegw:api` is sent:
 // without it (and with `openid` in scope) the access token is an opaque one for userinfo.
 //
+// The clients edgegw-service and edgegw-service-es256 (same secret) have the client
+// credentials grant only; with `resource=urn:edgegw:api` their access tokens are the
+// resource's JWTs, signed RS256 and ES256 respectively (both keys are in the JWKS, and
+// each process makes new ones: restarting it on the same --port rotates the keys).
+//
 // Users (devInteractions: the login form takes any password; only these login names are
 // accepted, others bring the login form back):
 //   alice: groups ["CN=Admins,OU=Groups,DC=Example,DC=Com",
@@ -57,6 +62,8 @@ for (const name of ['log', 'info', 'debug']) {
 
 const RESOURCE = 'urn:edgegw:api';
 const CLIENT_ID = 'edgegw';
+const SERVICE_CLIENT = 'edgegw-service';
+const SERVICE_CLIENT_ES256 = 'edgegw-service-es256';
 
 const USERS = {
   alice: {
@@ -137,10 +144,16 @@ function settings() {
   };
 }
 
+// One RS256 and one ES256 key, new kids each process: a restart is a key rotation.
 function signingKeys() {
-  const { privateKey } = crypto.generateKeyPairSync('rsa', { modulusLength: 2048 });
-  const jwk = privateKey.export({ format: 'jwk' });
-  return { keys: [{ ...jwk, kid: crypto.randomUUID(), use: 'sig', alg: 'RS256' }] };
+  const rsa = crypto.generateKeyPairSync('rsa', { modulusLength: 2048 }).privateKey;
+  const ec = crypto.generateKeyPairSync('ec', { namedCurve: 'P-256' }).privateKey;
+  return {
+    keys: [
+      { ...rsa.export({ format: 'jwk' }), kid: crypto.randomUUID(), use: 'sig', alg: 'RS256' },
+      { ...ec.export({ format: 'jwk' }), kid: crypto.randomUUID(), use: 'sig', alg: 'ES256' },
+    ],
+  };
 }
 
 // devInteractions' login form takes any name: a session whose account findAccount does not
@@ -174,8 +187,19 @@ function configuration(config) {
     client.backchannel_logout_session_required = true;
   }
 
+  // Service clients (client credentials only) for Bearer tests: their access tokens for
+  // the resource are signed RS256, or ES256 for SERVICE_CLIENT_ES256.
+  const services = [SERVICE_CLIENT, SERVICE_CLIENT_ES256].map((id) => ({
+    client_id: id,
+    client_secret: config.clientSecret,
+    token_endpoint_auth_method: 'client_secret_basic',
+    grant_types: ['client_credentials'],
+    response_types: [],
+    redirect_uris: [],
+  }));
+
   return {
-    clients: [client],
+    clients: [client, ...services],
     jwks: signingKeys(),
     cookies: { keys: [crypto.randomBytes(32).toString('base64url')] },
 
@@ -214,6 +238,7 @@ function configuration(config) {
 
     features: {
       devInteractions: { enabled: true },
+      clientCredentials: { enabled: true },
       backchannelLogout: { enabled: true },
       revocation: { enabled: true },
       introspection: { enabled: true },
@@ -225,7 +250,7 @@ function configuration(config) {
         // The token endpoint issues the resource's JWT only when asked (`resource=`);
         // otherwise an opaque access token for userinfo.
         useGrantedResource: async () => false,
-        async getResourceServerInfo(_ctx, resourceIndicator) {
+        async getResourceServerInfo(_ctx, resourceIndicator, client) {
           if (resourceIndicator !== RESOURCE) {
             throw new Provider.errors.InvalidTarget(`unknown resource ${resourceIndicator}`);
           }
@@ -234,7 +259,7 @@ function configuration(config) {
             audience: RESOURCE,
             accessTokenFormat: 'jwt',
             accessTokenTTL: config.ttl.AccessToken,
-            jwt: { sign: { alg: 'RS256' } },
+            jwt: { sign: { alg: client.clientId === SERVICE_CLIENT_ES256 ? 'ES256' : 'RS256' } },
           };
         },
       },

@@ -20,12 +20,13 @@ tests/e2e/provider.mjs describes the claims, scopes and the resource C{urn:edgeg
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import json
 import os
 import secrets
 import shutil
-from collections.abc import Awaitable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from html.parser import HTMLParser
 from http.cookiejar import CookieJar
 from typing import Any, NamedTuple, Protocol
@@ -47,6 +48,8 @@ __all__ = [
     "CLIENT_ID",
     "E2E_DIR",
     "RESOURCE",
+    "SERVICE_CLIENT",
+    "SERVICE_CLIENT_ES256",
     "USERS",
     "CookieClient",
     "Fetch",
@@ -55,6 +58,7 @@ __all__ = [
     "Provider",
     "ProviderError",
     "Reply",
+    "client_credentials_token",
     "login_through_forms",
     "origin",
     "parse_forms",
@@ -70,6 +74,9 @@ NODE_MODULES = os.path.join(E2E_DIR, "node_modules")
 SETUP_HINT = "run `make test` (it runs npm ci in tests/e2e)"
 
 CLIENT_ID = "edgegw"
+# Client-credentials clients (same secret as CLIENT_ID): resource tokens signed RS256 / ES256.
+SERVICE_CLIENT = "edgegw-service"
+SERVICE_CLIENT_ES256 = "edgegw-service-es256"
 RESOURCE = "urn:edgegw:api"
 # The provider's static users (tests/e2e/provider.mjs) and the claims userinfo returns.
 USERS: Mapping[str, Mapping[str, Any]] = {
@@ -275,6 +282,7 @@ class Provider:
     redirect_uris: list[str]
     backchannel_logout_uri: str | None
     _protocol: _ProviderProtocol = attrs.field(repr=False)
+    _stop: Callable[[], Deferred[None]] = attrs.field(repr=False)
 
     @property
     def discovery_url(self) -> str:
@@ -297,6 +305,13 @@ class Provider:
         """
         return not self._protocol.exited
 
+    async def stop(self) -> None:
+        """
+        Kill the process and wait until it is gone (its port is then free for a
+        restart: L{start_provider} with C{port=} and C{client_secret=}).
+        """
+        await self._stop()
+
 
 def _node() -> str | None:
     return shutil.which("node") or shutil.which("nodejs")
@@ -307,12 +322,15 @@ async def start_provider(
     redirect_uris: list[str],
     backchannel_logout_uri: str | None = None,
     env: dict[str, str] | None = None,
+    port: int = 0,
+    client_secret: str | None = None,
 ) -> Provider:
     """
-    Start tests/e2e/provider.mjs on a free port for C{test}; the process is killed and
-    awaited at the test's cleanup (its stderr then goes to the test log). C{env} adds
-    settings (e.g. C{E2E_OIDC_TTL_ACCESS_TOKEN}, see provider.mjs) and may override the
-    ones made from the arguments. Fails C{test} (never skips it) when node or
+    Start tests/e2e/provider.mjs on C{port} (default: a free one) for C{test}; the
+    process is killed and awaited at the test's cleanup (its stderr then goes to the
+    test log). C{env} adds settings (e.g. C{E2E_OIDC_TTL_ACCESS_TOKEN}, see
+    provider.mjs) and may override the ones made from the arguments. The client secret
+    is a random one unless given. Fails C{test} (never skips it) when node or
     tests/e2e/node_modules is missing.
     """
     node = _node()
@@ -321,9 +339,9 @@ async def start_provider(
     if not os.path.isdir(os.path.join(NODE_MODULES, "oidc-provider")):
         test.fail(f"tests/e2e/node_modules has no oidc-provider: {SETUP_HINT}")
 
-    secret = secrets.token_urlsafe(32)
+    secret = client_secret or secrets.token_urlsafe(32)
     settings = {
-        "E2E_OIDC_PORT": "0",
+        "E2E_OIDC_PORT": str(port),
         "E2E_OIDC_CLIENT_SECRET": secret,
         "E2E_OIDC_REDIRECT_URIS": " ".join(redirect_uris),
         "E2E_OIDC_BACKCHANNEL_LOGOUT_URI": backchannel_logout_uri or "",
@@ -339,15 +357,27 @@ async def start_provider(
         protocol, node, [node, PROVIDER_SCRIPT], env=environment, path=E2E_DIR
     )
 
+    stopped: list[Deferred[None]] = []
+
     def stop() -> Deferred[None]:
         if not protocol.exited:
             with contextlib.suppress(ProcessExitedAlready):
                 process.signalProcess("KILL")
+        if not stopped:
 
-        def logged(_: None) -> None:
-            log.msg(f"OpenID provider stderr:\n{protocol.stderr.decode(errors='replace')}")
+            def logged(_: None) -> None:
+                log.msg(f"OpenID provider stderr:\n{protocol.stderr.decode(errors='replace')}")
 
-        return protocol.ended.addCallback(logged)
+            protocol.ended.addCallback(logged)
+            stopped.append(protocol.ended)
+        ended: Deferred[None] = Deferred()
+
+        def relay(result: object) -> object:
+            ended.callback(None)
+            return result
+
+        stopped[0].addBoth(relay)
+        return ended
 
     test.addCleanup(stop)
     try:
@@ -365,7 +395,32 @@ async def start_provider(
         redirect_uris=settings["E2E_OIDC_REDIRECT_URIS"].split(),
         backchannel_logout_uri=settings["E2E_OIDC_BACKCHANNEL_LOGOUT_URI"] or None,
         protocol=protocol,
+        stop=stop,
     )
+
+
+async def client_credentials_token(
+    provider: Provider,
+    client_id: str = SERVICE_CLIENT,
+    resource: str = RESOURCE,
+    client: CookieClient | None = None,
+) -> str:
+    """
+    An access token for C{resource} from the provider's token endpoint through the
+    client credentials grant (C{client_secret_basic}): the resource's JWT.
+    """
+    credentials = base64.b64encode(f"{client_id}:{provider.client_secret}".encode()).decode()
+    reply = await (client or CookieClient()).request(
+        "POST",
+        f"{provider.issuer}/token",
+        data={"grant_type": "client_credentials", "resource": resource},
+        headers={"Authorization": f"Basic {credentials}"},
+    )
+    if reply.status != 200:
+        raise ProviderError(f"client credentials grant refused: {reply.status} {reply.body!r}")
+    token = reply.json()["access_token"]
+    assert isinstance(token, str)
+    return token
 
 
 # -- forms -----------------------------------------------------------------------------
