@@ -134,3 +134,31 @@ class PackageTests(SynchronousTestCase):
         modules = glob.glob(os.path.join(plugin_dir, "*.py"))
         self.assertTrue(modules)
         self.assertTrue(all(os.path.getmtime(module) < cache for module in modules))
+
+    def test_bundled_versions_are_the_pinned_ones(self) -> None:
+        root = os.path.abspath(self.mktemp())
+        self.assertEqual(_run("dpkg-deb", "--extract", self.deb, root).returncode, 0)
+        site = os.path.join(root, SITE)
+        bundled = {}
+        for info in glob.glob(os.path.join(site, "*.dist-info")):
+            name, version = os.path.basename(info).removesuffix(".dist-info").rsplit("-", 1)
+            bundled[_normalise(name)] = version
+        with open(os.path.join(ROOT, "debian", "constraints.txt")) as f:
+            pinned = {
+                _normalise(name): version
+                for name, version in (
+                    line.strip().split("==") for line in f if line.strip()[:1].isalnum()
+                )
+            }
+        self.assertTrue(pinned)
+        for name, version in pinned.items():
+            self.assertEqual(bundled.get(name), version, name)
+        # Every bundled distribution is pinned, but for the gateway and the venv's own.
+        self.assertEqual(set(bundled) - set(pinned), {"edgegw", "pip", "setuptools"})
+        # Nothing names the build directory (pip's direct_url.json did).
+        found = _run("grep", "-rlI", "build/deb/src", os.path.join(root, VENV))
+        self.assertEqual(found.stdout, "")
+
+
+def _normalise(name: str) -> str:
+    return name.lower().replace("_", "-").replace(".", "-")
