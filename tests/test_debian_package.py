@@ -127,6 +127,15 @@ class PackageTests(SynchronousTestCase):
         self.assertIn("is valid: 2 file(s), 1 route(s), listening on systemd:", result.stdout)
         plugins = _run(python, "-m", "edgegw", "plugins", "list")
         self.assertIn("headers", plugins.stdout)
+        # pip never writes into the package's environment.
+        wants = os.path.abspath(self.mktemp())
+        os.makedirs(wants)
+        with open(os.path.join(wants, "gateway.yaml"), "w") as f:
+            f.write("kind: Gateway\nmetadata: {name: gw}\nspec: {plugins: [acme_absent]}\n")
+        refused = _run(python, "-m", "edgegw", "plugins", "install", wants, "--no-index")
+        self.assertEqual(refused.returncode, 1, refused.stdout + refused.stderr)
+        self.assertIn("belongs to the Debian package edgegw", refused.stdout)
+        self.assertNotIn("pip install", refused.stdout)
         # Twisted's plugin cache is newer than every plugin module (dpkg keeps the
         # package's times): an unprivileged daemon never needs to write it.
         plugin_dir = os.path.join(root, SITE, "twisted", "plugins")

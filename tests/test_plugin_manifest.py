@@ -30,7 +30,7 @@ from edgegw.check import check
 from edgegw.config.errors import ConfigError
 from edgegw.config.manifest import ManifestEntry
 from edgegw.config.parse import load_config
-from edgegw.plugins.manifest import install_manifest, requirement
+from edgegw.plugins.manifest import PACKAGED_MARKER, install_manifest, requirement
 from edgegw.plugins.registry import plugin_names
 from tests.support.backends import SiteBackend
 from tests.support.configs import GATEWAY, write_tree
@@ -286,7 +286,9 @@ class InstallManifestTests(SynchronousTestCase):
     pip for, and what it reports.
     """
 
-    def install(self, entries: Sequence[str], returncode: int = 0) -> tuple[int, str, list[Any]]:
+    def install(
+        self, entries: Sequence[str], returncode: int = 0, prefix: str = sys.prefix
+    ) -> tuple[int, str, list[Any]]:
         root = write_tree(self.mktemp(), {"a.yaml": gateway(entries)})
         commands: list[Any] = []
 
@@ -295,7 +297,8 @@ class InstallManifestTests(SynchronousTestCase):
             return subprocess.CompletedProcess(command, returncode)
 
         out = io.StringIO()
-        code = install_manifest(load_config(root).gateway, ["--no-index", "-f", "/w"], out, run)
+        options = ["--no-index", "-f", "/w"]
+        code = install_manifest(load_config(root).gateway, options, out, run, prefix)
         return code, out.getvalue(), commands
 
     def test_asks_pip_for_what_is_missing_or_mismatched(self) -> None:
@@ -332,6 +335,22 @@ class InstallManifestTests(SynchronousTestCase):
         self.assertEqual(
             (code, out, commands), (0, "edgegw: the Gateway lists no plugin modules\n", [])
         )
+
+    def test_never_into_the_debian_package_environment(self) -> None:
+        prefix = os.path.abspath(self.mktemp())
+        os.makedirs(os.path.dirname(os.path.join(prefix, PACKAGED_MARKER)))
+        with open(os.path.join(prefix, PACKAGED_MARKER), "w") as f:
+            f.write("edgegw\n")
+        code, out, commands = self.install(["edgegw", "acme_missing"], prefix=prefix)
+        self.assertEqual((code, commands), (1, []))
+        lines = out.splitlines()
+        self.assertTrue(lines[0].startswith(f"edgegw: not installing into {prefix}: it belongs"))
+        self.assertIn("Debian package", lines[0])
+        self.assertEqual(lines[1], f"  ok       edgegw (edgegw {version('edgegw')})")
+        self.assertTrue(lines[2].startswith("  missing  acme_missing: module acme_missing is"))
+        # Nothing missing: nothing to refuse.
+        code, out, commands = self.install(["edgegw"], prefix=prefix)
+        self.assertEqual((code, commands), (0, []))
 
     def test_pip_failure(self) -> None:
         code, out, commands = self.install(["acme_missing"], returncode=1)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import os
 import re
 import subprocess
 import sys
@@ -172,17 +173,25 @@ def requirement(entry: ManifestEntry) -> str:
     return name if entry.version is None else f"{name}=={entry.version}"
 
 
+PACKAGED_MARKER = os.path.join("share", "edgegw", "packaged-by-dpkg")
+"""A file the Debian package puts in its virtual environment (relative to its prefix)."""
+
+
 def install_manifest(
     gateway: GatewaySpec,
     pip_options: Sequence[str],
     out: TextIO,
     run: Callable[[list[str]], Any] = subprocess.run,
+    prefix: str = sys.prefix,
 ) -> int:
     """
     Install the manifest's missing or mismatched modules with pip, then check them all.
+    Into the Debian package's environment (C{prefix} holds L{PACKAGED_MARKER}) nothing is
+    installed: dpkg owns its files, and an upgrade would not keep pip's.
 
     @param pip_options: Passed to C{pip install} (such as C{--no-index --find-links DIR}).
     @param run: Runs the pip command line (tests replace it).
+    @param prefix: The environment pip would install into.
     @return: The exit status: 0 when every entry is then satisfied, 1 otherwise.
     """
     entries = [parse_manifest_entry(text) for text in gateway.plugins]
@@ -190,7 +199,14 @@ def install_manifest(
     if not entries:
         out.write("edgegw: the Gateway lists no plugin modules\n")
         return 0
-    if wanted:
+    if wanted and os.path.exists(os.path.join(prefix, PACKAGED_MARKER)):
+        out.write(
+            f"edgegw: not installing into {prefix}: it belongs to the Debian package edgegw "
+            "(dpkg owns its files, and an upgrade would not keep pip's). Install the "
+            "plugins' distributions as Debian packages into its site-packages, or run "
+            "edgegw from a virtual environment of your own.\n"
+        )
+    elif wanted:
         command = [sys.executable, "-m", "pip", "install", *pip_options, *wanted]
         out.write("edgegw: " + " ".join(command) + "\n")
         out.flush()
