@@ -17,12 +17,13 @@ from __future__ import annotations
 
 import os
 import socket
+import time
 from collections.abc import Mapping
 from contextlib import ExitStack
 from pathlib import Path
 
 from bench import gateway, variants
-from bench.processes import Process, StartupError, started, venv_bin
+from bench.processes import Process, StartupError, started, tail, venv_bin
 from bench.targets import Target
 from bench.tools import ensure_wrk
 from edgegw.handlers.health import BODY as HEALTH_BODY
@@ -43,10 +44,13 @@ def make_variants() -> list[variants.Variant]:
     ]
 
 
-def start_workers(stack: ExitStack, tmp: Path, variant: variants.Variant, count: int) -> Target:
+def start_workers(
+    stack: ExitStack, tmp: Path, variant: variants.Variant, count: int
+) -> tuple[Target, list[Process]]:
     """
     A listening socket and C{count} edgegw processes serving it (stopped when C{stack}
-    closes).
+    closes), each one's own start awaited: the socket accepts before any process
+    serves it, and a worker that failed would leave the others to take all the load.
     """
     target = variant.target()
     listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
@@ -60,6 +64,7 @@ def start_workers(stack: ExitStack, tmp: Path, variant: variants.Variant, count:
     fd = listener.fileno()
     os.set_inheritable(fd, True)
     env = {**os.environ, "LISTEN_FDS": "1", "LISTEN_FDNAMES": "edgegw"}
+    workers: list[Process] = []
     for index in range(count):
         # As systemd starts a unit: the socket at descriptor 3, LISTEN_PID its own pid.
         argv = [
@@ -82,14 +87,46 @@ def start_workers(stack: ExitStack, tmp: Path, variant: variants.Variant, count:
         )
         target.pids.append(process.pid)
         target.process = process
+        workers.append(process)
     try:
-        assert target.process is not None
-        target.process.wait_for_port(target.port)
+        for worker in workers:
+            wait_for_listening(worker)
     except StartupError as e:
         target.unavailable = f"did not start: {e}"
     if target.unavailable is None:
         target.unavailable = variant.expect(target.port, ROUTE_PATH)
-    return target
+    return target, workers
+
+
+def wait_for_listening(worker: Process, timeout: float = 20.0) -> None:
+    """
+    Wait until C{worker} logs that it listens (on the socket passed in).
+
+    @raise StartupError: If it exits first or C{timeout} passes.
+    """
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if not worker.running():
+            raise StartupError(f"{worker.name} exited:\n{tail(worker.log)}")
+        if "edgegw listening on" in worker.log.read_text(errors="replace"):
+            return
+        time.sleep(0.05)
+    raise StartupError(f"{worker.name} did not listen within {timeout:.0f}s:\n{tail(worker.log)}")
+
+
+def check_alive(target: Target, workers: list[Process]) -> variants.AfterRun:
+    """
+    After each run: how many workers are still running; a dead one ends the variant
+    (its figures would be those of fewer processes).
+    """
+
+    def after(result: object) -> dict[str, str]:
+        alive = sum(worker.running() for worker in workers)
+        if alive < len(workers):
+            target.unavailable = f"{len(workers) - alive} of {len(workers)} workers exited"
+        return {"alive": f"{alive}/{len(workers)}"}
+
+    return after
 
 
 def notes(settings: variants.Settings) -> list[str]:
@@ -115,11 +152,16 @@ def run(settings: variants.Settings) -> int:
     def prepare(
         stack: ExitStack, tmp: Path
     ) -> tuple[list[variants.Variant], list[Target], Mapping[str, variants.AfterRun]]:
-        targets = [
+        started_ = [
             start_workers(stack, tmp, variant, count)
             for variant, count in zip(configs, (1, 2), strict=True)
         ]
-        return configs, targets, {}
+        targets = [target for target, _ in started_]
+        after = {
+            variant.key: check_alive(target, workers)
+            for variant, (target, workers) in zip(configs, started_, strict=True)
+        }
+        return configs, targets, after
 
     done = variants.measure("workers", settings, wrk_path, ROUTE_PATH, prepare)
     if done is None:
