@@ -5,6 +5,7 @@ Tests for the buffered access-log writer and the C{accessLog.output} setting.
 from __future__ import annotations
 
 import errno
+import fcntl
 import json
 import os
 import signal
@@ -311,6 +312,45 @@ class StdoutTests(SynchronousTestCase):
         redirect_stdout(self, writer_end)
         os.close(writer_end)
         self.check_stalled_reader(reader)
+
+    def test_two_writers_never_tear_each_others_lines(self) -> None:
+        # The journal log and an access log on "-" share standard output: a line one
+        # writer's flush left half written is finished before the other's bytes.
+        guard_against_blocking(self)
+        reader, writer_end = os.pipe()
+        os.set_blocking(reader, False)
+        self.addCleanup(os.close, reader)
+        fcntl.fcntl(writer_end, fcntl.F_SETPIPE_SZ, 4096)
+        redirect_stdout(self, writer_end)
+        os.close(writer_end)
+        clock = Clock()
+        writers = [LineWriter(clock, "-"), LineWriter(clock, "-")]
+        for writer in writers:
+            writer.open()
+            self.addCleanup(writer.close)
+
+        def line(w: int, n: int) -> bytes:
+            return b'{"w":%d,"n":%d,"pad":"%s"}' % (w, n, b"%d" % w * (300 + 97 * n % 700))
+
+        sent = {line(w, n) for n in range(60) for w in (0, 1)}
+        received = b""
+        for n in range(60):
+            for w, writer in enumerate(writers):
+                writer.write(line(w, n))
+                writer.flush()
+            if n % 3 == 0:
+                received += read_all(reader)
+        for _ in range(1000):
+            clock.advance(FLUSH_INTERVAL)
+            received += read_all(reader)
+            if not clock.getDelayedCalls():
+                break
+        got = received.split(b"\n")
+        self.assertEqual(got.pop(), b"")
+        self.assertTrue(set(got) <= sent, [line[:40] for line in set(got) - sent])
+        dropped = sum(writer.dropped for writer in writers)
+        self.assertEqual(len(got) + dropped, len(sent))
+        self.assertEqual(len(got), len(set(got)))
 
     def test_socket(self) -> None:
         ours, theirs = socket.socketpair()

@@ -119,6 +119,84 @@ class _Stdout:
         self.fd = -1
 
 
+class _SharedStdout:
+    """
+    The one non-blocking standard output that every writer of C{"-"} uses (the journal
+    log and an access log may both write there): a line that one writer's write left
+    half written is finished before anyone's next bytes go out, so that their lines
+    never tear each other. Opened by the first writer, closed with the last.
+    """
+
+    def __init__(self) -> None:
+        self._out: _Stdout | None = None
+        self._users = 0
+        self._tail = b""
+        self._retry: IDelayedCall | None = None
+
+    def acquire(self) -> None:
+        if self._users == 0:
+            self._out = _Stdout()
+        self._users += 1
+
+    def release(self) -> None:
+        self._users -= 1
+        if self._users:
+            return
+        if self._retry is not None and self._retry.active():
+            self._retry.cancel()
+        self._retry = None
+        # Last chance for a half-written line; the next start begins a fresh one.
+        self._finish_tail()
+        self._tail = b""
+        assert self._out is not None
+        self._out.close()
+        self._out = None
+
+    def write(self, data: memoryview, reactor: Any) -> int:
+        """
+        Write what the output takes of C{data} (whole lines, each ending in a newline),
+        as L{os.write}; a line cut short is kept and finished first, by the next write
+        or a flush interval later, and counts as written.
+
+        @raise BlockingIOError: Nothing could be written (a line is still unfinished).
+        """
+        if not self._finish_tail():
+            raise BlockingIOError
+        assert self._out is not None
+        written = self._out.write(data)
+        if 0 < written < len(data) and data[written - 1] != _NEWLINE:
+            rest = bytes(data[written:])
+            end = rest.find(b"\n") + 1
+            self._tail = rest[:end]
+            written += end
+            if self._retry is None:
+                self._retry = reactor.callLater(FLUSH_INTERVAL, self._retry_tail, reactor)
+        return written
+
+    def _finish_tail(self) -> bool:
+        """
+        Write the unfinished line, as far as the output takes it; whether it is done.
+        """
+        while self._tail:
+            assert self._out is not None
+            try:
+                self._tail = self._tail[self._out.write(memoryview(self._tail)) :]
+            except BlockingIOError:
+                return False
+            except OSError:
+                self._tail = b""  # the writers see the same error on their next write
+        return True
+
+    def _retry_tail(self, reactor: Any) -> None:
+        self._retry = None
+        if not self._finish_tail():
+            self._retry = reactor.callLater(FLUSH_INTERVAL, self._retry_tail, reactor)
+
+
+_NEWLINE = ord("\n")
+_shared_stdout = _SharedStdout()
+
+
 class LineWriter:
     """
     Appends lines to C{output}: C{"-"} for standard output, else the path of a regular
@@ -143,7 +221,7 @@ class LineWriter:
         self._reporting = False
         self._closed = False
         self._fd = -1
-        self._stdout: _Stdout | None = None
+        self._stdout = False
         self._write: Callable[[memoryview], int] | None = None
 
     def open(self) -> None:
@@ -156,9 +234,10 @@ class LineWriter:
         if self._write is not None:
             return
         if self.output == "-":
-            self._stdout = _Stdout()
-            self._fd = self._stdout.fd
-            self._write = self._stdout.write
+            _shared_stdout.acquire()
+            self._stdout = True
+            reactor = self.reactor
+            self._write = lambda data: _shared_stdout.write(data, reactor)
         else:
             self._fd = fd = open_log_file(self.output)
             self._write = lambda data: os.write(fd, data)
@@ -315,9 +394,9 @@ class LineWriter:
         self._close_output()
 
     def _close_output(self) -> None:
-        if self._stdout is not None:
-            self._stdout.close()
-            self._stdout = None
+        if self._stdout:
+            _shared_stdout.release()
+            self._stdout = False
         elif self._fd >= 0:
             os.close(self._fd)
         self._fd = -1
