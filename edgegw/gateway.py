@@ -60,6 +60,8 @@ from edgegw.identity.groups import GroupRenderer
 from edgegw.identity.login_state import LoginStates
 from edgegw.identity.provider import CALL_TIMEOUT, IdentityProvider
 from edgegw.identity.session_cookie import SessionCookie
+from edgegw.metrics.gateway import GatewayMetrics
+from edgegw.metrics.instruments import Registry
 from edgegw.plugins.manifest import check_manifest
 from edgegw.plugins.messages import Protected
 from edgegw.plugins.registry import ConfiguredPlugins, configure_plugins
@@ -94,6 +96,7 @@ class Gateway:
     @ivar auth_endpoints: The mounted auth endpoints as (method, path) pairs.
     @ivar state: The state store (a service), with a C{stateProvider}.
     @ivar sessions: The server-side sessions (a service), with a C{stateProvider}.
+    @ivar metrics: The gateway's instruments, with C{Telemetry.metrics}.
     """
 
     config: Config
@@ -108,6 +111,7 @@ class Gateway:
     auth_endpoints: tuple[tuple[str, str], ...] = ()
     state: IStateStore | None = None
     sessions: ServerSessions | None = None
+    metrics: GatewayMetrics | None = None
 
 
 @attrs.frozen
@@ -166,12 +170,19 @@ def build_gateway(
     # Opens nothing (edgegw check builds this too): the file is opened when the daemon
     # starts (tap.makeService), the path was checked at load.
     writer = LineWriter(reactor, output) if output != "log" else None
+    metrics_spec = spec.metrics if spec is not None else None
+    metrics = (
+        GatewayMetrics(Registry(metrics_spec.cardinality_limit))
+        if metrics_spec is not None
+        else None
+    )
     access = AccessLog(
         spec.access_log_level if spec is not None else "info",
         writer,
         spec.access_log_headers if spec is not None else (),
         spec.access_log_fields if spec is not None else None,
         traced=spec is not None,
+        metrics=metrics,
     )
     telemetry = Telemetry(spec, reactor, span_processor) if spec is not None else None
     groups_as = config.gateway.identity.groups.as_
@@ -244,6 +255,7 @@ def build_gateway(
         auth_endpoints=endpoints,
         state=store,
         sessions=identity.server if identity is not None else None,
+        metrics=metrics,
     )
 
 

@@ -20,6 +20,7 @@ from twisted.web.server import Request
 from edgegw.chain.access_writer import LineWriter
 from edgegw.chain.exchange import Exchange
 from edgegw.chain.pipeline import Handler
+from edgegw.metrics.gateway import IMetrics
 from edgegw.telemetry import IRequestTrace
 
 LEVELS = {
@@ -48,6 +49,8 @@ class AccessLog:
         or L{None} for twisted.logger: one event per request whose text is the JSON line
         and whose C{access} field holds the same data for structured observers.
     @param traced: Tracing is on: lines carry the request span's trace and span ids.
+    @param metrics: Where each request's route, method, status, duration and body sizes
+        are also counted (L{None}: metrics are off).
     """
 
     def __init__(
@@ -57,6 +60,7 @@ class AccessLog:
         request_headers: Sequence[str] = (),
         fields: Mapping[str, str] | None = None,
         traced: bool = False,
+        metrics: IMetrics | None = None,
     ) -> None:
         self.level = LEVELS[level]
         self.writer = writer
@@ -65,6 +69,7 @@ class AccessLog:
         )
         self.fields = dict(fields or {})
         self.traced = traced
+        self.metrics = metrics
 
     def _extend(self, record: dict[str, Any], request: Request) -> None:
         trace = request.getComponent(IRequestTrace) if self.traced else None
@@ -100,15 +105,28 @@ class AccessLog:
         Log a response answered without a route chain: by the edge itself, or by a plain
         Resource mounted on the mux under C{route}.
         """
-        record = _record(request, request.code, started, "", route)
+        elapsed = monotonic() - started
+        record = _record(request, request.code, elapsed, "", route)
         self._extend(record, request)
         self.emit(record)
+        if self.metrics is not None:
+            self.metrics.request(
+                route or "",
+                request.method,
+                request.code,
+                elapsed,
+                _received(request),
+                request.sentLength,
+            )
 
     async def stage(self, exchange: Exchange, next: Handler) -> None:
         """
         The per-route stage: run the chain, then log what it answered.
         """
         failed = False
+        metrics = self.metrics
+        if metrics is not None:
+            metrics.active(exchange.request.method, 1)
         try:
             await next(exchange)
         except CancelledError:
@@ -120,9 +138,9 @@ class AccessLog:
         finally:
             request = exchange.request
             status = 500 if failed and not request.startedWriting else request.code
-            record = _record(
-                request, status, exchange.started, exchange.request_id, exchange.route.pattern
-            )
+            elapsed = monotonic() - exchange.started
+            pattern = exchange.route.pattern
+            record = _record(request, status, elapsed, exchange.request_id, pattern)
             if request._disconnected and not request.finished:
                 record["client_gone"] = True
             if failed:
@@ -131,16 +149,35 @@ class AccessLog:
                 record.update(exchange.notes)
             self._extend(record, request)
             self.emit(record)
+            if metrics is not None:
+                method = request.method
+                metrics.active(method, -1)
+                metrics.request(
+                    pattern, method, status, elapsed, _received(request), request.sentLength
+                )
+
+
+def _received(request: Request) -> int:
+    """
+    The request body's bytes received from the client (streamed bodies count as they
+    arrive; Twisted's own requests have theirs in C{content}).
+    """
+    body = getattr(request, "body", None)
+    received = getattr(body, "received", None)
+    if received is not None:
+        return int(received)
+    getvalue = getattr(request.content, "getvalue", None)
+    return len(getvalue()) if getvalue is not None else 0
 
 
 def _record(
-    request: Request, status: int, started: float, request_id: str, route: str | None
+    request: Request, status: int, elapsed: float, request_id: str, route: str | None
 ) -> dict[str, Any]:
     return {
         "method": request.method.decode("latin-1"),
         "path": request.path.decode("latin-1"),
         "status": status,
-        "duration_ms": round((monotonic() - started) * 1000, 3),
+        "duration_ms": round(elapsed * 1000, 3),
         "bytes": request.sentLength,
         "request_id": request_id,
         "route": route,

@@ -279,6 +279,28 @@ AccessLogLevel = Literal["debug", "info", "warn", "error"]
 
 
 @attrs.frozen
+class MetricsSpec:
+    """
+    C{Telemetry.metrics}: where the gateway's metrics go.
+
+    @ivar prometheus_listen: C{prometheus.listen}: a listen address of its own serving
+        the Prometheus text format (L{None}: no scrape listener).
+    @ivar prometheus_path: C{prometheus.path}: the scrape path on it.
+    @ivar otlp_endpoint: The collector the metrics are exported to over OTLP
+        (C{otlp.endpoint}, else the Telemetry's own; L{None}: no export).
+    @ivar otlp_interval: C{otlp.interval}: time between two exports.
+    @ivar cardinality_limit: C{cardinalityLimit}: series per metric before further
+        ones fold into one overflow series.
+    """
+
+    prometheus_listen: str | None = None
+    prometheus_path: str = "/metrics"
+    otlp_endpoint: str | None = None
+    otlp_interval: float = 60.0
+    cardinality_limit: int = 2000
+
+
+@attrs.frozen
 class TelemetrySpec:
     """
     The optional C{Telemetry} resource.
@@ -297,6 +319,7 @@ class TelemetrySpec:
     @ivar access_log_headers: C{accessLog.requestHeaders}: request headers added to
         each access-log line (under C{request_headers}).
     @ivar access_log_fields: C{accessLog.fields}: constant fields added to every line.
+    @ivar metrics: C{metrics}: L{None} without the block (no metrics at all).
     """
 
     service_name: str
@@ -310,6 +333,7 @@ class TelemetrySpec:
     access_log_level: AccessLogLevel = "info"
     access_log_headers: tuple[str, ...] = ()
     access_log_fields: Mapping[str, str] = attrs.field(factory=dict)
+    metrics: MetricsSpec | None = None
     location: Location | None = attrs.field(default=None, eq=False, repr=False)
 
 

@@ -7,9 +7,10 @@ from __future__ import annotations
 
 from typing import Any, cast
 
+from edgegw.config.addresses import endpoint_description
 from edgegw.config.fields import Node
 from edgegw.config.headers import check_header_name, check_header_value
-from edgegw.config.model import TelemetrySpec
+from edgegw.config.model import MetricsSpec, TelemetrySpec
 from edgegw.config.urls import check_url
 
 __all__ = ["RESERVED_ACCESS_LOG_FIELDS", "read_telemetry"]
@@ -99,6 +100,10 @@ def read_telemetry(spec: Node) -> TelemetrySpec:
             if name in RESERVED_ACCESS_LOG_FIELDS:
                 access_log.error(f"fields.{name}", f'"{name}" is a field the gateway writes itself')
         access_log.finish()
+    metrics = None
+    metrics_node = spec.mapping("metrics")
+    if metrics_node is not None:
+        metrics = read_metrics(metrics_node, endpoint)
     return TelemetrySpec(
         service_name=service_name,
         service_version=service_version,
@@ -111,4 +116,56 @@ def read_telemetry(spec: Node) -> TelemetrySpec:
         access_log_level=cast(Any, level),
         access_log_headers=log_headers,
         access_log_fields=log_fields,
+        metrics=metrics,
+    )
+
+
+def read_metrics(spec: Node, telemetry_endpoint: str | None) -> MetricsSpec:
+    """
+    The C{metrics} block: a Prometheus scrape listener and/or OTLP export.
+    """
+    listen = None
+    path = "/metrics"
+    prometheus = spec.mapping("prometheus")
+    if prometheus is not None:
+        listen = prometheus.required_string("listen")
+        if listen:
+            try:
+                endpoint_description(listen)
+            except ValueError as e:
+                prometheus.error("listen", str(e))
+        path = prometheus.string("path", "/metrics") or "/metrics"
+        if not path.startswith("/") or "?" in path or "#" in path:
+            prometheus.error("path", f'"{path}" is not an absolute path (such as /metrics)')
+        prometheus.finish()
+    export_endpoint = None
+    interval = 60.0
+    otlp = spec.mapping("otlp")
+    if otlp is not None:
+        enabled = otlp.boolean("enabled", True)
+        own = otlp.string("endpoint")
+        check_url(otlp, "endpoint", own, ("http", "https"))
+        interval = otlp.duration("interval", 60.0, positive=True) or 60.0
+        if enabled:
+            export_endpoint = own or telemetry_endpoint
+            if export_endpoint is None:
+                otlp.error(
+                    "endpoint",
+                    "no collector to export to: set it here or in the Telemetry's "
+                    "otlp.endpoint (or set enabled: false)",
+                )
+        otlp.finish()
+    limit = spec.integer("cardinalityLimit", 2000, minimum=1)
+    if prometheus is None and otlp is None:
+        spec.error(
+            "prometheus",
+            "metrics go nowhere: add prometheus (a scrape listener) and/or otlp (export)",
+        )
+    spec.finish()
+    return MetricsSpec(
+        prometheus_listen=listen,
+        prometheus_path=path,
+        otlp_endpoint=export_endpoint,
+        otlp_interval=interval,
+        cardinality_limit=limit,
     )

@@ -1,0 +1,195 @@
+"""
+OTLP export of a L{Registry} through the OpenTelemetry SDK: its series are converted to
+the SDK's metric data model (cumulative sums, gauges and explicit-bucket histograms) in
+the reactor thread — a consistent copy — and handed to the SDK's OTLP metric exporter
+(http/protobuf or gRPC) on a pool thread, every export interval and once more when the
+service stops. A slow or unreachable collector never holds up a request: an export
+still running when the next is due makes that one skipped.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+from opentelemetry.sdk.metrics.export import (
+    AggregationTemporality,
+    Gauge,
+    HistogramDataPoint,
+    Metric,
+    MetricExporter,
+    MetricsData,
+    NumberDataPoint,
+    ResourceMetrics,
+    ScopeMetrics,
+    Sum,
+)
+from opentelemetry.sdk.metrics.export import Histogram as HistogramData
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.util.instrumentation import InstrumentationScope
+from twisted.application.service import Service
+from twisted.internet.defer import Deferred, succeed
+from twisted.internet.task import LoopingCall
+from twisted.internet.threads import deferToThreadPool
+from twisted.logger import Logger
+
+from edgegw import __version__
+from edgegw.metrics.instruments import Counter, Histogram, HistogramPoint, Observable, Registry
+
+__all__ = ["MetricsExportService", "make_metric_exporter", "metrics_data", "metrics_url"]
+
+_log = Logger(namespace="edgegw.metrics")
+_SCOPE = InstrumentationScope("edgegw", __version__)
+_CUMULATIVE = AggregationTemporality.CUMULATIVE
+
+
+def metrics_url(endpoint: str) -> str:
+    """
+    The OTLP/HTTP metrics URL for a collector endpoint, by the traces' rule: a bare base
+    URL gets C{/v1/metrics}; a traces URL (ending in C{/v1/traces}) becomes the metrics
+    one beside it; any other path is used as it is.
+    """
+    parts = urlsplit(endpoint)
+    if parts.path in ("", "/"):
+        return endpoint.rstrip("/") + "/v1/metrics"
+    if parts.path.endswith("/v1/traces"):
+        path = parts.path.removesuffix("/v1/traces") + "/v1/metrics"
+        return urlunsplit(parts._replace(path=path))
+    return endpoint
+
+
+def make_metric_exporter(
+    endpoint: str, protocol: str, headers: Mapping[str, str], timeout: float
+) -> MetricExporter:
+    """
+    The SDK's OTLP metric exporter for C{endpoint} (cumulative temporality).
+    """
+    if protocol == "grpc":
+        from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import (
+            OTLPMetricExporter as GrpcExporter,
+        )
+
+        parts = urlsplit(endpoint)
+        return GrpcExporter(
+            endpoint=parts.netloc,
+            insecure=parts.scheme == "http",
+            # gRPC metadata keys must be lowercase (grpcio refuses the call otherwise).
+            headers={name.lower(): value for name, value in headers.items()},
+            timeout=timeout,
+        )
+    from opentelemetry.exporter.otlp.proto.http.metric_exporter import (
+        OTLPMetricExporter as HttpExporter,
+    )
+
+    return HttpExporter(endpoint=metrics_url(endpoint), headers=dict(headers), timeout=timeout)
+
+
+def metrics_data(registry: Registry, resource: Resource, now_ns: int | None = None) -> MetricsData:
+    """
+    The registry's series now, in the SDK's data model (values copied: the result may
+    go to another thread while the reactor keeps recording).
+    """
+    now = time.time_ns() if now_ns is None else now_ns
+    start = registry.start_time_ns
+    metrics: list[Metric] = []
+    for instrument in registry.instruments:
+        numbers: list[NumberDataPoint] = []
+        histograms: list[HistogramDataPoint] = []
+        for names, values, value in instrument.points():
+            attributes: dict[str, Any] = dict(zip(names, values, strict=True))
+            if isinstance(value, HistogramPoint):
+                histograms.append(
+                    HistogramDataPoint(
+                        attributes=attributes,
+                        start_time_unix_nano=start,
+                        time_unix_nano=now,
+                        count=value.count,
+                        sum=value.sum,
+                        bucket_counts=list(value.counts),
+                        explicit_bounds=list(value.bounds),
+                        min=value.min,
+                        max=value.max,
+                    )
+                )
+            else:
+                assert isinstance(value, int | float)
+                numbers.append(NumberDataPoint(attributes, start, now, value))
+        data: Sum | Gauge | HistogramData
+        if isinstance(instrument, Histogram):
+            data = HistogramData(histograms, _CUMULATIVE)
+        elif isinstance(instrument, Counter):
+            data = Sum(numbers, _CUMULATIVE, is_monotonic=instrument.monotonic)
+        elif isinstance(instrument, Observable) and instrument.kind != "gauge":
+            data = Sum(numbers, _CUMULATIVE, is_monotonic=instrument.kind == "counter")
+        else:
+            data = Gauge(numbers)
+        metrics.append(Metric(instrument.name, instrument.description, instrument.unit, data))
+    scope = ScopeMetrics(_SCOPE, metrics, "")
+    return MetricsData([ResourceMetrics(resource, [scope], "")])
+
+
+class MetricsExportService(Service):
+    """
+    Exports the registry every C{interval} seconds while running, and once more when
+    stopped (then shuts the exporter down).
+    """
+
+    def __init__(
+        self,
+        registry: Registry,
+        resource: Resource,
+        exporter: MetricExporter,
+        reactor: Any,
+        interval: float,
+    ) -> None:
+        self.registry = registry
+        self.resource = resource
+        self.exporter = exporter
+        self.reactor = reactor
+        self.interval = interval
+        self._loop = LoopingCall(self.export)
+        self._loop.clock = reactor
+        self._exporting: Deferred[None] | None = None
+
+    def startService(self) -> None:
+        super().startService()
+        self._loop.start(self.interval, now=False)
+
+    def stopService(self) -> Deferred[None]:
+        super().stopService()
+        if self._loop.running:
+            self._loop.stop()
+        last = self._exporting or succeed(None)
+
+        def final(_: object) -> Deferred[None]:
+            exported = self.export()
+            exported.addCallback(lambda _: self._in_thread(self.exporter.shutdown))
+            return exported
+
+        return last.addCallback(final)
+
+    def export(self) -> Deferred[None]:
+        """
+        Export the series now (skipped while the previous export still runs).
+        """
+        if self._exporting is not None:
+            return succeed(None)
+        data = metrics_data(self.registry, self.resource)
+        exporting = self._exporting = self._in_thread(self.exporter.export, data)
+        exporting.addCallbacks(self._exported, self._failed)
+        return exporting
+
+    def _exported(self, result: object) -> None:
+        self._exporting = None
+        name = getattr(result, "name", str(result))
+        if name != "SUCCESS":
+            _log.warn("metrics export to the OTLP collector failed ({result})", result=name)
+
+    def _failed(self, failure: Any) -> None:
+        self._exporting = None
+        _log.failure("metrics export to the OTLP collector failed", failure)
+
+    def _in_thread(self, function: Any, *args: Any) -> Deferred[Any]:
+        return deferToThreadPool(self.reactor, self.reactor.getThreadPool(), function, *args)

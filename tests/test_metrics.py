@@ -1,0 +1,303 @@
+"""
+The metrics core (issue 18): instruments and their cardinality bound, the Prometheus
+text format, the conversion to the OpenTelemetry SDK's data model, the export service,
+the C{Telemetry.metrics} block, and the server metrics the access-log stage records.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from opentelemetry.sdk.metrics.export import (
+    Gauge,
+    Histogram,
+    MetricExporter,
+    MetricExportResult,
+    MetricsData,
+    NumberDataPoint,
+    Sum,
+)
+from opentelemetry.sdk.resources import Resource
+from twisted.trial.unittest import SynchronousTestCase, TestCase
+
+from edgegw.metrics.gateway import (
+    NO_METRICS,
+    GatewayMetrics,
+    IMetrics,
+    NullMetrics,
+    method_name,
+    status_class,
+)
+from edgegw.metrics.instruments import Registry
+from edgegw.metrics.otlp import MetricsExportService, metrics_data, metrics_url
+from edgegw.metrics.prometheus import label_name, metric_name, render
+from tests.support.configs import load_text, problems_of
+
+TELEMETRY = """\
+kind: Telemetry
+metadata: {name: t}
+spec:
+  service: {name: edge}
+"""
+
+
+class InstrumentTests(SynchronousTestCase):
+    def test_counter_sums_per_series(self) -> None:
+        counter = Registry().counter("c", "{x}", "d", ("a",))
+        counter.add(1, ("x",))
+        counter.add(2, ("x",))
+        counter.add(5, ("y",))
+        self.assertEqual((counter.value(("x",)), counter.value(("y",))), (3, 5))
+        self.assertEqual(counter.value(("z",)), 0)
+
+    def test_series_past_the_limit_fold_into_the_overflow_series(self) -> None:
+        registry = Registry(limit=3)
+        counter = registry.counter("c", "{x}", "d", ("path",))
+        histogram = registry.histogram("h", "s", "d", ("path",), (1.0,))
+        for n in range(10):
+            counter.add(1, (f"/p{n}",))
+            histogram.record(0.5, (f"/p{n}",))
+        points = list(counter.points())
+        self.assertEqual(len(points), 4)
+        self.assertIn(((("otel.metric.overflow",), (True,), 7)), points)
+        overflow = [p for p in histogram.points() if p[0] == ("otel.metric.overflow",)]
+        self.assertEqual(len(overflow), 1)
+        self.assertEqual(overflow[0][2].count, 7)  # type: ignore[attr-defined]
+        self.assertEqual(len(list(histogram.points())), 4)
+
+    def test_histogram_buckets_are_upper_inclusive(self) -> None:
+        histogram = Registry().histogram("h", "s", "d", (), (0.1, 1.0))
+        for value in (0.05, 0.1, 0.5, 1.0, 3.0):
+            histogram.record(value)
+        point = histogram.point()
+        assert point is not None
+        self.assertEqual(point.counts, [2, 2, 1])
+        self.assertEqual((point.count, point.min, point.max), (5, 0.05, 3.0))
+        self.assertAlmostEqual(point.sum, 4.65)
+
+    def test_names_are_unique(self) -> None:
+        registry = Registry()
+        registry.counter("c", "1", "d")
+        self.assertRaises(ValueError, registry.counter, "c", "1", "d")
+
+    def test_bounded_values(self) -> None:
+        self.assertEqual(method_name(b"GET"), "GET")
+        self.assertEqual(method_name(b"get"), "_OTHER")
+        self.assertEqual(method_name(b"BREW"), "_OTHER")
+        self.assertEqual(
+            [status_class(c) for c in (101, 204, 302, 404, 503)],
+            ["1xx", "2xx", "3xx", "4xx", "5xx"],
+        )
+        self.assertEqual((status_class(None), status_class(999)), ("none", "other"))
+
+    def test_null_metrics_has_every_method(self) -> None:
+        from zope.interface.verify import verifyObject
+
+        self.assertTrue(verifyObject(IMetrics, NO_METRICS))
+        self.assertIsInstance(NO_METRICS, NullMetrics)
+        self.assertTrue(verifyObject(IMetrics, GatewayMetrics(Registry())))
+
+
+class PrometheusTests(SynchronousTestCase):
+    def test_names(self) -> None:
+        self.assertEqual(
+            metric_name("http.server.request.duration", "s", "histogram"),
+            "http_server_request_duration_seconds",
+        )
+        self.assertEqual(
+            metric_name("http.server.request.body.size", "By", "histogram"),
+            "http_server_request_body_size_bytes",
+        )
+        self.assertEqual(
+            metric_name("edgegw.auth.outcomes", "{authentication}", "counter"),
+            "edgegw_auth_outcomes_total",
+        )
+        self.assertEqual(metric_name("x.ready", "1", "gauge"), "x_ready_ratio")
+        self.assertEqual(label_name("http.route"), "http_route")
+        self.assertEqual(label_name("1st"), "_1st")
+
+    def test_text_format(self) -> None:
+        registry = Registry()
+        histogram = registry.histogram("rq.duration", "s", "Took.", ("route",), (0.1, 1.0))
+        histogram.record(0.1, ("/a/{id}",))
+        histogram.record(2.0, ("/a/{id}",))
+        counter = registry.counter("hits", "{hit}", "Hits.", ("why",))
+        counter.add(3, ('say "hi"\\\n',))
+        active = registry.counter("active", "{request}", "Now.", (), monotonic=False)
+        active.add(2)
+        registry.observable("dropped", "{line}", "Lost.", (), lambda: [((), 4)], kind="counter")
+        text = render(registry, {"service.name": "edge"}).decode()
+        self.assertEqual(
+            text,
+            "# HELP target_info Target metadata\n"
+            "# TYPE target_info gauge\n"
+            'target_info{service_name="edge"} 1\n'
+            "# HELP rq_duration_seconds Took.\n"
+            "# TYPE rq_duration_seconds histogram\n"
+            'rq_duration_seconds_bucket{route="/a/{id}",le="0.1"} 1\n'
+            'rq_duration_seconds_bucket{route="/a/{id}",le="1"} 1\n'
+            'rq_duration_seconds_bucket{route="/a/{id}",le="+Inf"} 2\n'
+            'rq_duration_seconds_sum{route="/a/{id}"} 2.1\n'
+            'rq_duration_seconds_count{route="/a/{id}"} 2\n'
+            "# HELP hits_total Hits.\n"
+            "# TYPE hits_total counter\n"
+            'hits_total{why="say \\"hi\\"\\\\\\n"} 3\n'
+            "# HELP active Now.\n"
+            "# TYPE active gauge\n"
+            "active 2\n"
+            "# HELP dropped_total Lost.\n"
+            "# TYPE dropped_total counter\n"
+            "dropped_total 4\n",
+        )
+
+
+class _Exporter(MetricExporter):
+    def __init__(self) -> None:
+        super().__init__()
+        self.exported: list[MetricsData] = []
+        self.shut = False
+
+    def export(
+        self, metrics_data: MetricsData, timeout_millis: float = 10_000, **kwargs: Any
+    ) -> MetricExportResult:
+        self.exported.append(metrics_data)
+        return MetricExportResult.SUCCESS
+
+    def force_flush(self, timeout_millis: float = 10_000) -> bool:
+        return True
+
+    def shutdown(self, timeout_millis: float = 30_000, **kwargs: Any) -> None:
+        self.shut = True
+
+
+class OtlpTests(TestCase):
+    def test_urls(self) -> None:
+        self.assertEqual(metrics_url("http://c:4318"), "http://c:4318/v1/metrics")
+        self.assertEqual(metrics_url("http://c:4318/"), "http://c:4318/v1/metrics")
+        self.assertEqual(metrics_url("http://c/otlp/v1/traces"), "http://c/otlp/v1/metrics")
+        self.assertEqual(metrics_url("http://c/ingest"), "http://c/ingest")
+
+    def test_data_model(self) -> None:
+        registry = Registry()
+        metrics = GatewayMetrics(registry)
+        metrics.request("/a/", b"GET", 200, 0.02, 0, 5)
+        metrics.active(b"GET", 1)
+        metrics.observe("edgegw.idp.ready", "1", "Ready.", (), lambda: [((), 1)])
+        data = metrics_data(registry, Resource.create({"service.name": "edge"}), now_ns=7)
+        [resource] = data.resource_metrics
+        self.assertEqual(resource.resource.attributes["service.name"], "edge")
+        [scope] = resource.scope_metrics
+        self.assertEqual(scope.scope.name, "edgegw")
+        found = {metric.name: metric for metric in scope.metrics}
+        duration = found["http.server.request.duration"]
+        self.assertEqual(duration.unit, "s")
+        assert isinstance(duration.data, Histogram)
+        [point] = duration.data.data_points
+        self.assertEqual(
+            dict(point.attributes or {}),
+            {
+                "http.route": "/a/",
+                "http.request.method": "GET",
+                "http.response.status_class": "2xx",
+            },
+        )
+        self.assertEqual((point.count, point.time_unix_nano), (1, 7))
+        self.assertEqual(point.start_time_unix_nano, registry.start_time_ns)
+        self.assertEqual(sum(point.bucket_counts), 1)
+        active = found["http.server.active_requests"].data
+        assert isinstance(active, Sum)
+        self.assertFalse(active.is_monotonic)
+        self.assertEqual(active.data_points[0].value, 1)
+        assert isinstance(found["edgegw.idp.ready"].data, Gauge)
+        # Nothing recorded yet: the metric is there, with no point.
+        auth = found["edgegw.auth.outcomes"].data
+        assert isinstance(auth, Sum)
+        self.assertEqual((auth.is_monotonic, list(auth.data_points)), (True, []))
+
+    async def test_export_service(self) -> None:
+        from twisted.internet import reactor
+
+        registry = Registry()
+        counter = registry.counter("hits", "{hit}", "Hits.")
+        exporter = _Exporter()
+        service = MetricsExportService(
+            registry, Resource.create({}), exporter, reactor, interval=3600
+        )
+        service.startService()
+        counter.add(2)
+        await service.export()
+        counter.add(1)
+        await service.stopService()
+        self.assertTrue(exporter.shut)
+        values = []
+        for data in exporter.exported:
+            point = data.resource_metrics[0].scope_metrics[0].metrics[0].data.data_points[0]
+            assert isinstance(point, NumberDataPoint)
+            values.append(point.value)
+        # The periodic one, then the last one at stop.
+        self.assertEqual(values, [2, 3])
+
+
+class ConfigTests(SynchronousTestCase):
+    def test_without_a_metrics_block(self) -> None:
+        config = load_text(self.mktemp(), TELEMETRY)
+        assert config.telemetry is not None
+        self.assertIsNone(config.telemetry.metrics)
+
+    def test_prometheus_and_otlp(self) -> None:
+        config = load_text(
+            self.mktemp(),
+            TELEMETRY.replace(
+                "  service: {name: edge}\n",
+                "  service: {name: edge}\n"
+                '  otlp: {endpoint: "http://127.0.0.1:4318"}\n'
+                "  metrics:\n"
+                '    prometheus: {listen: "127.0.0.1:9464"}\n'
+                "    otlp: {interval: 15s}\n"
+                "    cardinalityLimit: 500\n",
+            ),
+        )
+        assert config.telemetry is not None
+        metrics = config.telemetry.metrics
+        assert metrics is not None
+        self.assertEqual(metrics.prometheus_listen, "127.0.0.1:9464")
+        self.assertEqual(metrics.prometheus_path, "/metrics")
+        self.assertEqual(metrics.otlp_endpoint, "http://127.0.0.1:4318")
+        self.assertEqual((metrics.otlp_interval, metrics.cardinality_limit), (15.0, 500))
+
+    def test_errors(self) -> None:
+        def errors(block: str) -> list[str]:
+            text = TELEMETRY.replace(
+                "  service: {name: edge}\n", "  service: {name: edge}\n  metrics:\n" + block
+            )
+            return [re.sub(r"^.*?spec\.", "spec.", p) for p in problems_of(self.mktemp(), text)]
+
+        self.assertEqual(
+            errors("    cardinalityLimit: 10\n"),
+            [
+                "spec.metrics.prometheus: metrics go nowhere: add prometheus (a scrape "
+                "listener) and/or otlp (export)"
+            ],
+        )
+        self.assertEqual(
+            errors("    otlp: {interval: 10s}\n"),
+            [
+                "spec.metrics.otlp.endpoint: no collector to export to: set it here or in "
+                "the Telemetry's otlp.endpoint (or set enabled: false)"
+            ],
+        )
+        self.assertEqual(
+            errors('    prometheus: {listen: "nowhere", path: metrics}\n'),
+            [
+                'spec.metrics.prometheus.listen: invalid listen address "nowhere": use '
+                '":8080", "127.0.0.1:8080", "[::1]:8080" or a Twisted endpoint such as '
+                '"tcp:8080" or "ssl:8443:..."',
+                'spec.metrics.prometheus.path: "metrics" is not an absolute path (such as '
+                "/metrics)",
+            ],
+        )
+        self.assertEqual(
+            errors('    prometheus: {listen: ":9464", lisen: x}\n'),
+            ['spec.metrics.prometheus.lisen: unknown field; did you mean "listen"?'],
+        )
