@@ -7,7 +7,7 @@ the C{Telemetry.metrics} block, and the server metrics the access-log stage reco
 from __future__ import annotations
 
 import re
-from typing import Any
+from typing import Any, cast
 
 from opentelemetry.sdk.metrics.export import (
     Gauge,
@@ -19,6 +19,7 @@ from opentelemetry.sdk.metrics.export import (
     Sum,
 )
 from opentelemetry.sdk.resources import Resource
+from twisted.logger import ILogObserver, globalLogPublisher
 from twisted.trial.unittest import SynchronousTestCase, TestCase
 
 from edgegw.metrics.gateway import (
@@ -30,9 +31,19 @@ from edgegw.metrics.gateway import (
     status_class,
 )
 from edgegw.metrics.instruments import Registry
-from edgegw.metrics.otlp import MetricsExportService, metrics_data, metrics_url
+from edgegw.metrics.otlp import (
+    MetricsExportService,
+    make_metric_exporter,
+    metrics_data,
+    metrics_url,
+)
 from edgegw.metrics.prometheus import label_name, metric_name, render
 from tests.support.configs import load_text, problems_of
+from tests.support.otlp_metrics import (
+    MetricsCollector,
+    start_grpc_metrics,
+    start_http_metrics,
+)
 
 TELEMETRY = """\
 kind: Telemetry
@@ -301,3 +312,77 @@ class ConfigTests(SynchronousTestCase):
             errors('    prometheus: {listen: ":9464", lisen: x}\n'),
             ['spec.metrics.prometheus.lisen: unknown field; did you mean "listen"?'],
         )
+
+
+class OtlpReceiverTests(TestCase):
+    """
+    The SDK's OTLP exporters, as the export service drives them, reaching real OTLP
+    receivers on 127.0.0.1.
+    """
+
+    async def export_to(self, endpoint: str, protocol: str) -> None:
+        from twisted.internet import reactor
+
+        registry = Registry()
+        metrics = GatewayMetrics(registry)
+        metrics.request("/api/{id}", b"GET", 200, 0.02, 10, 300)
+        metrics.request("/api/{id}", b"GET", 503, 0.2, 0, 20)
+        metrics.auth("bearer", "rejected", "expired")
+        exporter = make_metric_exporter(endpoint, protocol, {"X-Api-Key": "k"}, 5.0)
+        service = MetricsExportService(
+            registry, Resource.create({"service.name": "edge"}), exporter, reactor, 3600
+        )
+        service.startService()
+        await service.export()
+        metrics.auth("bearer", "rejected", "expired")
+        await service.stopService()
+
+    def check(self, collector: MetricsCollector) -> None:
+        self.assertEqual(collector.errors, [])
+        self.assertEqual(len(collector.exports), 2)  # the periodic one and the last
+        self.assertEqual(collector.headers[0].get("x-api-key"), "k")
+        durations = collector.last("http.server.request.duration")
+        by_status = {p.attributes["http.response.status_class"]: p for p in durations}
+        self.assertEqual(set(by_status), {"2xx", "5xx"})
+        ok = by_status["2xx"]
+        self.assertEqual((ok.kind, ok.unit, ok.value, ok.cumulative), ("histogram", "s", 1, True))
+        self.assertEqual(ok.attributes["http.route"], "/api/{id}")
+        self.assertEqual(ok.resource["service.name"], "edge")
+        self.assertEqual(ok.scope, "edgegw")
+        self.assertEqual(sum(ok.bucket_counts), 1)
+        [auth] = collector.last("edgegw.auth.outcomes")
+        self.assertEqual((auth.kind, auth.monotonic, auth.value), ("sum", True, 2))
+        [first] = [p for p in collector.exports[0] if p.name == "edgegw.auth.outcomes"]
+        self.assertEqual(first.value, 1)
+
+    async def test_http_protobuf(self) -> None:
+        endpoint, collector = await start_http_metrics(self)
+        await self.export_to(endpoint, "http/protobuf")
+        self.check(collector)
+
+    async def test_grpc(self) -> None:
+        endpoint, collector = await start_grpc_metrics(self)
+        await self.export_to(endpoint, "grpc")
+        await collector.wait_until(lambda: len(collector.exports) == 2)
+        self.check(collector)
+
+    async def test_unreachable_collector_is_logged_not_raised(self) -> None:
+        from twisted.internet import reactor
+
+        from tests.support.processes import refused_port
+
+        port = await refused_port()
+        registry = Registry()
+        registry.counter("hits", "{hit}", "Hits.").add(1)
+        exporter = make_metric_exporter(f"http://127.0.0.1:{port}", "http/protobuf", {}, 1.0)
+        service = MetricsExportService(registry, Resource.create({}), exporter, reactor, 3600)
+        events: list[dict[str, Any]] = []
+        observer = cast(ILogObserver, events.append)
+        globalLogPublisher.addObserver(observer)
+        self.addCleanup(globalLogPublisher.removeObserver, observer)
+        service.startService()
+        await service.export()
+        await service.stopService()
+        warnings = [e for e in events if e.get("log_namespace") == "edgegw.metrics"]
+        self.assertEqual(len(warnings), 2)  # the export, and the last one at stop
+        self.assertEqual(warnings[0]["result"], "FAILURE")
