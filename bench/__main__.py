@@ -1,6 +1,7 @@
 """
 The benchmark harness's command line: C{python -m bench COMMAND}, where COMMAND is one of
-proxy, memory, api, authz, telemetry, session, server-session, bearer, plugins, workers.
+proxy, memory, api, authz, telemetry, session, server-session, bearer, plugins, metrics,
+workers.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from bench import (
     authz,
     bearer,
     memory,
+    metrics,
     plugins,
     proxy,
     server_session,
@@ -311,6 +313,19 @@ def parser() -> argparse.ArgumentParser:
     )
     _wrk_options(
         commands.add_parser(
+            "metrics",
+            help="the gateway's metrics (off, on with Prometheus): CPU/request",
+            description=(
+                "Measure, interleaved over rounds, one edgegw per variant proxying to an "
+                "nginx backend with the same Telemetry resource: (a) without a metrics "
+                "block, (b) with metrics served for Prometheus (scraped after each run)."
+            ),
+        ),
+        variants.Settings(),
+        "wrk connections",
+    )
+    _wrk_options(
+        commands.add_parser(
             "workers",
             help="one edgegw process against two worker processes on one socket: req/s",
             description=(
@@ -363,6 +378,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return bearer.run(variants.Settings(**_wrk_settings(args)))
         if args.command == "plugins":
             return plugins.run(variants.Settings(**_wrk_settings(args)))
+        if args.command == "metrics":
+            return metrics.run(variants.Settings(**_wrk_settings(args)))
         if args.command == "workers":
             return workers.run(variants.Settings(**_wrk_settings(args)))
         return memory.run(
