@@ -48,6 +48,7 @@ from edgegw.config.errors import ConfigError, Problem
 from edgegw.config.model import Config
 from edgegw.config.parse import load_config
 from edgegw.gateway import Gateway, build_gateway
+from edgegw.metrics.serve import ScrapeListener, export_service, scrape_listener
 from edgegw.notify import SystemdNotifier
 from edgegw.server.limits import LimitedSite
 from edgegw.server.listen import server_endpoint
@@ -218,6 +219,11 @@ class GatewayService(MultiService):
         self.listener = ListenerService(gateway.config.gateway.listen, gateway.site, reactor)
         self.listener.setName("listener")
         self.listener.setServiceParent(self)
+        # Like the listener, the scrape listener outlives reloads (they swap its registry).
+        self.metrics_listener = _scrape_listener(gateway, reactor)
+        if self.metrics_listener is not None:
+            self.metrics_listener.setName("metrics-scrape")
+            self.metrics_listener.setServiceParent(self)
         self._adopt(gateway)
         self._stop_waiters: list[Deferred[None]] | None = None
         # Gateways replaced by a reload, until their requests in flight have finished
@@ -246,6 +252,18 @@ class GatewayService(MultiService):
             children.append(("idp", gateway.idp))
         if gateway.telemetry is not None:
             children.append(("telemetry", TelemetryService(gateway.telemetry)))
+            metrics = gateway.telemetry.spec.metrics
+            if gateway.metrics is not None and metrics is not None:
+                export = export_service(
+                    gateway.telemetry.spec,
+                    metrics,
+                    gateway.metrics.registry,
+                    gateway.telemetry.provider.resource,
+                    self.reactor,
+                )
+                if export is not None:
+                    # Its last export, when the gateway retires, counts what it served.
+                    children.append(("metrics-export", export))
         for name, child in children:
             child.setName(name)
             child.setServiceParent(self)
@@ -339,6 +357,18 @@ class GatewayService(MultiService):
                     "address needs a restart (the running configuration keeps serving)",
                 )
                 raise ConfigError([problem])
+            scrape, old_scrape = _scrape_address(config), _scrape_address(old.config)
+            if scrape != old_scrape:
+                telemetry = config.telemetry or old.config.telemetry
+                assert telemetry is not None
+                problem = Problem(
+                    telemetry.location,
+                    "spec.metrics.prometheus.listen",
+                    f"changed from {old_scrape or 'none'} to {scrape or 'none'}: the "
+                    "metrics listener needs a restart (the running configuration keeps "
+                    "serving)",
+                )
+                raise ConfigError([problem])
             new = build_gateway(config, self.reactor, **self._build_options)
             open_access_log(new)
         except ConfigError as e:
@@ -347,7 +377,7 @@ class GatewayService(MultiService):
                 problems=e.render(),
             )
             return False
-        retired = [child for child in self if child is not self.listener]
+        retired = [child for child in self if child not in (self.listener, self.metrics_listener)]
         for child in retired:
             # Out of the tree without being stopped: they stop once the old requests
             # have finished.
@@ -357,6 +387,9 @@ class GatewayService(MultiService):
         self.gateway = new
         self._adopt(new)
         self._switch_site(new)
+        if self.metrics_listener is not None and new.metrics is not None:
+            # The new gateway counts from zero (a counter reset, as after a restart).
+            self.metrics_listener.serve(new.metrics.registry)
         _log.info(
             "configuration reloaded from {source}: {count} routes",
             source=self.source,
@@ -522,3 +555,23 @@ def _abort_connections(gateway: Gateway) -> None:
 
 def _log_retire_failure(failure: Failure) -> None:
     _log.failure("stopping the services of a replaced configuration", failure)
+
+
+def _scrape_address(config: Config) -> str | None:
+    """
+    The metrics scrape listener's address in C{config}, if any.
+    """
+    telemetry = config.telemetry
+    metrics = telemetry.metrics if telemetry is not None else None
+    return metrics.prometheus_listen if metrics is not None else None
+
+
+def _scrape_listener(gateway: Gateway, reactor: Any) -> ScrapeListener | None:
+    """
+    The scrape listener of C{gateway}'s metrics, if they ask for one.
+    """
+    telemetry = gateway.telemetry
+    metrics = telemetry.spec.metrics if telemetry is not None else None
+    if telemetry is None or metrics is None or gateway.metrics is None:
+        return None
+    return scrape_listener(metrics, gateway.metrics.registry, telemetry.provider.resource, reactor)

@@ -9,7 +9,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from opentelemetry.sdk.resources import Resource as OtelResource
-from twisted.application.service import IService, Service
+from twisted.application.service import Service
 from twisted.internet.defer import Deferred, succeed
 from twisted.internet.endpoints import serverFromString
 from twisted.internet.interfaces import IListeningPort
@@ -23,7 +23,7 @@ from edgegw.metrics.instruments import Registry
 from edgegw.metrics.otlp import MetricsExportService, make_metric_exporter
 from edgegw.metrics.prometheus import MetricsPage
 
-__all__ = ["ScrapeListener", "metrics_services", "scrape_site"]
+__all__ = ["ScrapeListener", "export_service", "scrape_listener", "scrape_site"]
 
 _log = Logger(namespace="edgegw.metrics")
 
@@ -104,34 +104,44 @@ class ScrapeListener(Service):
         self._starting = None
         return starting.addCallback(stop)
 
+    def serve(self, registry: Registry) -> None:
+        """
+        Answer scrapes from C{registry} from now on (a reload's new gateway).
+        """
+        root = self.site.resource
+        assert isinstance(root, _ScrapeRoot)
+        root.page.registry = registry
 
-def metrics_services(
+
+def scrape_listener(
+    metrics: MetricsSpec, registry: Registry, resource: OtelResource, reactor: Any
+) -> ScrapeListener | None:
+    """
+    The scrape listener C{metrics} asks for, serving C{registry}; L{None} without
+    C{prometheus}.
+    """
+    if metrics.prometheus_listen is None:
+        return None
+    site = scrape_site(registry, metrics.prometheus_path, dict(resource.attributes))
+    return ScrapeListener(reactor, metrics.prometheus_listen, site)
+
+
+def export_service(
     telemetry: TelemetrySpec,
     metrics: MetricsSpec,
     registry: Registry,
     resource: OtelResource,
     reactor: Any,
-) -> list[tuple[str, IService]]:
+) -> MetricsExportService | None:
     """
-    The services C{metrics} asks for: C{metrics-scrape} and/or C{metrics-export}.
+    The OTLP export C{metrics} asks for, of C{registry}; L{None} without an endpoint.
     """
-    services: list[tuple[str, IService]] = []
-    if metrics.prometheus_listen is not None:
-        site = scrape_site(registry, metrics.prometheus_path, dict(resource.attributes))
-        services.append(
-            ("metrics-scrape", ScrapeListener(reactor, metrics.prometheus_listen, site))
-        )
-    if metrics.otlp_endpoint is not None:
-        exporter = make_metric_exporter(
-            metrics.otlp_endpoint,
-            telemetry.otlp_protocol,
-            telemetry.otlp_headers,
-            telemetry.otlp_timeout,
-        )
-        services.append(
-            (
-                "metrics-export",
-                MetricsExportService(registry, resource, exporter, reactor, metrics.otlp_interval),
-            )
-        )
-    return services
+    if metrics.otlp_endpoint is None:
+        return None
+    exporter = make_metric_exporter(
+        metrics.otlp_endpoint,
+        telemetry.otlp_protocol,
+        telemetry.otlp_headers,
+        telemetry.otlp_timeout,
+    )
+    return MetricsExportService(registry, resource, exporter, reactor, metrics.otlp_interval)

@@ -113,6 +113,13 @@ class GatewayProcess:
         return self.origin + path
 
     @property
+    def pid(self) -> int:
+        """
+        The process id (once started).
+        """
+        return int(self._process.pid)
+
+    @property
     def output(self) -> str:
         """
         Everything the process has printed so far.

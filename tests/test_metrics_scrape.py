@@ -1,0 +1,185 @@
+"""
+The metrics of a real gateway process (C{twistd -n edgegw}), scraped over HTTP from its
+scrape listener as Prometheus would after traffic (issue 18): the server series with
+their counts, the scrape listener apart from the public one, and reloads.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+from typing import Any
+
+from twisted.trial.unittest import TestCase
+
+from tests.support.backends import SiteBackend, answer
+from tests.support.daemons import GatewayProcess, http_exchange, sleep
+from tests.support.redis import free_port
+
+_SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{.*\})? (\S+)$")
+
+
+def parse(text: str) -> dict[str, float]:
+    """
+    The samples of a Prometheus text exposition: C{name{labels}} (as written) -> value.
+    """
+    samples: dict[str, float] = {}
+    for line in text.splitlines():
+        if not line or line.startswith("#"):
+            continue
+        found = _SAMPLE.match(line)
+        assert found is not None, line
+        key = found.group(1) + (found.group(2) or "")
+        assert key not in samples, f"{key} twice"
+        samples[key] = float(found.group(3))
+    return samples
+
+
+def config(backend_port: int, scrape_port: int, extra_route: str = "") -> dict[str, str]:
+    text = f"""\
+kind: Gateway
+metadata: {{name: gw}}
+spec:
+  listen: "127.0.0.1:0"
+---
+kind: Telemetry
+metadata: {{name: t}}
+spec:
+  service: {{name: edge-test}}
+  metrics:
+    prometheus: {{listen: "127.0.0.1:{scrape_port}"}}
+---
+kind: Route
+metadata: {{name: api}}
+spec:
+  match: "GET /api/{{id}}"
+  access: {{auth: public}}
+  handler: {{type: reverse-proxy, upstream: "http://127.0.0.1:{backend_port}"}}
+---
+kind: Route
+metadata: {{name: health}}
+spec:
+  match: /healthz
+  handler: {{type: health}}
+{extra_route}"""
+    return {"gateway.yaml": text}
+
+
+DURATION = "http_server_request_duration_seconds"
+API_OK = '{http_route="GET /api/{id}",http_request_method="GET",http_response_status_class="2xx"}'
+
+
+class ScrapeTests(TestCase):
+    async def start(self) -> tuple[GatewayProcess, int, SiteBackend]:
+        backend = SiteBackend(answer(body=b'{"ok":true}')).start()
+        self.addCleanup(backend.stop)
+        scrape = free_port()
+        gateway = GatewayProcess(self, config(backend.port, scrape))
+        await gateway.start()
+        return gateway, scrape, backend
+
+    async def scrape(self, port: int, path: str = "/metrics") -> tuple[int, dict[str, float]]:
+        reply = await http_exchange(port, "GET", path)
+        if reply.status != 200:
+            return reply.status, {}
+        content_type = reply.header(b"Content-Type")
+        self.assertEqual(content_type, b"text/plain; version=0.0.4; charset=utf-8")
+        return reply.status, parse(reply.body.decode())
+
+    async def until_scraped(self, port: int) -> dict[str, float]:
+        for _ in range(100):
+            try:
+                status, samples = await self.scrape(port)
+            except ConnectionError:
+                status, samples = 0, {}
+            if status == 200:
+                return samples
+            await sleep(0.05)
+        self.fail(f"no scrape answered on port {port}")
+
+    async def test_series_after_traffic(self) -> None:
+        gateway, scrape, _ = await self.start()
+        for path in ("/api/1", "/api/1", "/api/2", "/api/3?secret=x", "/api/4"):
+            reply = await http_exchange(gateway.port, "GET", path)
+            self.assertEqual(reply.status, 200)
+        self.assertEqual((await http_exchange(gateway.port, "POST", "/api/1")).status, 405)
+        self.assertEqual((await http_exchange(gateway.port, "GET", "/nowhere")).status, 404)
+        self.assertEqual((await http_exchange(gateway.port, "GET", "/healthz")).status, 200)
+
+        samples = await self.until_scraped(scrape)
+        [info] = [key for key in samples if key.startswith("target_info{")]
+        self.assertIn('service_name="edge-test"', info)
+        self.assertIn('telemetry_sdk_language="python"', info)
+        self.assertEqual(samples[info], 1)
+        self.assertEqual(samples[f"{DURATION}_count{API_OK}"], 5)
+        self.assertEqual(samples[DURATION + "_bucket" + API_OK[:-1] + ',le="+Inf"}'], 5)
+        self.assertGreater(samples[f"{DURATION}_sum{API_OK}"], 0)
+        self.assertEqual(
+            samples[
+                f'{DURATION}_count{{http_route="/healthz",http_request_method="GET",'
+                'http_response_status_class="2xx"}'
+            ],
+            1,
+        )
+        # The mux's own answers: no route.
+        unmatched = {
+            key: value
+            for key, value in samples.items()
+            if key.startswith(f"{DURATION}_count") and 'http_route=""' in key
+        }
+        self.assertEqual(sum(unmatched.values()), 2)
+        self.assertIn('http_response_status_class="4xx"', "".join(unmatched))
+        self.assertEqual(
+            samples[f"http_server_response_body_size_bytes_sum{API_OK}"], 5 * len(b'{"ok":true}')
+        )
+        self.assertEqual(samples['http_server_active_requests{http_request_method="GET"}'], 0)
+        # Never a raw path or a query string.
+        listed = "".join(samples)
+        self.assertNotIn("/api/1", listed)
+        self.assertNotIn("secret", listed)
+
+        # Only the scrape path, only on the scrape listener.
+        self.assertEqual((await self.scrape(scrape, "/other"))[0], 404)
+        self.assertEqual((await http_exchange(gateway.port, "GET", "/metrics")).status, 404)
+
+    async def test_reload_resets_and_a_moved_listener_is_refused(self) -> None:
+        gateway, scrape, backend = await self.start()
+        await http_exchange(gateway.port, "GET", "/api/1")
+        samples = await self.until_scraped(scrape)
+        self.assertEqual(samples[f"{DURATION}_count{API_OK}"], 1)
+
+        path = os.path.join(gateway.directory, "gateway.yaml")
+        moved = config(backend.port, free_port())["gateway.yaml"]
+        with open(path, "w") as f:
+            f.write(moved)
+        os.kill(gateway.pid, signal.SIGHUP)
+        await self.until_output(gateway, "reload refused")
+        self.assertIn("spec.metrics.prometheus.listen: changed from", gateway.output)
+        samples = await self.until_scraped(scrape)
+        self.assertEqual(samples[f"{DURATION}_count{API_OK}"], 1)  # the old one serves on
+
+        extra = (
+            "---\nkind: Route\nmetadata: {name: more}\nspec:\n  match: /more\n"
+            "  handler: {type: health}\n"
+        )
+        with open(path, "w") as f:
+            f.write(config(backend.port, scrape, extra)["gateway.yaml"])
+        os.kill(gateway.pid, signal.SIGHUP)
+        await self.until_output(gateway, "configuration reloaded")
+        await http_exchange(gateway.port, "GET", "/more")
+        samples = await self.until_scraped(scrape)
+        # The new configuration counts from zero.
+        self.assertNotIn(f"{DURATION}_count{API_OK}", samples)
+        more = (
+            f'{DURATION}_count{{http_route="/more",http_request_method="GET",'
+            'http_response_status_class="2xx"}'
+        )
+        self.assertEqual(samples[more], 1)
+
+    async def until_output(self, gateway: GatewayProcess, text: str) -> Any:
+        for _ in range(200):
+            if text in gateway.output:
+                return
+            await sleep(0.05)
+        self.fail(f"{text!r} never logged:\n{gateway.output}")
