@@ -35,7 +35,13 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 EXAMPLE = os.path.join(ROOT, "etc", "edgegw")
 BIN = os.path.dirname(sys.executable)
 # The example's session key comes from the environment (make run makes a random one).
-ENV = {**os.environ, "PYTHONPATH": ROOT, "EDGEGW_SESSION_KEY": "k" * 32}
+# The example's metrics listener on a port of its own (9464 may be taken by `make run`).
+ENV = {
+    **os.environ,
+    "PYTHONPATH": ROOT,
+    "EDGEGW_SESSION_KEY": "k" * 32,
+    "EDGEGW_METRICS_LISTEN": "127.0.0.1:0",
+}
 
 
 class DaemonProtocol(ProcessProtocol):
@@ -243,6 +249,12 @@ class ServeExampleTests(TestCase):
         self.assertEqual(login.code, 503)
         self.assertTrue(login.headers.getRawHeaders("retry-after"))
         await login.content()
+        # The example's metrics (on their own listener) counted the fan-out.
+        scrape = re.search(r"metrics scrape listener on .*?port=(\d+)", protocol.output.decode())
+        assert scrape is not None, protocol.output
+        metrics = await http_get(f"http://127.0.0.1:{scrape.group(1)}/metrics")
+        self.assertEqual(metrics.code, 200)
+        self.assertIn(b'http_route="GET /dash/{id}"', await metrics.content())
         process.signalProcess("TERM")
         await protocol.ended.addErrback(lambda failure: None)
 
