@@ -53,6 +53,7 @@ from edgegw.edge.tracing import TracingDispatcher
 from edgegw.handlers.api import ApiHandler
 from edgegw.handlers.health import HealthHandler
 from edgegw.handlers.proxy import ProxyHandler
+from edgegw.handlers.readiness import Readiness, ReadinessResource
 from edgegw.handlers.static import StaticHandler
 from edgegw.identity.assertion import AssertionIssuer, AssertionVerifier
 from edgegw.identity.bearer import BearerVerifier
@@ -97,6 +98,7 @@ class Gateway:
     @ivar state: The state store (a service), with a C{stateProvider}.
     @ivar sessions: The server-side sessions (a service), with a C{stateProvider}.
     @ivar metrics: The gateway's instruments, with C{Telemetry.metrics}.
+    @ivar readiness: What the readiness endpoint is told, with C{readiness}.
     """
 
     config: Config
@@ -112,6 +114,7 @@ class Gateway:
     state: IStateStore | None = None
     sessions: ServerSessions | None = None
     metrics: GatewayMetrics | None = None
+    readiness: Readiness | None = None
 
 
 @attrs.frozen
@@ -203,6 +206,12 @@ def build_gateway(
     reserved: dict[str, IRouteTarget] = {}
     if login is not None:
         endpoints = _mount_login(reserved, config, login, access, inflight)
+    readiness = None
+    readiness_path = config.gateway.readiness_path
+    if readiness_path is not None:
+        readiness = Readiness()
+        endpoint = ReadinessResource(readiness, reactor, provider, store)
+        reserved[readiness_path] = ResourceTarget(readiness_path, endpoint, access, inflight)
     context = _TerminalContext(config, client, agent, reactor, projected, login)
     protected = Protected(
         request=projected | context.assertion_headers, response=context.gateway_headers
@@ -256,6 +265,7 @@ def build_gateway(
         state=store,
         sessions=identity.server if identity is not None else None,
         metrics=metrics,
+        readiness=readiness,
     )
 
 

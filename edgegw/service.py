@@ -282,6 +282,8 @@ class GatewayService(MultiService):
         super().startService()
         port = self.listener.port
         if port is not None:
+            if self.gateway.readiness is not None:
+                self.gateway.readiness.listening = True
             _log.info(
                 "edgegw listening on {address} with {count} routes",
                 address=port.getHost(),
@@ -387,6 +389,10 @@ class GatewayService(MultiService):
         self.gateway = new
         self._adopt(new)
         self._switch_site(new)
+        if old.readiness is not None:
+            old.readiness.draining = True
+        if new.readiness is not None:
+            new.readiness.listening = self.listener.port is not None
         if self.metrics_listener is not None and new.metrics is not None:
             # The new gateway counts from zero (a counter reset, as after a restart).
             self.metrics_listener.serve(new.metrics.registry)
@@ -447,6 +453,9 @@ class GatewayService(MultiService):
             return waiter
         self._stop_waiters = []
         self.notifier.stopping()
+        if self.gateway.readiness is not None:
+            # Load balancers stop sending new requests while the ones in flight finish.
+            self.gateway.readiness.draining = True
         if self._status_call is not None and self._status_call.active():
             self._status_call.cancel()
         Service.stopService(self)

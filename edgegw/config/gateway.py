@@ -70,7 +70,21 @@ def read_gateway(spec: Node, base_dir: str) -> GatewaySpec:
         drain_timeout=spec.duration("drainTimeout", 30.0) or 0.0,
         access_log=_access_log(spec.mapping("accessLog"), base_dir),
         limits=read_limits(spec.mapping("limits")),
+        readiness_path=_readiness(spec.mapping("readiness")),
     )
+
+
+def _readiness(node: Node | None) -> str | None:
+    """
+    C{readiness.path}: where the readiness endpoint answers (the block turns it on).
+    """
+    if node is None:
+        return None
+    path = node.string("path", "/readyz") or "/readyz"
+    if not path.startswith("/") or any(c in path for c in "?#*{} "):
+        node.error("path", f'"{path}" is not a plain absolute path (such as /readyz)')
+    node.finish()
+    return path
 
 
 def _access_log(node: Node | None, base_dir: str) -> AccessLogSpec:

@@ -225,6 +225,7 @@ class GatewaySpec:
     drain_timeout: float = DEFAULT_DRAIN_TIMEOUT
     access_log: AccessLogSpec = AccessLogSpec()
     limits: LimitsSpec = LimitsSpec()
+    readiness_path: str | None = None
     location: Location | None = attrs.field(default=None, eq=False, repr=False)
 
 

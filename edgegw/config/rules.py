@@ -138,38 +138,44 @@ def cross_checks(
             "(spec.session with a 32-byte key); an instance that only verifies Bearer "
             "tokens sets verificationOnly: true",
         )
-    if spec.session is not None and idp is not None and not idp.verification_only:
-        _check_auth_paths(location, spec, idp, routes, problems)
+    login = spec.session is not None and idp is not None and not idp.verification_only
+    if login or spec.readiness_path is not None:
+        _check_auth_paths(location, spec, idp if login else None, routes, problems)
 
 
 def _check_auth_paths(
     location: Location,
     spec: GatewaySpec,
-    idp: IdpSpec,
+    idp: IdpSpec | None,
     routes: list[RouteSpec],
     problems: Problems,
 ) -> None:
     """
     The login, callback, logout and session-view paths (and, with a state provider, the
-    back-channel logout path) are answered before the routes
+    back-channel logout path) of a browser login (C{idp}), and the readiness path, are
+    answered before the routes
     (exact paths, any host): each must be distinct, and no Route may match exactly one
     of them alone (it could never be reached). A Route covering more (C{GET /}, a
     subtree, a wildcard) keeps every other path.
     """
-    assert spec.session is not None
     seen: dict[str, str] = {}
-    for field, path in (
-        ("spec.auth.loginPath", spec.auth.login_path),
-        ("spec.auth.logoutPath", spec.auth.logout_path),
-        ("spec.session.infoPath", spec.session.info_path),
-        ("spec.redirectURL", idp.callback_path),
-        *(
-            (("spec.auth.backchannelLogoutPath", spec.auth.backchannel_logout_path),)
-            if spec.state_provider is not None
-            else ()
-        ),
-    ):
-        where: Location | None = idp.location if field == "spec.redirectURL" else location
+    reserved: list[tuple[str, str]] = []
+    if idp is not None:
+        assert spec.session is not None
+        reserved += [
+            ("spec.auth.loginPath", spec.auth.login_path),
+            ("spec.auth.logoutPath", spec.auth.logout_path),
+            ("spec.session.infoPath", spec.session.info_path),
+            ("spec.redirectURL", idp.callback_path),
+        ]
+        if spec.state_provider is not None:
+            reserved.append(("spec.auth.backchannelLogoutPath", spec.auth.backchannel_logout_path))
+    if spec.readiness_path is not None:
+        reserved.append(("spec.readiness.path", spec.readiness_path))
+    for field, path in reserved:
+        where: Location | None = (
+            idp.location if idp is not None and field == "spec.redirectURL" else location
+        )
         if path in seen:
             problems.add(where, field, f"{path} is also {seen[path]}")
             continue
@@ -182,10 +188,11 @@ def _check_auth_paths(
         if all(segment.kind == "literal" for segment in pattern.segments):
             path = "/" + "/".join(segment.value for segment in pattern.segments)
             if path in seen:
+                kind = "readiness" if seen[path] == "spec.readiness.path" else "auth"
                 problems.add(
                     route.location,
                     "spec.match",
-                    f"never reached: {path} is the gateway's own auth endpoint "
+                    f"never reached: {path} is the gateway's own {kind} endpoint "
                     f"({seen[path]}), answered before any Route",
                 )
 
