@@ -18,7 +18,7 @@ E2E := tests/e2e
 E2E_STAMP := $(E2E)/node_modules/.installed
 
 .PHONY: run test check lint typecheck layers unit unit-oldest venv clean bench redis \
-	systemd-tools deb
+	chromium systemd-tools deb
 
 # $(call debian,TEST,PACKAGES,WHO): when the shell command TEST fails, install Debian's
 # PACKAGES when root, else say what to run and stop.
@@ -54,6 +54,14 @@ $(OLDEST_STAMP): setup.py pyproject.toml $(OLDEST_CONSTRAINTS) | $(STAMP)
 
 # Stock Debian has no node: the e2e provider needs Debian's nodejs and npm.
 need_node = $(call debian,command -v node && command -v npm,nodejs npm,edgegw's tests need)
+
+# The end-to-end suite drives Debian's chromium through its chromium-driver
+# (tests/e2e/browser.py); never a downloaded browser.
+need_chromium = $(call debian,test -x /usr/bin/chromium && test -x /usr/bin/chromedriver,\
+	chromium chromium-driver,edgegw's tests need)
+
+chromium:
+	$(need_chromium)
 
 # The state-store tests start their own redis-server (tests/support/redis.py).
 need_redis = $(call debian,command -v redis-server,redis-server,edgegw's tests need)
@@ -132,11 +140,11 @@ typecheck: $(STAMP)
 layers: $(STAMP)
 	$(BIN)/lint-imports
 
-unit: $(STAMP) $(E2E_STAMP) redis systemd-tools $(DEB_STAMP)
+unit: $(STAMP) $(E2E_STAMP) redis chromium systemd-tools $(DEB_STAMP)
 	$(BIN)/trial --jobs=2 tests
 
 ## The trial suite again, on the oldest versions the dependency ranges allow.
-unit-oldest: $(OLDEST_STAMP) $(E2E_STAMP) redis systemd-tools $(DEB_STAMP)
+unit-oldest: $(OLDEST_STAMP) $(E2E_STAMP) redis chromium systemd-tools $(DEB_STAMP)
 	$(OLDEST)/bin/trial --jobs=2 --temp-directory=_trial_temp_oldest tests
 
 ## Set up and pass the whole suite: lint, types, layers, tests (newest and oldest versions).
@@ -153,6 +161,7 @@ bench: $(STAMP)
 	$(BIN)/python -m bench session
 	$(BIN)/python -m bench bearer
 	$(BIN)/python -m bench plugins
+	$(BIN)/python -m bench metrics
 	$(BIN)/python -m bench workers
 
 clean:

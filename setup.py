@@ -56,6 +56,9 @@ setup(
         "test": [
             # Imported by the tests (tests/constraints-oldest.txt pins its lower bound too).
             "wsproto>=1.2,<2",
+            # The end-to-end suite's browser (tests/e2e/browser.py) drives Debian's
+            # chromium through its chromium-driver; 4.11: Service(log_output=).
+            "selenium>=4.11,<5",
             # Tools, run in .venv only.
             "import-linter>=2.1,<3",
             "mypy>=1.10,<2.5",
