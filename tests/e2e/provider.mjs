@@ -333,6 +333,10 @@ async function main() {
       console.error(`provider.mjs: ${event}: ${err?.message ?? err}`);
     });
   }
+  // One line per token issued at the token endpoint: tests count refreshes from it.
+  provider.on('grant.success', (ctx) => {
+    console.error(`provider.mjs: grant ${ctx.oidc.params.grant_type} for ${ctx.oidc.client?.clientId}`);
+  });
   provider.on('backchannel.success', (_ctx, client, accountId, sid) => {
     console.error(`provider.mjs: back-channel logout of ${accountId} (sid ${sid}) to ${client.clientId}`);
   });
