@@ -61,7 +61,7 @@ from edgegw.identity.groups import GroupRenderer
 from edgegw.identity.login_state import LoginStates
 from edgegw.identity.provider import CALL_TIMEOUT, IdentityProvider
 from edgegw.identity.session_cookie import SessionCookie
-from edgegw.metrics.gateway import GatewayMetrics
+from edgegw.metrics.gateway import NO_METRICS, GatewayMetrics, IMetrics
 from edgegw.metrics.instruments import Registry
 from edgegw.plugins.manifest import check_manifest
 from edgegw.plugins.messages import Protected
@@ -71,6 +71,7 @@ from edgegw.routing.mux import Mux
 from edgegw.server.limits import LimitedSite
 from edgegw.server.request import GatewayChannel, GatewayRequest
 from edgegw.sessions.server import ServerSessions
+from edgegw.state.measured import MeasuredStore
 from edgegw.state.providers import UnknownProviderError, find_provider
 from edgegw.state.store import IStateStore
 from edgegw.telemetry import Telemetry
@@ -197,11 +198,24 @@ def build_gateway(
         max_connections_per_upstream=limits.max_connections_per_upstream,
         queue_timeout=limits.upstream_queue_timeout,
     )
+    measured: IMetrics = metrics if metrics is not None else NO_METRICS
     agent = UpstreamAgent(
-        client, reactor, tracer=telemetry.tracer if telemetry is not None else None
+        client,
+        reactor,
+        tracer=telemetry.tracer if telemetry is not None else None,
+        metrics=measured,
     )
+    if metrics is not None:
+        _observe_pool(metrics, client)
+        _observe_access_log(metrics, writer)
     projected = projected_header_names(routes, groups_as)
-    provider, login, identity = _identity(config, routes, client, reactor, telemetry, store)
+    # The sessions and the readiness check use the store through its counted view.
+    used_store = (
+        MeasuredStore(store, metrics) if store is not None and metrics is not None else store
+    )
+    provider, login, identity = _identity(
+        config, routes, client, reactor, telemetry, used_store, measured
+    )
     endpoints: tuple[tuple[str, str], ...] = ()
     reserved: dict[str, IRouteTarget] = {}
     if login is not None:
@@ -210,9 +224,9 @@ def build_gateway(
     readiness_path = config.gateway.readiness_path
     if readiness_path is not None:
         readiness = Readiness()
-        endpoint = ReadinessResource(readiness, reactor, provider, store)
+        endpoint = ReadinessResource(readiness, reactor, provider, used_store)
         reserved[readiness_path] = ResourceTarget(readiness_path, endpoint, access, inflight)
-    context = _TerminalContext(config, client, agent, reactor, projected, login)
+    context = _TerminalContext(config, client, agent, reactor, projected, login, measured)
     protected = Protected(
         request=projected | context.assertion_headers, response=context.gateway_headers
     )
@@ -239,6 +253,7 @@ def build_gateway(
                 projected,
                 identity,
                 plugins,
+                measured,
             ),
         )
         compiled.append(route)
@@ -250,7 +265,7 @@ def build_gateway(
         for path in (config.gateway.auth.backchannel_logout_path,)
         if ("POST", path) in endpoints
     )
-    site = edge_site(config.gateway, dispatcher, reactor, access, telemetry, exempt)
+    site = edge_site(config.gateway, dispatcher, reactor, access, telemetry, exempt, metrics)
     return Gateway(
         config=config,
         site=site,
@@ -289,6 +304,7 @@ def _identity(
     reactor: IReactorTime,
     telemetry: Telemetry | None,
     store: IStateStore | None = None,
+    metrics: IMetrics = NO_METRICS,
 ) -> tuple[IdentityProvider | None, BrowserLogin | None, IdentityStages | None]:
     """
     The IdP client (with any IdP), the browser login (session and IdP both configured)
@@ -312,8 +328,10 @@ def _identity(
             reactor,
             timeout=CALL_TIMEOUT,
             tracer=telemetry.tracer if telemetry is not None else None,
+            metrics=metrics,
         )
-        provider = IdentityProvider(idp, agent, reactor)
+        provider = IdentityProvider(idp, agent, reactor, metrics=metrics)
+        _observe_idp(metrics, provider)
         bearer = BearerVerifier(
             provider,
             gateway.identity,
@@ -327,7 +345,7 @@ def _identity(
         ref = gateway.state_provider
         if store is not None and ref is not None:
             server = ServerSessions(
-                store, cookie, ref.key_prefix, ref.refresh_skew, provider, reactor
+                store, cookie, ref.key_prefix, ref.refresh_skew, provider, reactor, metrics
             )
         if provider is not None and idp is not None and not idp.verification_only:
             login = BrowserLogin(
@@ -341,6 +359,7 @@ def _identity(
                 keep_access_token=any(_forwards_access_token(route) for route in routes),
                 reactor=reactor,
                 server=server,
+                metrics=metrics,
             )
     return (
         provider,
@@ -407,6 +426,7 @@ def edge_site(
     access: AccessLog | None = None,
     telemetry: Telemetry | None = None,
     csrf_exempt: frozenset[str] = frozenset(),
+    metrics: GatewayMetrics | None = None,
 ) -> GatewaySite:
     """
     The Site: forwarded, security and (with telemetry) tracing layers, per C{spec}, in
@@ -414,6 +434,7 @@ def edge_site(
 
     @param csrf_exempt: Exact paths whose POSTs skip the CSRF check (server-to-server
         endpoints that authenticate what they are sent).
+    @param metrics: Counts the edge's refusals (and the connections refused over limits).
     """
     forwarded = ForwardedFilter(spec.trusted_proxies)
     if telemetry is not None:
@@ -423,6 +444,7 @@ def edge_site(
         SecurityLayer(spec.security, csrf_exempt),
         dispatcher,
         access or AccessLog(),
+        metrics if metrics is not None else NO_METRICS,
     )
     site = GatewaySite(
         resource,
@@ -433,6 +455,19 @@ def edge_site(
     )
     site.displayTracebacks = False
     site.noisy = False
+    if metrics is not None:
+        site.metrics = metrics
+        metrics.observe(
+            "edgegw.edge.connections_refused",
+            "{connection}",
+            "Connections closed unanswered over limits.maxConnections(PerAddress).",
+            ("edgegw.limit",),
+            lambda: [
+                (("maxConnections",), site.connections.refused_over_total),
+                (("maxConnectionsPerAddress",), site.connections.refused_over_address),
+            ],
+            "counter",
+        )
     return site
 
 
@@ -444,6 +479,8 @@ class GatewaySite(LimitedSite):
     """
 
     requestFactory = GatewayRequest  # type: ignore[assignment]
+    # Counts what the channels refuse themselves (400, 408, 414, 431), with metrics on.
+    metrics: IMetrics | None = None
     # Plain HTTP/1.1 channels: the gateway negotiates no HTTP/2.
     protocol = GatewayChannel  # type: ignore[assignment]
 
@@ -475,6 +512,7 @@ def route_runner(
     projected: frozenset[bytes] = frozenset(),
     identity: IdentityStages | None = None,
     plugins: RoutePlugins | None = None,
+    metrics: IMetrics = NO_METRICS,
 ) -> RouteRunner:
     """
     Compose one route's per-route chain, ending in rendering its terminal Resource.
@@ -484,6 +522,7 @@ def route_runner(
     @param identity: The identity stages; L{None} when neither a session nor an IdP is
         configured (the session and auth-gate stages are then left out: rule 4).
     @param plugins: The configured request and response plugins.
+    @param metrics: Counts authentications and policy denials.
 
     Stages that have nothing to do on a route are left out rather than passed through:
     the session and auth-gate stages join the chain only where identity is configured,
@@ -509,6 +548,7 @@ def route_runner(
                     bearer,
                     assertions,
                     identity.server,
+                    metrics,
                 )
             )
         elif required:
@@ -517,7 +557,7 @@ def route_runner(
         needed = [(policies or {})[name] for name in access.authorize]
         route_policies = RoutePolicies(needed, route.pattern, route.name, effective.spec.labels)
         on_deny = access.on_deny_redirect if effective.type == "app" else None
-        stages.append(authz(route_policies, on_deny))
+        stages.append(authz(route_policies, on_deny, metrics))
     stages.append(
         projection(
             groups_header_name(projection_spec.groups_header, groups_as),
@@ -588,9 +628,11 @@ class _TerminalContext:
         reactor: IReactorTime,
         projected: frozenset[bytes] = frozenset(),
         login: BrowserLogin | None = None,
+        metrics: IMetrics = NO_METRICS,
     ) -> None:
         self.config = config
         self.projected = projected
+        self.metrics = metrics
         # forwardCookies never passes on the gateway's own session and login cookies.
         self.own_cookie = login.sessions.is_gateway_cookie if login is not None else None
         self.client = client
@@ -616,7 +658,9 @@ def _terminal(
     spec = effective.spec.handler
     try:
         if isinstance(spec, ApiHandlerSpec):
-            return ApiHandler(spec, context.agent, context.reactor, context.issuer)
+            return ApiHandler(
+                spec, context.agent, context.reactor, context.issuer, metrics=context.metrics
+            )
         if isinstance(spec, ProxyHandlerSpec):
             return ProxyHandler(
                 spec,
@@ -628,6 +672,7 @@ def _terminal(
                 identity_headers=context.projected,
                 own_cookie=context.own_cookie,
                 issuer=context.issuer,
+                metrics=context.metrics,
             )
     except ValueError as e:
         # What load-time validation let through (an upstream URL the client refuses).
@@ -664,3 +709,76 @@ def _check_state_providers(config: Config, problems: Problems) -> None:
         if where is not None:
             for problem in factory.validate(provider_config, where, f"{path}.config"):
                 problems.add(problem.location, problem.field, problem.message)
+
+
+def _observe_pool(metrics: GatewayMetrics, client: UpstreamClient) -> None:
+    """
+    The upstream pool's connections (idle, active) and waiting requests, per upstream,
+    read at each collection.
+    """
+
+    def connections() -> list[tuple[tuple[object, ...], float]]:
+        found: list[tuple[tuple[object, ...], float]] = []
+        for upstream, idle, active, _ in client.pool_state():
+            found.append(((upstream, "idle"), idle))
+            found.append(((upstream, "active"), active))
+        return found
+
+    def waiting() -> list[tuple[tuple[object, ...], float]]:
+        return [((upstream,), queued) for upstream, _, _, queued in client.pool_state()]
+
+    metrics.observe(
+        "http.client.open_connections",
+        "{connection}",
+        "Connections to upstreams, idle or active.",
+        ("edgegw.upstream", "http.connection.state"),
+        connections,
+        "updowncounter",
+    )
+    metrics.observe(
+        "edgegw.upstream.pool.waiting",
+        "{request}",
+        "Requests waiting for an upstream connection.",
+        ("edgegw.upstream",),
+        waiting,
+        "updowncounter",
+    )
+
+
+def _observe_access_log(metrics: GatewayMetrics, writer: LineWriter | None) -> None:
+    """
+    Access-log lines dropped because the output did not keep up (with a writer).
+    """
+    if writer is None:
+        return
+    metrics.observe(
+        "edgegw.access_log.dropped",
+        "{line}",
+        "Access-log lines dropped: the output did not keep up.",
+        (),
+        lambda: [((), writer.dropped)],
+        "counter",
+    )
+
+
+def _observe_idp(metrics: IMetrics, provider: IdentityProvider) -> None:
+    """
+    The IdP's state, read at each collection: discovered or not, and its key sets' sizes.
+    """
+    metrics.observe(
+        "edgegw.idp.ready",
+        "1",
+        "1 once the IdP's discovery document is loaded, else 0.",
+        (),
+        lambda: [((), 1 if provider.ready else 0)],
+    )
+    metrics.observe(
+        "edgegw.idp.keys",
+        "{key}",
+        "Signing keys in the IdP's key sets.",
+        ("edgegw.idp.key_set",),
+        lambda: [
+            (("id_token",), len(provider.id_token_keys.keys)),
+            (("access_token",), len(provider.access_token_keys.keys)),
+        ],
+    )

@@ -51,7 +51,7 @@ report user "$(getent passwd edgegw | cut -d: -f1,7)"
 report group "$(getent group edgegw | cut -d: -f1)"
 conffiles=$(dpkg-query -W -f='${Conffiles}' edgegw | awk 'NF {print $1}' | sort)
 report conffiles "$(echo $conffiles)"
-report enabled "$(ls /etc/systemd/system/sockets.target.wants/)"
+report enabled "$(echo $(ls /etc/systemd/system/sockets.target.wants/))"
 report bytecode "$(find /opt/venvs/edgegw/lib -name '*.pyc' | grep -c . || true)"
 report check "$(check_as_daemon)"
 before=$(sha256sum "$cache")

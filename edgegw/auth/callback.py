@@ -42,6 +42,10 @@ _BAD_REQUEST = (400, b"login failed\n")
 _BAD_GATEWAY = (502, b"bad gateway\n")
 
 
+# A failed callback's outcome for metrics, by the status it answers.
+_FAILURE_CLASSES = {400: "bad_request", 502: "idp_error", 503: "unavailable"}
+
+
 class LoginFailedError(Exception):
     """
     The callback cannot complete: no session is set.
@@ -82,6 +86,7 @@ class CallbackResource(AuthEndpoint):
         a flood of callbacks must not spend that budget for everyone).
         """
         if self.running >= MAX_EXCHANGES:
+            self.login.metrics.login("callback", "busy")
             answer_text(request, 503, b"service unavailable\n", ((b"Retry-After", b"1"),))
             return b""
         self.running += 1
@@ -208,6 +213,7 @@ class CallbackResource(AuthEndpoint):
             except SessionStoreError as e:
                 raise LoginFailedError(503, f"the session store cannot be written: {e}") from None
         _log.info("login of {subject}", subject=principal.subject)
+        self.login.metrics.login("callback", "ok")
         answer_redirect(request, pending.return_to.encode("ascii"))
 
     def _failed(self, failure: Failure, request: Request) -> None:
@@ -217,6 +223,7 @@ class CallbackResource(AuthEndpoint):
             error = failure.value
             assert isinstance(error, LoginFailedError)
             _log.warn("login failed: {reason}", reason=error.reason)
+            self.login.metrics.login("callback", _FAILURE_CLASSES.get(error.status, "failed"))
             if error.status == 503:
                 provider = self.login.provider
                 # The IdP not yet discovered, or the state store unreachable.
@@ -227,6 +234,7 @@ class CallbackResource(AuthEndpoint):
                 answer_text(request, status, body)
             return
         _log.failure("login callback failed", failure=failure)
+        self.login.metrics.login("callback", "error")
         answer_text(request, 500, b"internal server error\n")
 
 

@@ -14,6 +14,7 @@ from edgegw.identity.groups import GroupRenderer
 from edgegw.identity.login_state import LoginStates
 from edgegw.identity.provider import IdentityProvider
 from edgegw.identity.session_cookie import SessionCookie
+from edgegw.metrics.gateway import NO_METRICS, IMetrics
 from edgegw.sessions.server import ServerSessions
 
 __all__ = ["BrowserLogin"]
@@ -42,6 +43,7 @@ class BrowserLogin:
     keep_access_token: bool
     reactor: IReactorTime
     server: ServerSessions | None = None
+    metrics: IMetrics = NO_METRICS
 
     def redirect_uri(self, request: Request) -> str:
         """

@@ -60,6 +60,7 @@ class LoginResource(AuthEndpoint):
         provider = login.provider
         metadata = provider.metadata
         if metadata is None:
+            login.metrics.login("login", "idp_unavailable")
             retry = b"%d" % provider.retry_after()
             answer_text(request, 503, b"service unavailable\n", ((b"Retry-After", retry),))
             return b""
@@ -72,5 +73,6 @@ class LoginResource(AuthEndpoint):
             nonce=state.nonce,
             code_challenge=state.challenge,
         )
+        login.metrics.login("login", "redirected")
         answer_redirect(request, url.encode("ascii"))
         return b""

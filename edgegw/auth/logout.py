@@ -34,6 +34,7 @@ class LogoutResource(AuthEndpoint):
         Clear the cookies (and the stored record) and redirect.
         """
         self.login.logins.clear_all(request)
+        self.login.metrics.login("logout", "ok")
         server = self.login.server
         if server is None:
             self.login.sessions.clear(request)

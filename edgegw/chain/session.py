@@ -24,6 +24,7 @@ from edgegw.identity.bearer import (
 from edgegw.identity.cookies import is_https
 from edgegw.identity.principal import Principal
 from edgegw.identity.session_cookie import SessionCookie, SessionRecord
+from edgegw.metrics.gateway import NO_METRICS, IMetrics
 from edgegw.sessions.server import ServerSessions
 
 __all__ = ["session_stage"]
@@ -39,6 +40,7 @@ def session_stage(
     bearer: BearerVerifier | None = None,
     assertions: AssertionVerifier | None = None,
     server: ServerSessions | None = None,
+    metrics: IMetrics = NO_METRICS,
 ) -> Stage:
     """
     Make the session stage of one route.
@@ -67,8 +69,10 @@ def session_stage(
         streams until it finishes. A store that cannot be reached leaves the request
         unauthenticated (fail closed); routes that do not require a login skip the store
         for a while after it failed to answer.
+    @param metrics: Counts each authentication's method and outcome (by reason class).
     """
     trusted = frozenset(origin.lower() for origin in trusted_origins)
+    cookie_name = cookie.cookie_name.encode("ascii") if cookie is not None else b""
     assertion_header = assertions.header if assertions is not None else b""
     require_bearer = assertions.spec.require_bearer if assertions is not None else True
 
@@ -99,7 +103,12 @@ def session_stage(
                     if found is not None:
                         session_id, record = found
                         server.streams.track(session_id, request)
-                if record is not None:
+                if record is None:
+                    if request.getCookie(cookie_name) is not None:
+                        # Sent, but expired, tampered with, ended or unreadable.
+                        metrics.auth("session", "rejected", "invalid")
+                else:
+                    metrics.auth("session", "accepted")
                     expires = record.access_token_expires_at
                     if (
                         record.access_token is not None
@@ -119,6 +128,7 @@ def session_stage(
                     try:
                         principal = await bearer.verify(token)
                     except BearerUnavailableError as e:
+                        metrics.auth("bearer", "unavailable", reason_class(e.reason))
                         _rejected(exchange, e.reason)
                         if refuse is not None:
                             # Not the token's fault: retry later, keep the token.
@@ -126,14 +136,18 @@ def session_stage(
                             return
                     except BearerRejectedError as e:
                         rejected = True
+                        metrics.auth("bearer", "rejected", reason_class(e.reason))
                         _rejected(exchange, e.reason)
                 from_bearer = principal is not None
+                if from_bearer:
+                    metrics.auth("bearer", "accepted")
             elif token is not None:
                 rejected = True
+                metrics.auth("bearer", "rejected", "malformed")
                 _rejected(exchange, "malformed Bearer credential")
         if asserted is not None and assertions is not None:
             principal = _with_assertion(
-                exchange, assertions, asserted, principal, from_bearer, require_bearer
+                exchange, assertions, asserted, principal, from_bearer, require_bearer, metrics
             )
         if principal is not None:
             exchange.principal = principal
@@ -152,6 +166,7 @@ def _with_assertion(
     principal: Principal | None,
     from_bearer: bool,
     require_bearer: bool,
+    metrics: IMetrics = NO_METRICS,
 ) -> Principal | None:
     """
     The principal once the inbound assertion is taken into account: enriched with its
@@ -159,19 +174,25 @@ def _with_assertion(
     when the assertion is invalid or does not fit.
     """
     if len(values) != 1:
+        metrics.auth("assertion", "rejected", "multiple")
         return _ignored(exchange, "more than one assertion header", principal)
     if require_bearer and not from_bearer:
         # Checked before the signature: an unaccompanied assertion costs nothing.
+        metrics.auth("assertion", "rejected", "no_bearer")
         return _ignored(exchange, "not accompanied by a verified Bearer token", principal)
     try:
         asserted = assertions.verify(values[0])
     except AssertionRefusedError as e:
+        metrics.auth("assertion", "rejected", reason_class(e.reason))
         return _ignored(exchange, e.reason, principal)
     if principal is None:
+        metrics.auth("assertion", "accepted")
         exchange.note("assertion", "accepted")
         return Principal(asserted.subject, asserted.claims, asserted.groups)
     if asserted.subject != principal.subject:
+        metrics.auth("assertion", "rejected", "subject_mismatch")
         return _ignored(exchange, "subject differs from the token's", principal)
+    metrics.auth("assertion", "accepted")
     exchange.note("assertion", "accepted")
     return Principal(principal.subject, asserted.claims, asserted.groups, principal.access_token)
 
@@ -213,3 +234,36 @@ def _cross_origin_websocket(request: Request, trusted: frozenset[str]) -> bool:
     first = host[0].split(b",", 1)[0].strip()
     own = ("https://" if is_https(request) else "http://") + first.decode("latin-1").lower()
     return origin != own and origin not in trusted
+
+
+_REASON_CLASSES = (
+    ("expired", "expired"),
+    ("not yet valid", "not_yet_valid"),
+    ("issued in the future", "not_yet_valid"),
+    ("bad signature", "signature"),
+    ("unknown key id", "signature"),
+    ("no key for algorithm", "signature"),
+    ("algorithm not allowed", "signature"),
+    ("critical header extension", "signature"),
+    ("malformed", "malformed"),
+    ("token too long", "malformed"),
+    ("wrong ", "claims"),
+    ("missing ", "claims"),
+    ("bad sub", "claims"),
+    ("the token names no subject", "claims"),
+    ("not an access token", "not_access_token"),
+    ("userinfo", "userinfo"),
+    ("replayed", "replayed"),
+    ("the IdP is not discovered", "idp_not_ready"),
+)
+
+
+def reason_class(reason: str) -> str:
+    """
+    A rejection reason (for the access log, where it can carry details) as one word of a
+    fixed set, for metrics: C{expired}, C{signature}, C{malformed}, C{claims}, ...
+    """
+    for prefix, kind in _REASON_CLASSES:
+        if reason.startswith(prefix) or prefix in reason:
+            return kind
+    return "other"

@@ -22,6 +22,7 @@ from edgegw.chain.pipeline import IRouteTarget, close_after_response
 from edgegw.chain.respond import TEXT_PLAIN
 from edgegw.edge.forwarded import ForwardedFilter
 from edgegw.edge.security import SecurityLayer
+from edgegw.metrics.gateway import NO_METRICS, IMetrics
 from edgegw.routing.hosts import normalise_host
 from edgegw.routing.mux import Matched, MethodNotAllowed, Mux, Redirect
 from edgegw.routing.paths import to_bytes, vet_path
@@ -134,8 +135,10 @@ class EdgeResource(Resource):
         security: SecurityLayer,
         dispatcher: Dispatcher,
         access: AccessLog,
+        metrics: IMetrics = NO_METRICS,
     ) -> None:
         super().__init__()
+        self.metrics = metrics
         self.forwarded = forwarded
         self.security = security
         self.dispatcher = dispatcher
@@ -161,16 +164,16 @@ class EdgeResource(Resource):
             headers.fixed = self.security.fixed
         method = request.method.decode("latin-1")
         if method not in _STANDARD_METHODS and method.upper() in _STANDARD_METHODS:
-            return _plain(request, 400, b"bad request\n")
+            return self._refuse(request, "method_case")
         target = request.uri
         if _REFUSED_TARGET.search(target) is not None:
-            return _plain(request, 400, b"bad request\n")
+            return self._refuse(request, "target_characters")
         if target[:1] != b"/":
             split = split_absolute_form(target)
             if split is None:
                 # "OPTIONS *" reaches here only if Twisted did not answer it, and any
                 # other target that names no path.
-                return _plain(request, 400, b"bad request\n")
+                return self._refuse(request, "target_form")
             # RFC 9112 section 3.2.2: the target's authority replaces Host, and from here
             # on every layer sees the origin form.
             authority, target = split
@@ -181,16 +184,16 @@ class EdgeResource(Resource):
         if host_header is None or host_header == [b""]:
             # RFC 9110 section 4.2.1: an http URI has a non-empty host.
             if request.clientproto == b"HTTP/1.1":
-                return _plain(request, 400, b"bad request\n")
+                return self._refuse(request, "host_missing")
             host = ""
         elif len(host_header) != 1:
-            return _plain(request, 400, b"bad request\n")
+            return self._refuse(request, "host_repeated")
         else:
             known = self._hosts.get(host_header[0])
             if known is None:
                 known = self._host(host_header[0])
                 if known is None:
-                    return _plain(request, 400, b"bad request\n")
+                    return self._refuse(request, "host_invalid")
             host, rewrite = known
             if rewrite is not None:
                 # Forwarded (preserveHost, X-Forwarded-Host) as it was routed.
@@ -202,11 +205,11 @@ class EdgeResource(Resource):
             # read "..;" as "..": "/admin;x/users" and "/public/..;/admin" would be
             # routed past the policy on /admin/ and served under it. Encoded, as %3B, it
             # is data to every backend.
-            return _plain(request, 400, b"bad request\n")
+            return self._refuse(request, "path_semicolon")
         if "%" in path or "\\" in path:
             vetted = vet_path(path, self.encoded_slashes)
             if vetted is None:
-                return _plain(request, 400, b"bad request\n")
+                return self._refuse(request, "path_encoding")
             if vetted is not path:
                 # Decoded slashes: every later layer and the backend read this path.
                 path = vetted
@@ -215,8 +218,16 @@ class EdgeResource(Resource):
                 request.uri = request.path + question + raw_query
         denied = self.security.apply(request, method, host, path)
         if denied is not None:
+            self.metrics.csrf_refused("sec_fetch_site" if b"Sec-Fetch-Site" in denied else "origin")
             return _plain(request, 403, denied)
         return self.dispatcher.dispatch(request, method, host, path, query)
+
+    def _refuse(self, request: Request, reason: str) -> bytes:
+        """
+        Answer 400 for C{reason} (one word of a fixed set), counted in the metrics.
+        """
+        self.metrics.edge_refused(400, reason)
+        return _plain(request, 400, b"bad request\n")
 
     def _host(self, value: bytes) -> tuple[str, bytes | None] | None:
         """

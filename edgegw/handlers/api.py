@@ -37,6 +37,7 @@ from edgegw.chain.respond import write_text
 from edgegw.chain.terminal import TerminalResource
 from edgegw.config.model import ApiBackendSpec, ApiHandlerSpec
 from edgegw.identity.assertion import AssertionIssuer
+from edgegw.metrics.gateway import NO_METRICS, IMetrics
 from edgegw.routing.paths import has_dot_segment
 from edgegw.upstream.agent import NullCookieJar, PreparedURL, UpstreamAgent
 from edgegw.upstream.calls import describe_error
@@ -174,12 +175,15 @@ class ApiHandler(TerminalResource):
         agent: UpstreamAgent,
         clock: IReactorTime,
         issuer: AssertionIssuer | None = None,
+        metrics: IMetrics = NO_METRICS,
     ) -> None:
         """
         @param issuer: Mints the identity assertion for backends with C{forwardIdentity}.
+        @param metrics: Counts partial answers (the agent counts the calls).
         """
         super().__init__()
         self.spec = spec
+        self.metrics = metrics
         self.issuer = issuer
         self.agent = agent
         self.clock = clock
@@ -294,9 +298,10 @@ class ApiHandler(TerminalResource):
             write_text(request, 400, b"bad request\n")
             return
         outcomes = await _FanOut(self, exchange, targets).run()
-        self._answer(request, outcomes)
+        route = exchange.route
+        self._answer(request, outcomes, route.pattern if route is not None else "")
 
-    def _answer(self, request: Request, outcomes: Sequence[_Outcome | None]) -> None:
+    def _answer(self, request: Request, outcomes: Sequence[_Outcome | None], route: str) -> None:
         if request._disconnected:
             # The client went away while the last calls settled: nobody to answer.
             return
@@ -320,7 +325,7 @@ class ApiHandler(TerminalResource):
             # A value parse_json let through that cannot be written out here: nested
             # deeper than this point of the stack allows. That call failed after all.
             if _refuse_unwritable(outcomes):
-                self._answer(request, outcomes)
+                self._answer(request, outcomes, route)
             else:
                 write_text(request, 502, b"bad gateway\n")
             return
@@ -330,6 +335,7 @@ class ApiHandler(TerminalResource):
         headers.setRawHeaders(b"cache-control", [b"no-store"])
         if partial:
             headers.setRawHeaders(PARTIAL_HEADER, [",".join(partial).encode("utf-8")])
+            self.metrics.api_partial(route)
         request.write(body)
         request.finish()
 

@@ -32,6 +32,7 @@ from edgegw.handlers.headers import HOP_BY_HOP, connection_tokens, is_websocket_
 from edgegw.handlers.tunnel import Tunnel
 from edgegw.identity.assertion import AssertionIssuer
 from edgegw.identity.cookies import set_cookie_name, without_cookies
+from edgegw.metrics.gateway import NO_METRICS, IMetrics
 from edgegw.upstream.calls import UpstreamCall, describe_error, start_call
 from edgegw.upstream.http11 import UpstreamResponse
 from edgegw.upstream.pool import Upstream, UpstreamClient, UpstreamUnavailableError
@@ -107,14 +108,17 @@ class ProxyHandler(TerminalResource):
         identity_headers: frozenset[bytes] = frozenset(),
         own_cookie: Callable[[bytes], bool] | None = None,
         issuer: AssertionIssuer | None = None,
+        metrics: IMetrics = NO_METRICS,
     ) -> None:
         """
         @param own_cookie: Says whether a cookie name is the gateway's own (session,
             login state): with C{forwardCookies} such cookies are still never sent.
         @param issuer: Mints the identity assertion sent with C{forwardIdentity}.
+        @param metrics: Counts the upstream calls.
         """
         super().__init__()
         self.spec = spec
+        self.metrics = metrics
         self.issuer = issuer if spec.forward_identity else None
         self.client = client
         self.reactor = reactor
@@ -340,7 +344,9 @@ class ProxyHandler(TerminalResource):
         if body is None and method not in BODYLESS_METHODS:
             outgoing.append((b"Content-Length", b"0"))
         target = self.target(request)
-        call = start_call(exchange, "upstream", self.upstream, method, target, outgoing)
+        call = start_call(
+            exchange, "upstream", self.upstream, method, target, outgoing, None, self.metrics
+        )
         pending = self.client.request(
             self.upstream,
             method,

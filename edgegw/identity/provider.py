@@ -35,6 +35,7 @@ from edgegw.identity.discovery import (
 from edgegw.identity.key_source import KeySource
 from edgegw.identity.keyset import KeySet, KeySetError
 from edgegw.identity.tokens import TokenError, UnknownKeyError, verify_id_token
+from edgegw.metrics.gateway import NO_METRICS, IMetrics
 from edgegw.upstream.agent import NullCookieJar, UpstreamAgent
 from edgegw.upstream.shared import BodyTooLargeError, NotJSONError, read_body, read_json
 
@@ -111,6 +112,7 @@ class IdentityProvider(Service):
         retry_cap: float = 60.0,
         refresh_every: float = 900.0,
         refetch_interval: float = 10.0,
+        metrics: IMetrics = NO_METRICS,
     ) -> None:
         """
         @param agent: The gateway's upstream agent (treq runs over it); calls made with it
@@ -121,8 +123,10 @@ class IdentityProvider(Service):
             set once they are known.
         @param refetch_interval: The least time between two key-set fetches caused by an
             unknown key id (a flood of random kids causes one fetch per interval).
+        @param metrics: Counts discovery and key-set fetches by outcome.
         """
         self.spec = spec
+        self.metrics = metrics
         self._reactor = reactor
         self._http = HTTPClient(agent, cookiejar=NullCookieJar())  # type: ignore[arg-type]
         self.first_retry = first_retry
@@ -232,6 +236,7 @@ class IdentityProvider(Service):
         if isinstance(result, Failure):
             if result.check(CancelledError):
                 return
+            self.metrics.idp_fetch("discovery", "failed")
             self._failures += 1
             self.last_error = _reason(result)
             delay = min(self.retry_cap, self.first_retry * 2 ** (self._failures - 1))
@@ -254,6 +259,7 @@ class IdentityProvider(Service):
                     delay=delay,
                 )
         else:
+            self.metrics.idp_fetch("discovery", "ok")
             if self._failures or self.last_error is not None or not self._next_at:
                 _log.info(
                     "IdP {issuer} discovered: {count} signing keys",
@@ -269,6 +275,17 @@ class IdentityProvider(Service):
     # -- key sets ---------------------------------------------------------------------
 
     async def _fetch_keys(self, url: str) -> KeySet:
+        try:
+            keys = await self._fetch_key_set(url)
+        except CancelledError:
+            raise
+        except Exception:
+            self.metrics.idp_fetch("keys", "failed")
+            raise
+        self.metrics.idp_fetch("keys", "ok")
+        return keys
+
+    async def _fetch_key_set(self, url: str) -> KeySet:
         document = await self._get_json(url, "key set")
         try:
             return KeySet.from_jwks(document)

@@ -977,6 +977,7 @@ class GatewayChannel(HTTPChannel):
         """
         Answer C{status} and close; nothing else the client sent is read.
         """
+        _count_refusal(self, status)
         self._draining = True
         self._write(_closing_answer(status))
         self.loseConnection()
@@ -991,6 +992,7 @@ class GatewayChannel(HTTPChannel):
         """
         self._streaming = None
         self._draining = True
+        _count_refusal(self, status)
         if not request.startedWriting:
             self._write(_closing_answer(status))
             request.startedWriting = True
@@ -1032,3 +1034,15 @@ class GatewayChannel(HTTPChannel):
         self._lingerCall = None
         if self.transport is not None:
             self.transport.loseConnection()
+
+
+def _count_refusal(channel: Any, status: bytes) -> None:
+    """
+    Count a refusal the channel answers itself in its site's metrics (C{400 Bad
+    Request} -> 400, C{bad_request}).
+    """
+    metrics = getattr(channel.site, "metrics", None) if channel.site is not None else None
+    if metrics is None:
+        return
+    code, _, phrase = status.partition(b" ")
+    metrics.edge_refused(int(code), phrase.decode("ascii").lower().replace(" ", "_"))

@@ -42,6 +42,7 @@ from edgegw.identity.token_response import (
     access_token_expiry,
     usable_token,
 )
+from edgegw.metrics.gateway import NO_METRICS, IMetrics
 from edgegw.state.store import StoreError
 
 if TYPE_CHECKING:
@@ -94,8 +95,10 @@ class Refresher:
         provider: IdentityProvider | None,
         skew: float,
         reactor: IReactorTime,
+        metrics: IMetrics = NO_METRICS,
     ) -> None:
         self._sessions = sessions
+        self._metrics = metrics
         self._provider = provider
         self._skew = skew
         self._clock = reactor
@@ -207,6 +210,7 @@ class Refresher:
         try:
             tokens = await provider.refresh(metadata, refresh_token)
         except RefreshRejectedError as e:
+            self._metrics.refresh("refused")
             if self._still_valid(current):
                 self._remember_failure(session_id, refused=True)
                 _log.info(
@@ -227,6 +231,7 @@ class Refresher:
                 _log.warn("the ended session could not be deleted ({reason})", reason=store_error)
             return None
         except IdPError as e:
+            self._metrics.refresh("idp_error")
             _log.warn(
                 "refresh failed for a session of {subject}; retrying in {retry:g}s ({reason})",
                 subject=current.subject,
@@ -238,6 +243,7 @@ class Refresher:
         now = int(self._clock.seconds())
         access_token = tokens.get("access_token")
         if not usable_token(access_token):
+            self._metrics.refresh("unusable_token")
             _log.warn("refresh answered an access token that cannot be sent as a header")
             self._remember_failure(session_id)
             return current
@@ -251,6 +257,7 @@ class Refresher:
                 rotated if usable_token(rotated, MAX_REFRESH_TOKEN) else current.refresh_token
             ),
         )
+        self._metrics.refresh("ok")
         try:
             stored = await sessions.replace(session_id, sealed, fresh)
         except StoreError as e:

@@ -47,6 +47,7 @@ from edgegw.identity.session_cookie import (
     decode_record,
     encode_record,
 )
+from edgegw.metrics.gateway import NO_METRICS, IMetrics
 from edgegw.sessions.refresh import Refresher
 from edgegw.sessions.streams import OpenRequests
 from edgegw.state.store import IStateStore, StoreError, StoreUnavailableError
@@ -115,6 +116,7 @@ class ServerSessions(Service):
         refresh_skew: float,
         provider: IdentityProvider | None,
         reactor: IReactorTime,
+        metrics: IMetrics = NO_METRICS,
     ) -> None:
         """
         @param store: The state store (it adds C{key_prefix} to every key itself).
@@ -122,6 +124,7 @@ class ServerSessions(Service):
         @param key_prefix: The store's key prefix, sealed into each record's binding.
         @param refresh_skew: Seconds before the access token's expiry it is refreshed.
         @param provider: The IdP client that refreshes tokens.
+        @param metrics: Counts the refreshes and their failures.
         """
         self.store = store
         self.cookie = cookie
@@ -132,7 +135,7 @@ class ServerSessions(Service):
         self._opened: dict[tuple[str, bytes], SessionRecord] = {}
         self._ids: dict[bytes, str] = {}
         self._skip_until = 0.0
-        self.refresher = Refresher(self, provider, refresh_skew, reactor)
+        self.refresher = Refresher(self, provider, refresh_skew, reactor, metrics)
 
     # -- service -------------------------------------------------------------------------
 

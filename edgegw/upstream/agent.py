@@ -35,6 +35,7 @@ from twisted.web.http_headers import Headers
 from twisted.web.iweb import UNKNOWN_LENGTH, IAgent, IBodyProducer, IClientRequest, IResponse
 from zope.interface import implementer
 
+from edgegw.metrics.gateway import NO_METRICS, IMetrics
 from edgegw.upstream.calls import CallContext, UpstreamCall, describe_error, start_call
 from edgegw.upstream.http11 import UpstreamProtocolError, UpstreamResponse
 from edgegw.upstream.pool import Upstream, UpstreamClient
@@ -308,12 +309,14 @@ class UpstreamAgent:
         verify_tls: bool = True,
         timeout: float | None = None,
         tracer: Any = None,
+        metrics: IMetrics = NO_METRICS,
     ) -> None:
         self._client = client
         self._reactor = reactor
         self._verify_tls = verify_tls
         self._timeout = timeout
         self._tracer = tracer
+        self._metrics = metrics
         self._origins: dict[bytes, Upstream] = {}
 
     def call(
@@ -405,7 +408,9 @@ class UpstreamAgent:
                 if field.lower() not in _NOT_FORWARDED:
                     for value in values:
                         append((field, value))
-        record = start_call(context, name, upstream, method, target, outgoing, self._tracer)
+        record = start_call(
+            context, name, upstream, method, target, outgoing, self._tracer, self._metrics
+        )
         refresh = None
         if fresh is not None:
             fresh_name, make = fresh

@@ -11,12 +11,14 @@ no access-log record.
 
 from __future__ import annotations
 
+import re
 from time import monotonic
 from typing import Any, Protocol
 
 import attrs
 from opentelemetry.trace import SpanKind, Status, StatusCode, set_span_in_context
 
+from edgegw.metrics.gateway import NO_METRICS, IMetrics
 from edgegw.telemetry import inject_context
 from edgegw.upstream.pool import Upstream
 
@@ -52,6 +54,7 @@ class UpstreamCall:
 
     @ivar name: What was called: the api backend's group, or C{"upstream"} for the proxy.
     @ivar upstream: The upstream's authority (host:port).
+    @ivar origin: The upstream's origin (scheme://host:port), its metrics label.
     """
 
     context: CallContext | None
@@ -60,6 +63,9 @@ class UpstreamCall:
     started: float
     span: Any = None
     ended: bool = False
+    method: bytes = b"GET"
+    origin: str = ""
+    metrics: IMetrics = NO_METRICS
 
     def end(self, status: int | None = None, error: str | None = None) -> None:
         """
@@ -69,12 +75,21 @@ class UpstreamCall:
         if self.ended:
             return
         self.ended = True
+        elapsed = monotonic() - self.started
         record: dict[str, Any] = {
             "name": self.name,
             "upstream": self.upstream,
             "status": status,
-            "ms": round((monotonic() - self.started) * 1000, 3),
+            "ms": round(elapsed * 1000, 3),
         }
+        self.metrics.upstream(
+            self.origin,
+            self.method,
+            status,
+            elapsed,
+            error_type(error) if error is not None else None,
+            "" if self.name == "upstream" else self.name,
+        )
         if error is not None:
             record["error"] = error
         span = self.span
@@ -97,6 +112,7 @@ def start_call(
     target: bytes,
     headers: list[tuple[bytes, bytes]],
     tracer: Any = None,
+    metrics: IMetrics = NO_METRICS,
 ) -> UpstreamCall:
     """
     Begin recording an upstream call; with tracing on, start its CLIENT span and put its
@@ -104,6 +120,7 @@ def start_call(
 
     @param context: The request the call is for; L{None} outside any request.
     @param tracer: The tracer for a call outside any request (a context brings its own).
+    @param metrics: Counts the call when it ends.
     """
     authority = upstream.authority.decode("ascii", "replace")
     span = None
@@ -128,7 +145,37 @@ def start_call(
             },
         )
         inject_context(headers, set_span_in_context(span))
-    return UpstreamCall(context, name, authority, monotonic(), span)
+    origin = f"{upstream.scheme}://{authority}"
+    return UpstreamCall(context, name, authority, monotonic(), span, False, method, origin, metrics)
+
+
+_ERROR_TYPES = {
+    "cancelled": "cancelled",
+    "cancelled mid-body": "cancelled",
+    "timeout": "timeout",
+    "aborted": "aborted",
+    "no upstream connection available": "pool_exhausted",
+}
+_IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,47}")
+
+
+def error_type(error: str) -> str:
+    """
+    A failed call's error as a bounded class (the C{error.type} of its metrics): a known
+    reason, or the exception type L{describe_error} put first (C{body_} for one that
+    happened while the body was relayed); never the message.
+    """
+    known = _ERROR_TYPES.get(error)
+    if known is not None:
+        return known
+    prefix = ""
+    if error.startswith("body: "):
+        prefix, error = "body_", error[6:]
+    found = _IDENTIFIER.match(error)
+    # "Type: message" or a bare "Type" (describe_error's forms); anything else is other.
+    if found is None or error[found.end() : found.end() + 1] not in ("", ":"):
+        return prefix + "other"
+    return prefix + found.group(0)
 
 
 def describe_error(error: BaseException | None) -> str:

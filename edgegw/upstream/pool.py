@@ -468,6 +468,19 @@ class UpstreamClient:
         """
         return len(self._idle.get(upstream, ()))
 
+    def pool_state(self) -> list[tuple[str, int, int, int]]:
+        """
+        For each upstream the pool has met: its origin (scheme://host:port), its idle
+        and active (connecting or busy) connections, and the requests waiting for one.
+        """
+        state = []
+        for upstream in {*self._open, *self._idle, *self._queues}:
+            idle = len(self._idle.get(upstream, ()))
+            active = max(0, self._open.get(upstream, 0) - idle)
+            origin = f"{upstream.scheme}://{upstream.authority.decode('ascii', 'replace')}"
+            state.append((origin, idle, active, len(self._queues.get(upstream, ()))))
+        return state
+
     # -- connecting --------------------------------------------------------------------
 
     def _send_pooled(
@@ -804,3 +817,6 @@ class _QueueTimeoutClient(UpstreamClient):
 
     def idle_connections(self, upstream: Upstream) -> int:
         return self._pool.idle_connections(upstream)
+
+    def pool_state(self) -> list[tuple[str, int, int, int]]:
+        return self._pool.pool_state()
