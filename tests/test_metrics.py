@@ -385,4 +385,5 @@ class OtlpReceiverTests(TestCase):
         await service.stopService()
         warnings = [e for e in events if e.get("log_namespace") == "edgegw.metrics"]
         self.assertEqual(len(warnings), 2)  # the export, and the last one at stop
-        self.assertEqual(warnings[0]["result"], "FAILURE")
+        # FAILURE (newer exporters) or the network error (older ones raise it).
+        self.assertIn(warnings[0]["result"].split(":")[0], ("FAILURE", "ConnectionError"))

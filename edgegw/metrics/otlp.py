@@ -189,7 +189,11 @@ class MetricsExportService(Service):
 
     def _failed(self, failure: Any) -> None:
         self._exporting = None
-        _log.failure("metrics export to the OTLP collector failed", failure)
+        # Older exporters raise on a network error where newer ones answer FAILURE.
+        _log.warn(
+            "metrics export to the OTLP collector failed ({result})",
+            result=f"{failure.type.__name__}: {failure.getErrorMessage()}"[:300],
+        )
 
     def _in_thread(self, function: Any, *args: Any) -> Deferred[Any]:
         return deferToThreadPool(self.reactor, self.reactor.getThreadPool(), function, *args)
