@@ -30,7 +30,7 @@ from twisted.trial.unittest import TestCase
 
 reactor: Any = _reactor
 
-__all__ = ["CHROMEDRIVER", "CHROMIUM", "Chromium", "start_chromium"]
+__all__ = ["CHROMEDRIVER", "CHROMIUM", "Chromium", "log_in_at_provider", "start_chromium"]
 
 CHROMIUM = "/usr/bin/chromium"
 CHROMEDRIVER = "/usr/bin/chromedriver"
@@ -235,3 +235,33 @@ async def start_chromium(test: TestCase) -> Chromium:
 
     test.addCleanup(quit)
     return browser
+
+
+async def log_in_at_provider(browser: Chromium, issuer: str, user: str) -> None:
+    """
+    At the provider's login form (tests/e2e/provider.mjs, which the browser must be
+    on), log C{user} in and consent when asked; returns once the browser has left the
+    provider (at C{issuer}).
+    """
+    await browser.until(
+        "return document.querySelector('input[name=login]') !== null",
+        "not on the provider's login form",
+    )
+    await browser.fill("input[name=login]", user)
+    await browser.fill("input[name=password]", "any password")
+    await browser.submit("button.login-submit")
+    for _ in range(3):
+        state = await browser.until(
+            "if (document.querySelector('input[name=prompt][value=consent]'))"
+            "  return 'consent';"
+            "if (document.readyState === 'complete' && !location.href.startsWith(arguments[0]))"
+            "  return 'left';"
+            "return null;",
+            "the provider never let the browser go",
+            15.0,
+            issuer,
+        )
+        if state == "left":
+            return
+        await browser.submit("button.login-submit")
+    raise AssertionError("the provider asked for consent again and again")

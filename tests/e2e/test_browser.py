@@ -24,7 +24,7 @@ from twisted.trial.unittest import TestCase
 from twisted.web.resource import Resource
 from twisted.web.server import NOT_DONE_YET, Request, Site
 
-from tests.e2e.browser import Chromium, start_chromium
+from tests.e2e.browser import Chromium, log_in_at_provider, start_chromium
 from tests.e2e.provider import Provider, start_provider
 from tests.support.daemons import GatewayProcess
 from tests.support.processes import listen_local, port_of
@@ -219,30 +219,7 @@ class BrowserWalks(TestCase):
         At the provider's login form (which the browser must be on), log C{user} in
         and consent; returns once the browser has left the provider.
         """
-        browser = browser or self.browser
-        await browser.until(
-            "return document.querySelector('input[name=login]') !== null",
-            "not on the provider's login form",
-        )
-        await browser.fill("input[name=login]", user)
-        await browser.fill("input[name=password]", "any password")
-        await browser.submit("button.login-submit")
-        issuer = self.provider.issuer
-        for _ in range(3):
-            state = await browser.until(
-                "const consent = document.querySelector('input[name=prompt][value=consent]');"
-                "if (consent) return 'consent';"
-                "if (document.readyState === 'complete' && !location.href.startsWith(arguments[0]))"
-                "  return 'left';"
-                "return null;",
-                "the provider never let the browser go",
-                15.0,
-                issuer,
-            )
-            if state == "left":
-                return
-            await browser.submit("button.login-submit")
-        self.fail("the provider asked for consent again and again")
+        await log_in_at_provider(browser or self.browser, self.provider.issuer, user)
 
     async def fetch(self, path: str, method: str = "GET") -> dict[str, Any]:
         """

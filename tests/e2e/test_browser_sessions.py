@@ -18,7 +18,7 @@ from typing import Any
 from twisted.trial.unittest import TestCase
 from twisted.web.server import Site
 
-from tests.e2e.browser import Chromium, start_chromium
+from tests.e2e.browser import Chromium, log_in_at_provider, start_chromium
 from tests.e2e.provider import RESOURCE, Provider, start_provider
 from tests.e2e.test_browser import AppBackend
 from tests.support.daemons import GatewayProcess, http_exchange, sleep
@@ -113,7 +113,7 @@ class TwoProcessSessionTests(TestCase):
 
         # Log in at A; the cookie (host 127.0.0.1, any port) is B's too.
         await browser.go(a_origin + "/app/a")
-        await self.log_in(browser, provider)
+        await log_in_at_provider(browser, provider.issuer, "alice")
         await browser.until(
             "return location.href === arguments[0]", "not back at A", 15.0, a_origin + "/app/a"
         )
@@ -187,30 +187,6 @@ class TwoProcessSessionTests(TestCase):
             "fetch('/app/after', {redirect: 'manual'}).then(r => done(r.status));"
         )
         self.assertEqual(status, 401)
-
-    async def log_in(self, browser: Chromium, provider: Provider) -> None:
-        await browser.until(
-            "return document.querySelector('input[name=login]') !== null",
-            "not on the provider's login form",
-        )
-        await browser.fill("input[name=login]", "alice")
-        await browser.fill("input[name=password]", "any password")
-        await browser.submit("button.login-submit")
-        for _ in range(3):
-            state = await browser.until(
-                "if (document.querySelector('input[name=prompt][value=consent]'))"
-                "  return 'consent';"
-                "if (document.readyState === 'complete' && !location.href.startsWith(arguments[0]))"
-                "  return 'left';"
-                "return null;",
-                "the provider never let the browser go",
-                15.0,
-                provider.issuer,
-            )
-            if state == "left":
-                return
-            await browser.submit("button.login-submit")
-        self.fail("the provider asked for consent again and again")
 
     async def until_idp_ready(self, gateway: GatewayProcess) -> Any:
         for _ in range(200):
