@@ -112,7 +112,8 @@ def notes(settings: variants.Settings) -> list[str]:
         "(its rendering is charged to the run).",
         "counted/completed (b): the requests b's duration histogram counted in the run's "
         "scrape against those wrk completed (a little over 100%: the warm-up's and the "
-        "check's requests, or requests still in flight when wrk stopped).",
+        "check's requests, or requests still in flight when wrk stopped); fewer in any "
+        "run is reported as WRONG and the command exits 1.",
         *variants.common_notes(settings),
     ]
 
@@ -160,4 +161,9 @@ def run(settings: variants.Settings) -> int:
             "scrape": {"counted": counted, "completed": completed},
         },
     )
+    short = [f for f in figures if f["counted"] is None or f["counted"] < f["completed"]]
+    if short:
+        # The histogram lost requests (or could not be read): the figures mean nothing.
+        say(f"bench: WRONG: b's scrape counted fewer requests than wrk completed: {short}")
+        return 1
     return variants.exit_status(done)
