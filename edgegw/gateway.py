@@ -189,99 +189,105 @@ def build_gateway(
         metrics=metrics,
     )
     telemetry = Telemetry(spec, reactor, span_processor) if spec is not None else None
-    groups_as = config.gateway.identity.groups.as_
-    routes = effective_routes(config)
-    policies = compile_policies(config.policies, problems)
-    limits = config.gateway.limits
-    client = upstream_client or UpstreamClient(
-        reactor,
-        max_connections_per_upstream=limits.max_connections_per_upstream,
-        queue_timeout=limits.upstream_queue_timeout,
-    )
-    measured: IMetrics = metrics if metrics is not None else NO_METRICS
-    agent = UpstreamAgent(
-        client,
-        reactor,
-        tracer=telemetry.tracer if telemetry is not None else None,
-        metrics=measured,
-    )
-    if metrics is not None:
-        _observe_pool(metrics, client)
-        _observe_access_log(metrics, writer)
-    projected = projected_header_names(routes, groups_as)
-    # The sessions and the readiness check use the store through its counted view.
-    used_store = (
-        MeasuredStore(store, metrics) if store is not None and metrics is not None else store
-    )
-    provider, login, identity = _identity(
-        config, routes, client, reactor, telemetry, used_store, measured
-    )
-    endpoints: tuple[tuple[str, str], ...] = ()
-    reserved: dict[str, IRouteTarget] = {}
-    if login is not None:
-        endpoints = _mount_login(reserved, config, login, access, inflight)
-    readiness = None
-    readiness_path = config.gateway.readiness_path
-    if readiness_path is not None:
-        readiness = Readiness()
-        endpoint = ReadinessResource(readiness, reactor, provider, used_store)
-        reserved[readiness_path] = ResourceTarget(readiness_path, endpoint, access, inflight)
-    context = _TerminalContext(config, client, agent, reactor, projected, login, measured)
-    protected = Protected(
-        request=projected | context.assertion_headers, response=context.gateway_headers
-    )
-    plugins = RoutePlugins(configure_plugins(config, problems, protected), protected, reactor)
-    for effective in routes:
-        terminal = _terminal(effective, context, problems)
-        if terminal is None or not set(effective.access.authorize) <= set(policies):
-            continue
-        route = CompiledRoute(
-            name=effective.spec.name,
-            pattern=effective.spec.match,
-            effective=effective,
-            handler_description=terminal.describe(),
+    try:
+        groups_as = config.gateway.identity.groups.as_
+        routes = effective_routes(config)
+        policies = compile_policies(config.policies, problems)
+        limits = config.gateway.limits
+        client = upstream_client or UpstreamClient(
+            reactor,
+            max_connections_per_upstream=limits.max_connections_per_upstream,
+            queue_timeout=limits.upstream_queue_timeout,
         )
-        mux.register(
-            effective.spec.match,
-            route_runner(
-                route,
-                terminal,
-                inflight,
-                access.stage,
-                groups_as,
-                policies,
-                projected,
-                identity,
-                plugins,
-                measured,
-            ),
+        measured: IMetrics = metrics if metrics is not None else NO_METRICS
+        agent = UpstreamAgent(
+            client,
+            reactor,
+            tracer=telemetry.tracer if telemetry is not None else None,
+            metrics=measured,
         )
-        compiled.append(route)
-    problems.raise_if_any()
-    dispatcher = MuxDispatcher(mux, traced=telemetry is not None, reserved=reserved)
-    # The back-channel logout is posted by the IdP, server to server.
-    exempt = frozenset(
-        path
-        for path in (config.gateway.auth.backchannel_logout_path,)
-        if ("POST", path) in endpoints
-    )
-    site = edge_site(config.gateway, dispatcher, reactor, access, telemetry, exempt, metrics)
-    return Gateway(
-        config=config,
-        site=site,
-        routes=compiled,
-        inflight=inflight,
-        upstream_client=client,
-        agent=agent,
-        access_log=access,
-        telemetry=telemetry,
-        idp=provider,
-        auth_endpoints=endpoints,
-        state=store,
-        sessions=identity.server if identity is not None else None,
-        metrics=metrics,
-        readiness=readiness,
-    )
+        if metrics is not None:
+            _observe_pool(metrics, client)
+            _observe_access_log(metrics, writer)
+        projected = projected_header_names(routes, groups_as)
+        # The sessions and the readiness check use the store through its counted view.
+        used_store = (
+            MeasuredStore(store, metrics) if store is not None and metrics is not None else store
+        )
+        provider, login, identity = _identity(
+            config, routes, client, reactor, telemetry, used_store, measured
+        )
+        endpoints: tuple[tuple[str, str], ...] = ()
+        reserved: dict[str, IRouteTarget] = {}
+        if login is not None:
+            endpoints = _mount_login(reserved, config, login, access, inflight)
+        readiness = None
+        readiness_path = config.gateway.readiness_path
+        if readiness_path is not None:
+            readiness = Readiness()
+            endpoint = ReadinessResource(readiness, reactor, provider, used_store)
+            reserved[readiness_path] = ResourceTarget(readiness_path, endpoint, access, inflight)
+        context = _TerminalContext(config, client, agent, reactor, projected, login, measured)
+        protected = Protected(
+            request=projected | context.assertion_headers, response=context.gateway_headers
+        )
+        plugins = RoutePlugins(configure_plugins(config, problems, protected), protected, reactor)
+        for effective in routes:
+            terminal = _terminal(effective, context, problems)
+            if terminal is None or not set(effective.access.authorize) <= set(policies):
+                continue
+            route = CompiledRoute(
+                name=effective.spec.name,
+                pattern=effective.spec.match,
+                effective=effective,
+                handler_description=terminal.describe(),
+            )
+            mux.register(
+                effective.spec.match,
+                route_runner(
+                    route,
+                    terminal,
+                    inflight,
+                    access.stage,
+                    groups_as,
+                    policies,
+                    projected,
+                    identity,
+                    plugins,
+                    measured,
+                ),
+            )
+            compiled.append(route)
+        problems.raise_if_any()
+        dispatcher = MuxDispatcher(mux, traced=telemetry is not None, reserved=reserved)
+        # The back-channel logout is posted by the IdP, server to server.
+        exempt = frozenset(
+            path
+            for path in (config.gateway.auth.backchannel_logout_path,)
+            if ("POST", path) in endpoints
+        )
+        site = edge_site(config.gateway, dispatcher, reactor, access, telemetry, exempt, metrics)
+        return Gateway(
+            config=config,
+            site=site,
+            routes=compiled,
+            inflight=inflight,
+            upstream_client=client,
+            agent=agent,
+            access_log=access,
+            telemetry=telemetry,
+            idp=provider,
+            auth_endpoints=endpoints,
+            state=store,
+            sessions=identity.server if identity is not None else None,
+            metrics=metrics,
+            readiness=readiness,
+        )
+    except BaseException:
+        # Its export thread started with it; nothing else built here holds anything.
+        if telemetry is not None:
+            telemetry.discard()
+        raise
 
 
 def _state_store(

@@ -35,10 +35,13 @@ from typing import Any
 from twisted.application.internet import StreamServerEndpointService
 from twisted.application.service import IService, MultiService, Service
 from twisted.internet.defer import Deferred, gatherResults, maybeDeferred, succeed
+from twisted.internet.endpoints import SSL4ServerEndpoint
 from twisted.internet.interfaces import (
     IListeningPort,
+    IOpenSSLContextFactory,
     IStreamServerEndpoint,
 )
+from twisted.internet.task import deferLater
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 from zope.interface import implementer
@@ -51,11 +54,20 @@ from edgegw.gateway import Gateway, build_gateway
 from edgegw.metrics.serve import ScrapeListener, export_service, scrape_listener
 from edgegw.notify import SystemdNotifier
 from edgegw.server.limits import LimitedSite
-from edgegw.server.listen import server_endpoint
+from edgegw.server.listen import ReloadableContext, server_endpoint, tls_context
 from edgegw.telemetry import Telemetry
 from edgegw.upstream.pool import UpstreamClient
 
 _log = Logger(namespace="edgegw.service")
+
+WARM_UP_TIMEOUT = 5.0
+"""
+The most seconds a reload waits for the new configuration to be warm (see
+L{GatewayService.reload}).
+"""
+
+WARM_UP_POLL = 0.05
+"""Seconds between two looks at whether a reload's new configuration is warm."""
 
 STATUS_INTERVAL = 10.0
 """Seconds between checks of the C{STATUS=} line sent to systemd (sent when it changes)."""
@@ -110,6 +122,32 @@ class ListenerService(StreamServerEndpointService):
         The listening port once bound.
         """
         return self._recording.port if self._recording is not None else None
+
+    def read_tls(self, location: Any) -> IOpenSSLContextFactory | None:
+        """
+        The TLS context the listen address asks for, its files read again (a reload);
+        L{None} when it is not C{ssl:} or the listener is not listening.
+
+        @param location: Where the Gateway resource is, for the error.
+        @raise ConfigError: The files cannot be read or do not match.
+        """
+        if self.port is None:
+            return None
+        try:
+            return tls_context(self.reactor, self.listen)
+        except ValueError as e:
+            raise ConfigError([Problem(location, "spec.listen", str(e))]) from None
+
+    def use_tls(self, context: IOpenSSLContextFactory) -> None:
+        """
+        New connections get C{context} (its certificate); open ones keep theirs.
+        """
+        assert self._recording is not None
+        endpoint = self._recording.endpoint
+        assert isinstance(endpoint, SSL4ServerEndpoint)
+        reloadable = endpoint._sslContextFactory
+        assert isinstance(reloadable, ReloadableContext)
+        reloadable.current = context
 
     def build_endpoint(self) -> IStreamServerEndpoint:
         """
@@ -231,11 +269,22 @@ class GatewayService(MultiService):
         self._retiring: list[Deferred[None]] = []
         self._status_call: Any = None
         self._status = ""
+        self._reloading: Deferred[bool] | None = None
+        self._reload_again = False
+        self._tls: IOpenSSLContextFactory | None = None
+        self.warm_up_timeout = WARM_UP_TIMEOUT
 
     def _adopt(self, gateway: Gateway) -> None:
         """
-        Add the children that serve C{gateway} (all but the listener), started when the
+        Add the children that serve C{gateway} (all but the listeners), started when the
         tree is running.
+        """
+        for child in self._children_of(gateway):
+            child.setServiceParent(self)
+
+    def _children_of(self, gateway: Gateway) -> list[IService]:
+        """
+        The children that serve C{gateway}, named, in start order; not yet in the tree.
         """
         children: list[tuple[str, Service]] = [
             ("access-log", AccessLogService(gateway.access_log)),
@@ -266,7 +315,7 @@ class GatewayService(MultiService):
                     children.append(("metrics-export", export))
         for name, child in children:
             child.setName(name)
-            child.setServiceParent(self)
+        return [child for _, child in children]
 
     @property
     def port(self) -> IListeningPort | None:
@@ -320,75 +369,141 @@ class GatewayService(MultiService):
             self.notifier.status(status)
         self._status_call = self.reactor.callLater(STATUS_INTERVAL, self._update_status)
 
-    def reload(self) -> bool:
+    def reload(self) -> Deferred[bool]:
         """
-        Read the configuration again (SIGHUP). A valid one serves every new connection
-        from now on; the requests in flight finish on the old one, whose connections
+        Read the configuration again (SIGHUP). A valid one is built and its services
+        started beside the running ones; once it is warm (its IdP discovered, its state
+        store answering; at most L{warm_up_timeout} seconds) it serves every new
+        connection. The requests in flight finish on the old one, whose connections
         close after their response (idle ones at once), and whose services stop once
         they have (or after its C{drainTimeout}). An invalid one, or one that listens
         elsewhere (that needs a restart), is logged and the old one keeps serving.
 
-        @return: Whether the new configuration was taken.
+        A reload asked for while one is warming up runs again once it is done.
+
+        @return: Fires with whether the new configuration was taken.
         """
+        if self._reloading is not None:
+            self._reload_again = True
+            return self._reloading
         if self.source is None or not self.running or self._stop_waiters is not None:
-            return False
+            return succeed(False)
         self.notifier.reloading()
-        try:
-            taken = self._replace()
-        except Exception:
-            # A bug, not a configuration problem: logged, and the old one keeps serving
-            # if the swap had not begun.
-            _log.failure("reload failed")
-            taken = False
-        finally:
+        reloading = self._reloading = Deferred.fromCoroutine(self._reload())
+        return reloading.addBoth(self._reloaded)
+
+    def _reloaded(self, result: bool | Failure) -> bool | Deferred[bool]:
+        self._reloading = None
+        if isinstance(result, Failure):
+            # A bug, not a configuration problem: logged, and the old one keeps serving.
+            _log.failure("reload failed", result)
+            result = False
+        if self._stop_waiters is None:
             self._status = self.status_line()
             self.notifier.ready(self._status)
-        return taken
+            if self._reload_again:
+                self._reload_again = False
+                return self.reload()
+        return result
 
-    def _replace(self) -> bool:
+    async def _reload(self) -> bool:
+        new = self._prepare()
+        if new is None:
+            return False
+        gateway, children = new
+        await self._warm_up(gateway)
+        if self._stop_waiters is not None:
+            # Stopping meanwhile: the new configuration never serves.
+            await _stop_all(children)
+            _discard(gateway)
+            return False
+        self._switch(gateway, children)
+        return True
+
+    def _prepare(self) -> tuple[Gateway, list[IService]] | None:
+        """
+        Load and build the new configuration and start its services (outside the tree,
+        the old ones serving on); L{None}, logged, when it is refused.
+        """
         assert self.source is not None
         old = self.gateway
+        new: Gateway | None = None
+        started: list[IService] = []
         try:
             config = load_config(self.source)
-            listen = config.gateway.listen
-            if listen != old.config.gateway.listen:
-                problem = Problem(
-                    config.gateway.location,
-                    "spec.listen",
-                    f"changed from {old.config.gateway.listen} to {listen}: a new listen "
-                    "address needs a restart (the running configuration keeps serving)",
-                )
-                raise ConfigError([problem])
-            scrape, old_scrape = _scrape_address(config), _scrape_address(old.config)
-            if scrape != old_scrape:
-                telemetry = config.telemetry or old.config.telemetry
-                assert telemetry is not None
-                problem = Problem(
-                    telemetry.location,
-                    "spec.metrics.prometheus.listen",
-                    f"changed from {old_scrape or 'none'} to {scrape or 'none'}: the "
-                    "metrics listener needs a restart (the running configuration keeps "
-                    "serving)",
-                )
-                raise ConfigError([problem])
+            _check_restart_fields(config, old.config)
+            # Read now so that unreadable or mismatched files refuse the reload: with
+            # the same listen value, new files at the same paths are a new certificate.
+            self._tls = self.listener.read_tls(config.gateway.location)
             new = build_gateway(config, self.reactor, **self._build_options)
             open_access_log(new)
-        except ConfigError as e:
+            children = self._children_of(new)
+            if new.idp is not None and old.idp is not None and new.idp.take_over(old.idp):
+                # Logins and Bearer tokens go on without waiting for a rediscovery.
+                _log.info(
+                    "IdP {issuer}: discovery and keys carried over", issuer=new.idp.spec.issuer
+                )
+            for child in children:
+                started.append(child)
+                child.privilegedStartService()
+                child.startService()
+        except BaseException as e:
+            if started:
+                _stop_all(started)
+            if new is not None:
+                _discard(new)
+            if not isinstance(e, ConfigError):
+                raise
             _log.error(
                 "reload refused, the running configuration keeps serving: {problems}",
                 problems=e.render(),
             )
-            return False
+            return None
+        return new, children
+
+    async def _warm_up(self, new: Gateway) -> None:
+        """
+        Wait until C{new} can serve what the old one does: its IdP discovered (carried
+        over when the issuer is the same) and its state store answering; past
+        L{warm_up_timeout} it takes over anyway (logged), as it would at a start.
+        """
+        deadline = self.reactor.seconds() + self.warm_up_timeout
+        waiting = ["?"]
+        while self._stop_waiters is None:
+            waiting = await _cold_parts(new)
+            if not waiting or self.reactor.seconds() >= deadline:
+                break
+            await deferLater(self.reactor, WARM_UP_POLL, lambda: None)
+        if waiting:
+            _log.warn(
+                "the new configuration takes over before it is warm ({parts}); until "
+                "then login and Bearer requests may answer 503 and server-side sessions "
+                "fail closed",
+                parts=", ".join(waiting),
+            )
+
+    def _switch(self, new: Gateway, children: list[IService]) -> None:
+        """
+        Make C{new} (its C{children} started) the serving configuration: new connections
+        go to its Site; the old one drains and retires.
+        """
+        old = self.gateway
         retired = [child for child in self if child not in (self.listener, self.metrics_listener)]
         for child in retired:
             # Out of the tree without being stopped: they stop once the old requests
             # have finished.
-            self.services.remove(child)
-            del self.namedServices[child.name]
-            child.parent = None
+            self._detach(child)
+        for child in children:
+            # Already running: put in the tree without starting them again.
+            self.services.append(child)
+            if child.name is not None:
+                self.namedServices[child.name] = child
+            child.parent = self
         self.gateway = new
-        self._adopt(new)
         self._switch_site(new)
+        tls, self._tls = self._tls, None
+        if tls is not None:
+            self.listener.use_tls(tls)
         if old.readiness is not None:
             old.readiness.draining = True
         if new.readiness is not None:
@@ -404,7 +519,12 @@ class GatewayService(MultiService):
         retiring = self._retire(old, retired)
         self._retiring.append(retiring)
         retiring.addBoth(self._retired, retiring)
-        return True
+
+    def _detach(self, child: IService) -> None:
+        self.services.remove(child)
+        if child.name is not None:
+            del self.namedServices[child.name]
+        child.parent = None
 
     def _retired(self, result: object, retiring: Deferred[None]) -> None:
         if retiring in self._retiring:
@@ -412,8 +532,14 @@ class GatewayService(MultiService):
 
     def _switch_site(self, new: Gateway) -> None:
         """
-        New connections go to C{new}'s Site.
+        New connections go to C{new}'s Site, its connection cap fitted to the open-file
+        limit as at start (a reload may raise C{limits.maxConnections}).
         """
+        if isinstance(new.site, LimitedSite):
+            new.site.fit_descriptor_limit()
+        # Started as the listening port started the first one (its timers run), and
+        # stopped once retired (see _retire), else each reload would leave one behind.
+        new.site.doStart()
         self.listener.factory = new.site
         port: Any = self.listener.port
         if port is not None:
@@ -434,6 +560,7 @@ class GatewayService(MultiService):
         # Past its drainTimeout, what the old configuration still serves (streams) is cut,
         # as a stop would: nothing keeps running on stopped services.
         stopping: Deferred[Any] = drained.addErrback(lambda _: _abort_connections(old))
+        stopping.addCallback(lambda _: old.site.doStop())
         for child in reversed(children):
             stopping.addCallback(_stop_child, child)
         stopping.addErrback(_log_retire_failure)
@@ -466,10 +593,17 @@ class GatewayService(MultiService):
         for child in reversed(list(self)):
             if child is not self.listener:
                 stopping.addCallback(_stop_child, child)
-        # And what a reload replaced, if it has not finished yet.
-        stopping.addCallback(lambda _: gatherResults(list(self._retiring)))
+        # And what a reload replaced, if it has not finished yet, and a configuration
+        # warming up (abandoned: its reload stops its services).
+        stopping.addCallback(lambda _: gatherResults(self._unfinished_reloads()))
         stopping.addBoth(self._stopped)
         return stopping
+
+    def _unfinished_reloads(self) -> list[Deferred[Any]]:
+        unfinished: list[Deferred[Any]] = list(self._retiring)
+        if self._reloading is not None:
+            unfinished.append(self._reloading)
+        return unfinished
 
     def _stopped(self, result: Any) -> Any:
         waiters, self._stop_waiters = self._stop_waiters or [], None
@@ -560,6 +694,73 @@ def _abort_connections(gateway: Gateway) -> None:
         transport = getattr(channel, "transport", None)
         if transport is not None:
             transport.abortConnection()
+
+
+def _check_restart_fields(config: Config, running: Config) -> None:
+    """
+    Refuse a reload that changes what only a restart can: the listen address and the
+    metrics scrape listener's.
+
+    @raise ConfigError: Located at the field that changed.
+    """
+    listen, before = config.gateway.listen, running.gateway.listen
+    if listen != before:
+        problem = Problem(
+            config.gateway.location,
+            "spec.listen",
+            f"changed from {before} to {listen}: a new listen address needs a restart "
+            "(the running configuration keeps serving)",
+        )
+        raise ConfigError([problem])
+    scrape, old_scrape = _scrape_address(config), _scrape_address(running)
+    if scrape != old_scrape:
+        telemetry = config.telemetry or running.telemetry
+        assert telemetry is not None
+        problem = Problem(
+            telemetry.location,
+            "spec.metrics.prometheus.listen",
+            f"changed from {old_scrape or 'none'} to {scrape or 'none'}: the metrics "
+            "listener needs a restart (the running configuration keeps serving)",
+        )
+        raise ConfigError([problem])
+
+
+def _stop_all(children: list[IService]) -> Deferred[None]:
+    """
+    Stop C{children} (started outside the tree) in reverse start order.
+    """
+    stopping: Deferred[Any] = succeed(None)
+    for child in reversed(children):
+        stopping.addCallback(_stop_child, child)
+    stopping.addErrback(_log_retire_failure)
+    return stopping.addCallback(lambda _: None)
+
+
+async def _cold_parts(gateway: Gateway) -> list[str]:
+    """
+    What C{gateway} still lacks to serve like a warm one: C{IdP discovery} and C{state
+    store}.
+    """
+    cold = []
+    if gateway.idp is not None and not gateway.idp.ready:
+        cold.append("IdP discovery")
+    if gateway.state is not None:
+        try:
+            await gateway.state.get(b"edgegw:warm-up-probe")
+        except Exception:
+            cold.append("state store")
+    return cold
+
+
+def _discard(gateway: Gateway) -> None:
+    """
+    Let go of a gateway built for a reload that was then refused: it never served.
+    """
+    if gateway.telemetry is not None:
+        gateway.telemetry.discard()
+    writer = gateway.access_log.writer
+    if writer is not None:
+        writer.close()
 
 
 def _log_retire_failure(failure: Failure) -> None:

@@ -73,9 +73,9 @@ def install_reload_signal(service: Any, reactor: Any) -> None:
     """
 
     def reload() -> None:
-        service.reload()
-        # What the configuration built is long-lived again: out of the collector's sight.
-        tune_garbage_collector()
+        # Once done, what the configuration built is long-lived again: out of the
+        # collector's sight.
+        service.reload().addCallback(lambda _: tune_garbage_collector())
 
     def handler(signum: int, frame: object) -> None:
         reactor.callFromThread(reload)

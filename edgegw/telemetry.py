@@ -185,6 +185,14 @@ class Telemetry:
         """
         return self._in_thread(self.provider.shutdown)
 
+    def discard(self) -> None:
+        """
+        Stop exporting at once, for a Telemetry that never served (a gateway whose build
+        or reload failed): there is nothing to flush, and its export thread must not
+        outlive it.
+        """
+        self.provider.shutdown()
+
     def _in_thread(self, function: Any) -> Deferred[Any]:
         return deferToThreadPool(self.reactor, self.reactor.getThreadPool(), function)
 

@@ -50,6 +50,15 @@ class KeySource:
         self._refetching: Deferred[KeySet] | None = None
         self._last_refetch = float("-inf")
 
+    def seed(self, other: KeySource) -> None:
+        """
+        Start from what C{other} holds (a reload's new gateway taking over from the old):
+        its URL, its keys and when it last refetched (the rate limit carries on).
+        """
+        self.url = other.url
+        self.keys = other.keys
+        self._last_refetch = other._last_refetch
+
     async def load(self, url: str) -> KeySet:
         """
         Fetch the key set at C{url} (discovery, the periodic refresh) and keep it.

@@ -150,7 +150,12 @@ class IdentityProvider(Service):
         Start discovery now; the gateway does not wait for it.
         """
         super().startService()
-        self._refresh()
+        if self.metadata is None:
+            self._refresh()
+        else:
+            # Taken over from a reload's old gateway: refresh when it would have.
+            delay = max(0.0, self._next_at - self._reactor.seconds())
+            self._next = self._reactor.callLater(delay, self._refresh)
 
     def stopService(self) -> None:
         """
@@ -164,6 +169,30 @@ class IdentityProvider(Service):
             self._running.cancel()
         self.id_token_keys.cancel()
         self.access_token_keys.cancel()
+
+    def take_over(self, old: IdentityProvider) -> bool:
+        """
+        Start from what C{old} (the IdP client of the configuration a reload replaces)
+        knows, when it reads the same IdP: its discovery document and key sets, and its
+        refresh schedule. Otherwise (another issuer or key-set URL, or C{old} never
+        discovered) this one starts cold, as at start. Called before L{startService}.
+
+        @return: Whether it took over.
+        """
+        metadata = old.metadata
+        if (
+            metadata is None
+            or old.spec.issuer != self.spec.issuer
+            or self.access_token_keys_url(metadata) != old.access_token_keys_url(metadata)
+        ):
+            return False
+        self.id_token_keys.seed(old.id_token_keys)
+        self.access_token_keys.seed(old.access_token_keys)
+        self.metadata = metadata
+        self.last_error = old.last_error
+        self._failures = old._failures
+        self._next_at = old._next_at
+        return True
 
     def seconds(self) -> float:
         """

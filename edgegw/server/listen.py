@@ -1,28 +1,33 @@
 """
-Turning C{Gateway.spec.listen} into a Twisted server endpoint description.
+Turning C{Gateway.spec.listen} into a Twisted server endpoint, and keeping a TLS
+listener's certificate current across reloads.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from twisted.internet.endpoints import serverFromString
-from twisted.internet.interfaces import IStreamServerEndpoint
+from OpenSSL.SSL import Context
+from twisted.internet.endpoints import SSL4ServerEndpoint, serverFromString
+from twisted.internet.interfaces import IOpenSSLContextFactory, IStreamServerEndpoint
+from zope.interface import implementer
 
 from edgegw.config.addresses import endpoint_description
+
+__all__ = ["ReloadableContext", "server_endpoint", "tls_context"]
 
 
 def server_endpoint(reactor: Any, listen: str) -> IStreamServerEndpoint:
     """
     Build the server endpoint for a listen address (reading TLS key and certificate files
-    for C{ssl:}, taking the inherited socket for C{systemd:}).
+    for C{ssl:}, taking the inherited socket for C{systemd:}). An C{ssl:} endpoint's
+    context is a L{ReloadableContext}, which L{tls_context} can replace later.
 
     @raise ValueError: With a message that says what is wrong.
     """
     description = endpoint_description(listen)
     try:
         endpoint: IStreamServerEndpoint = serverFromString(reactor, description)
-        return endpoint
     except IndexError:
         if description.startswith("systemd:"):
             raise ValueError(
@@ -35,3 +40,44 @@ def server_endpoint(reactor: Any, listen: str) -> IStreamServerEndpoint:
         raise ValueError(f'invalid endpoint "{listen}": {e.strerror or e}') from None
     except Exception as e:  # pyOpenSSL errors for unreadable keys or certificates
         raise ValueError(f'invalid endpoint "{listen}": {e}') from None
+    if isinstance(endpoint, SSL4ServerEndpoint):
+        # Twisted keeps the context factory it parsed in a private attribute and asks
+        # it for a context on every connection: putting ours in between is what lets a
+        # reload take new certificate files without closing the socket.
+        endpoint._sslContextFactory = ReloadableContext(endpoint._sslContextFactory)
+    return endpoint
+
+
+def tls_context(reactor: Any, listen: str) -> IOpenSSLContextFactory | None:
+    """
+    The TLS context a listen address asks for, read from its files now (a reload's new
+    certificate); L{None} when it is not C{ssl:}.
+
+    @raise ValueError: The files cannot be read or do not match (the message says why).
+    """
+    if not endpoint_description(listen).startswith("ssl:"):
+        return None
+    endpoint = server_endpoint(reactor, listen)
+    assert isinstance(endpoint, SSL4ServerEndpoint)
+    reloadable = endpoint._sslContextFactory
+    assert isinstance(reloadable, ReloadableContext)
+    return reloadable.current
+
+
+@implementer(IOpenSSLContextFactory)
+class ReloadableContext:
+    """
+    A TLS server's context factory whose certificate can be replaced while it listens:
+    each new connection uses the current one, connections already open keep theirs.
+
+    @ivar current: The context factory new connections use.
+    """
+
+    def __init__(self, current: IOpenSSLContextFactory) -> None:
+        self.current = current
+
+    def getContext(self) -> Context:
+        """
+        The current context (built once per certificate, then shared).
+        """
+        return self.current.getContext()

@@ -1,0 +1,262 @@
+"""
+What a reload (SIGHUP, L{GatewayService.reload}) carries over and what it lets go, on a
+service tree running in this process over real sockets: a TLS listener's certificate
+read again from its files, the IdP's discovery and keys carried over (no 503s while the
+new client would rediscover them), the open-file limit fitted to a new connection cap,
+nothing left running by a refused reload, and a swap that is all or nothing.
+"""
+
+from __future__ import annotations
+
+import os
+import resource
+import shutil
+import ssl
+import threading
+from typing import Any
+
+from twisted.application.service import Service
+from twisted.internet import reactor as _reactor
+from twisted.internet.task import deferLater
+from twisted.internet.threads import deferToThread
+from twisted.trial.unittest import TestCase
+
+from edgegw.config.parse import load_config
+from edgegw.server.limits import DESCRIPTOR_RESERVE
+from edgegw.service import GatewayService, build_service
+from tests.support.backends import SiteBackend, answer
+from tests.support.browser import Browser
+from tests.support.configs import GATEWAY, write_tree
+from tests.support.fake_idp import FakeIdP
+from tests.support.processes import port_of
+from tests.support.redis import redis_server
+from tests.support.sessions import KEY, server_session_config
+from tests.test_listen import make_certificate
+
+reactor: Any = _reactor
+
+HEALTH = "---\nkind: Route\nmetadata: {name: h}\nspec: {match: /healthz, handler: {type: health}}\n"
+
+
+class ReloadCarryTests(TestCase):
+    def serve(self, files: dict[str, str]) -> tuple[GatewayService, str]:
+        """
+        Build the tree from C{files} (a configuration directory), bind and start it; it
+        stops when the test ends.
+        """
+        root = write_tree(self.mktemp(), files)
+        service = build_service(load_config(root, {}), reactor, source=root)
+        service.privilegedStartService()
+        service.startService()
+        self.addCleanup(service.stopService)
+        return service, root
+
+    async def peer_certificate(self, port: int) -> str:
+        """
+        The certificate the TLS listener on C{port} presents to a new connection (PEM).
+        """
+        pem: str = await deferToThread(ssl.get_server_certificate, ("127.0.0.1", port), timeout=5)
+        return pem
+
+    async def test_tls_certificate_read_again(self) -> None:
+        directory = os.path.abspath(self.mktemp())
+        os.makedirs(directory)
+        key_path, cert_path, first = make_certificate(directory, "localhost")
+        listen = f"ssl:0:interface=127.0.0.1:privateKey={key_path}:certKey={cert_path}"
+        service, _ = self.serve({"a.yaml": GATEWAY.replace("127.0.0.1:0", listen) + HEALTH})
+        port = port_of(service)
+        self.assertEqual(
+            ssl.PEM_cert_to_DER_cert(await self.peer_certificate(port)),
+            ssl.PEM_cert_to_DER_cert(first.decode()),
+        )
+        # The operator renews the certificate at the same paths and reloads.
+        renewed_dir = os.path.join(directory, "renewed")
+        os.makedirs(renewed_dir)
+        new_key, new_cert, second = make_certificate(renewed_dir, "localhost")
+        shutil.copy(new_key, key_path)
+        shutil.copy(new_cert, cert_path)
+        self.assertTrue(await service.reload())
+        self.assertEqual(
+            ssl.PEM_cert_to_DER_cert(await self.peer_certificate(port)),
+            ssl.PEM_cert_to_DER_cert(second.decode()),
+        )
+        # A key that does not match the certificate refuses the reload: the renewed
+        # certificate keeps being served.
+        make_certificate(directory, "localhost")  # a third key (and certificate) ...
+        shutil.copy(new_cert, cert_path)  # ... under the renewed certificate
+        self.assertFalse(await service.reload())
+        self.assertEqual(
+            ssl.PEM_cert_to_DER_cert(await self.peer_certificate(port)),
+            ssl.PEM_cert_to_DER_cert(second.decode()),
+        )
+
+    async def test_idp_carried_over(self) -> None:
+        idp = FakeIdP()
+        await idp.start(self)
+        text = (
+            GATEWAY
+            + '  session: {key: "0123456789abcdef0123456789abcdef"}\n'
+            + "---\nkind: IdP\nmetadata: {name: idp}\nspec:\n  type: oidc\n"
+            + f'  issuer: "{idp.issuer}"\n  clientID: gw\n  clientSecret: gw-secret\n'
+            + "---\nkind: Route\nmetadata: {name: app}\nspec:\n  match: /app/\n"
+            + "  type: app\n  access: {auth: required}\n  handler: {type: health}\n"
+        )
+        service, root = self.serve({"a.yaml": text})
+        provider = service.gateway.idp
+        assert provider is not None
+        for _ in range(250):
+            if provider.ready:
+                break
+            await deferLater(reactor, 0.02, lambda: None)
+        self.assertTrue(provider.ready, provider.last_error)
+        fetches = (idp.discovery_requests, idp.jwks_requests)
+        # The IdP is gone when the reload comes: what the old client knows carries over.
+        await idp.stop()
+        self.assertTrue(await service.reload())
+        carried = service.gateway.idp
+        assert carried is not None
+        self.assertIsNot(carried, provider)
+        self.assertTrue(carried.ready)
+        self.assertEqual(carried.metadata, provider.metadata)
+        self.assertIs(carried.keys, provider.keys)
+        port = port_of(service)
+        login = await Browser().get(f"http://127.0.0.1:{port}/auth/login?return_to=/app/")
+        self.assertEqual(login.status, 302)
+        self.assertTrue(login.location and login.location.startswith(idp.issuer), login.location)
+        # Nothing was fetched again: the old client's schedule goes on (15 minutes).
+        self.assertEqual((idp.discovery_requests, idp.jwks_requests), fetches)
+        # Another issuer starts cold: the reload waits for its discovery before the new
+        # configuration serves.
+        other = FakeIdP()
+        await other.start(self)
+        write_tree(root, {"a.yaml": text.replace(idp.issuer, other.issuer)})
+        self.assertTrue(await service.reload())
+        warmed = service.gateway.idp
+        assert warmed is not None
+        self.assertTrue(warmed.ready)
+        self.assertEqual(other.discovery_requests, 1)
+        login = await Browser().get(f"http://127.0.0.1:{port}/auth/login?return_to=/app/")
+        self.assertEqual(login.status, 302)
+        self.assertTrue(login.location and login.location.startswith(other.issuer))
+        # One that cannot be reached takes over after the warm-up's bound, cold: 503
+        # until it is discovered, as at a start.
+        service.warm_up_timeout = 0.3
+        write_tree(root, {"a.yaml": text.replace(idp.issuer, "http://127.0.0.1:9")})
+        self.assertTrue(await service.reload())
+        cold = service.gateway.idp
+        assert cold is not None
+        self.assertFalse(cold.ready)
+        again = await Browser().get(f"http://127.0.0.1:{port}/auth/login?return_to=/app/")
+        self.assertEqual(again.status, 503)
+
+    async def test_refused_reload_leaves_no_export_thread(self) -> None:
+        telemetry = (
+            "---\nkind: Telemetry\nmetadata: {name: t}\nspec:\n  service: {name: edge}\n"
+            '  otlp: {endpoint: "http://127.0.0.1:9"}\n'
+        )
+        service, root = self.serve({"a.yaml": GATEWAY + HEALTH + telemetry})
+        before = set(threading.enumerate())
+        # Refused after the new gateway's Telemetry was built: a Rego file that does not
+        # compile (the build fails), then an access log that cannot be opened.
+        write_tree(
+            root,
+            {
+                "policies/p.rego": "package gw.authz\ndeny contains x if {",
+                "a.yaml": GATEWAY
+                + HEALTH
+                + telemetry
+                + "---\nkind: Policy\nmetadata: {name: p}\nspec: {rego: {path: policies/p.rego}}\n",
+            },
+        )
+        self.assertFalse(await service.reload())
+        directory = os.path.join(root, "a-directory")
+        os.makedirs(directory)
+        write_tree(
+            root,
+            {"a.yaml": GATEWAY + f'  accessLog: {{output: "{directory}"}}\n' + HEALTH + telemetry},
+        )
+        os.remove(os.path.join(root, "policies", "p.rego"))
+        self.assertFalse(await service.reload())
+        self.assertEqual(set(threading.enumerate()) - before, set())
+
+    async def test_new_connection_cap_fits_the_descriptor_limit(self) -> None:
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        self.addCleanup(resource.setrlimit, resource.RLIMIT_NOFILE, (soft, hard))
+        service, root = self.serve(
+            {"a.yaml": GATEWAY + "  limits: {maxConnections: 100}\n" + HEALTH}
+        )
+        wanted = 2 * 3000 + DESCRIPTOR_RESERVE
+        if hard != resource.RLIM_INFINITY and hard < wanted:
+            self.fail(f"the hard open-file limit {hard} is below {wanted}: raise it to test")
+        resource.setrlimit(resource.RLIMIT_NOFILE, (2 * 100 + DESCRIPTOR_RESERVE, hard))
+        write_tree(root, {"a.yaml": GATEWAY + "  limits: {maxConnections: 3000}\n" + HEALTH})
+        self.assertTrue(await service.reload())
+        self.assertGreaterEqual(resource.getrlimit(resource.RLIMIT_NOFILE)[0], wanted)
+
+    async def test_swap_is_all_or_nothing(self) -> None:
+        service, _ = self.serve({"a.yaml": GATEWAY + HEALTH})
+        old = service.gateway
+        children = [child for child in service if child is not service.listener]
+        self.assertTrue(all(child.running for child in children))
+
+        class Broken(Service):
+            def startService(self) -> None:
+                raise RuntimeError("cannot start")
+
+        building = service._children_of
+
+        def with_broken(gateway: Any) -> list[Any]:
+            broken = Broken()
+            broken.setName("broken")
+            return [*building(gateway), broken]
+
+        self.patch(service, "_children_of", with_broken)
+        self.assertFalse(await service.reload())
+        self.assertEqual(len(self.flushLoggedErrors(RuntimeError)), 1)
+        self.assertIs(service.gateway, old)
+        self.assertEqual([child for child in service if child is not service.listener], children)
+        self.assertTrue(all(child.running for child in children))
+        for child in children:
+            self.assertIs(service.getServiceNamed(child.name), child)
+        reply = await Browser().get(f"http://127.0.0.1:{port_of(service)}/healthz")
+        self.assertEqual(reply.status, 200)
+
+    async def test_state_store_connected_before_it_serves(self) -> None:
+        redis = await redis_server(self)
+        idp = FakeIdP()
+        await idp.start(self)
+        backend = SiteBackend(answer(body=b"ok")).start()
+        self.addCleanup(backend.stop)
+        text = server_session_config(
+            key=KEY,
+            redis_address=redis.address,
+            issuer=idp.issuer,
+            upstream=f"http://127.0.0.1:{backend.port}",
+        )
+        service, _ = self.serve({"a.yaml": text})
+        self.assertTrue(await service.reload())
+        store = service.gateway.state
+        assert store is not None
+        # At once: the new store's connection was up before the switch (without the
+        # warm-up, this read is refused as not connected, and so are sessions).
+        self.assertIsNone(await store.get(b"anything"))
+
+    async def test_stop_while_a_reload_warms_up(self) -> None:
+        text = (
+            GATEWAY
+            + '  session: {key: "0123456789abcdef0123456789abcdef"}\n'
+            + "---\nkind: IdP\nmetadata: {name: idp}\nspec:\n  type: oidc\n"
+            + '  issuer: "http://127.0.0.1:9"\n  clientID: gw\n  clientSecret: gw-secret\n'
+            + HEALTH
+        )
+        service, _ = self.serve({"a.yaml": text})
+        old = service.gateway
+        reloading = service.reload()
+        # A second SIGHUP meanwhile is the same reload, run again once it is done.
+        self.assertIs(service.reload(), reloading)
+        await deferLater(reactor, 0.2, lambda: None)
+        self.assertFalse(reloading.called)
+        await service.stopService()
+        self.assertFalse(await reloading)
+        self.assertIs(service.gateway, old)
+        self.assertFalse(any(child.running for child in service))
