@@ -6,7 +6,9 @@ the C{Telemetry.metrics} block, and the server metrics the access-log stage reco
 
 from __future__ import annotations
 
+import io
 import re
+import tempfile
 from typing import Any, cast
 
 from opentelemetry.sdk.metrics.export import (
@@ -108,6 +110,33 @@ class InstrumentTests(SynchronousTestCase):
         self.assertTrue(verifyObject(IMetrics, NO_METRICS))
         self.assertIsInstance(NO_METRICS, NullMetrics)
         self.assertTrue(verifyObject(IMetrics, GatewayMetrics(Registry())))
+
+
+class BodySizeTests(SynchronousTestCase):
+    def test_request_body_sizes_in_memory_and_in_a_file(self) -> None:
+        """
+        The body size recorded for a request Twisted buffered itself: in memory, or in
+        a temporary file past 100 KB (counted as 0 before), its position left alone.
+        """
+        from twisted.web.test.requesthelper import DummyRequest
+
+        from edgegw.chain.access_log import _received
+
+        def received(content: Any) -> int:
+            request: Any = DummyRequest([b""])
+            request.content = content
+            return _received(request)
+
+        self.assertEqual(received(io.BytesIO(b"x" * 10)), 10)
+        with tempfile.TemporaryFile() as large:
+            large.write(b"y" * 300_000)
+            large.seek(5)
+            self.assertEqual(received(large), 300_000)
+            self.assertEqual(large.tell(), 5)
+        closed = io.BytesIO(b"z")
+        closed.close()
+        self.assertEqual(received(closed), 0)
+        self.assertEqual(received(None), 0)
 
 
 class PrometheusTests(SynchronousTestCase):
