@@ -1,7 +1,7 @@
 """
 The benchmark harness's command line: C{python -m bench COMMAND}, where COMMAND is one of
 proxy, memory, api, authz, telemetry, session, server-session, bearer, plugins, metrics,
-workers.
+workers, profile.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from bench import (
     memory,
     metrics,
     plugins,
+    profile,
     proxy,
     server_session,
     session,
@@ -338,6 +339,21 @@ def parser() -> argparse.ArgumentParser:
         variants.Settings(),
         "wrk connections",
     )
+    profiling = commands.add_parser(
+        "profile",
+        help="where edgegw's CPU goes on one scenario's route under load (py-spy)",
+        description=profile.__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    spied = profile.Settings()
+    profiling.add_argument(
+        "scenario", nargs="?", default="proxy", choices=sorted(profile.SCENARIOS)
+    )
+    profiling.add_argument("--duration", type=_positive, default=spied.duration)
+    profiling.add_argument("--connections", type=_positive, default=spied.connections)
+    profiling.add_argument("--rate", type=_positive, default=spied.rate, help="samples/s")
+    profiling.add_argument("--top", type=_positive, default=spied.top, help="functions listed")
+    profiling.add_argument("--keep-tmp", action="store_true")
     return top
 
 
@@ -382,6 +398,17 @@ def main(argv: Sequence[str] | None = None) -> int:
             return metrics.run(variants.Settings(**_wrk_settings(args)))
         if args.command == "workers":
             return workers.run(variants.Settings(**_wrk_settings(args)))
+        if args.command == "profile":
+            return profile.run(
+                profile.Settings(
+                    scenario=args.scenario,
+                    duration=args.duration,
+                    connections=args.connections,
+                    rate=args.rate,
+                    top=args.top,
+                    keep_tmp=args.keep_tmp,
+                )
+            )
         return memory.run(
             memory.Settings(
                 download_size=args.download_size,

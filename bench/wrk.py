@@ -130,7 +130,10 @@ def run(wrk: str, url: str, connections: int, duration: int, threads: int = 1) -
     except subprocess.TimeoutExpired as e:
         raise WrkError(f"wrk did not finish: {' '.join(argv)}") from e
     if done.returncode != 0:
-        raise WrkError(f"wrk exited with {done.returncode}: {done.stderr.strip() or done.stdout}")
+        raise WrkError(
+            f"wrk exited with {done.returncode} ({' '.join(argv)}): "
+            f"{done.stderr.strip() or done.stdout}"
+        )
     return parse(done.stdout)
 
 
