@@ -334,9 +334,10 @@ class GatewayService(MultiService):
             if self.gateway.readiness is not None:
                 self.gateway.readiness.listening = True
             _log.info(
-                "edgegw listening on {address} with {count} routes",
+                "edgegw listening on {address} with {count} routes (reactor {reactor})",
                 address=port.getHost(),
                 count=len(self.gateway.routes),
+                reactor=type(self.reactor).__name__,
             )
             # Under twistd this runs before the reactor does, and so before its SIGTERM
             # handler exists: systemd may stop the service as soon as it is ready.

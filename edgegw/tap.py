@@ -45,6 +45,9 @@ def makeService(options: Options | dict[str, Any]) -> IService:
     A configuration error is printed without a traceback and exits with status 1;
     C{--check} exits 0 or 1 after printing.
     """
+    from edgegw.reactor import install_if_unchosen
+
+    install_if_unchosen()
     from twisted.internet import reactor
 
     from edgegw.notify import SystemdNotifier

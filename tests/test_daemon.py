@@ -286,6 +286,25 @@ class ServeExampleTests(TestCase):
         self.assertIn(b"Received SIGTERM, shutting down.", protocol.output)
         self.assertIn(b"Server Shut Down.", protocol.output)
         self.assertNotIn(b"Traceback", protocol.output)
+        # Without --reactor, twistd edgegw runs on its own reactor (edgegw.reactor).
+        self.assertIn(b"(reactor EdgeReactor)", protocol.output)
+
+    @inlineCallbacks
+    def test_a_chosen_reactor_is_kept(self) -> Any:
+        env = {**ENV, "EDGEGW_LISTEN": "127.0.0.1:0"}
+        protocol = DaemonProtocol()
+        argv = ["twistd", "-n", "--pidfile=", "--reactor=poll", "edgegw", "--config", EXAMPLE]
+        process = reactor.spawnProcess(
+            protocol, os.path.join(BIN, "twistd"), argv, env=env, path=ROOT
+        )
+        self.addCleanup(kill, process)
+        port = yield protocol.listening
+        health = yield http_get(f"http://127.0.0.1:{port}/healthz")
+        self.assertEqual(health.code, 200)
+        yield health.content()
+        self.assertIn(b"(reactor PollReactor)", protocol.output)
+        process.signalProcess("TERM")
+        yield protocol.ended
 
 
 class HeldBackend:
