@@ -162,7 +162,7 @@ class PrometheusTests(SynchronousTestCase):
         histogram = registry.histogram("rq.duration", "s", "Took.", ("route",), (0.1, 1.0))
         histogram.record(0.1, ("/a/{id}",))
         histogram.record(2.0, ("/a/{id}",))
-        counter = registry.counter("hits", "{hit}", "Hits.", ("why",))
+        counter = registry.counter("hits", "{hit}", 'Hits "now"\\\nand later.', ("why",))
         counter.add(3, ('say "hi"\\\n',))
         active = registry.counter("active", "{request}", "Now.", (), monotonic=False)
         active.add(2)
@@ -180,7 +180,7 @@ class PrometheusTests(SynchronousTestCase):
             'rq_duration_seconds_bucket{route="/a/{id}",le="+Inf"} 2\n'
             'rq_duration_seconds_sum{route="/a/{id}"} 2.1\n'
             'rq_duration_seconds_count{route="/a/{id}"} 2\n'
-            "# HELP hits_total Hits.\n"
+            '# HELP hits_total Hits "now"\\\\\\nand later.\n'
             "# TYPE hits_total counter\n"
             'hits_total{why="say \\"hi\\"\\\\\\n"} 3\n'
             "# HELP active Now.\n"

@@ -64,6 +64,11 @@ def _escape(value: object) -> str:
     return str(value).replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
 
 
+def _escape_help(text: str) -> str:
+    # HELP text escapes backslashes and line feeds only (a quote stays a quote).
+    return text.replace("\\", "\\\\").replace("\n", "\\n")
+
+
 def _number(value: float) -> str:
     if math.isinf(value):
         return "+Inf" if value > 0 else "-Inf"
@@ -103,7 +108,7 @@ def render(registry: Registry, resource: Mapping[str, Any]) -> bytes:
     for instrument in registry.instruments:
         kind = _kind(instrument)
         name = metric_name(instrument.name, instrument.unit, kind)
-        lines.append(f"# HELP {name} {_escape(instrument.description)}")
+        lines.append(f"# HELP {name} {_escape_help(instrument.description)}")
         lines.append(f"# TYPE {name} {kind}")
         for names, values, value in instrument.points():
             if isinstance(value, HistogramPoint):
