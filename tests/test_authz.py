@@ -12,7 +12,7 @@ from typing import Any
 from twisted.internet.task import Clock
 from twisted.trial.unittest import SynchronousTestCase
 
-from edgegw.authz.policy import CompiledPolicy, RoutePolicies
+from edgegw.authz.policy import REMEMBERED_DECISIONS, CompiledPolicy, RoutePolicies
 from edgegw.authz.rego import RegoLoadError, RegoPolicy
 from edgegw.authz.require import RequireRule
 from edgegw.chain.exchange import Exchange
@@ -392,6 +392,64 @@ class GatewayAuthzTests(SynchronousTestCase):
         problem = str(e.problems[0])
         self.assertIn('Policy "no-delete": spec.rego.path: ', problem)
         self.assertIn(os.path.join(root, "policies", "authz.rego"), problem)
+
+
+class RememberedDecisionTests(SynchronousTestCase):
+    """
+    A route whose policies decide on the input alone remembers each decision for the
+    same principal, method and path; an impure policy is evaluated every time.
+    """
+
+    def counted(self, source: str) -> tuple[RoutePolicies, list[object]]:
+        policy = RegoPolicy(rego_file(self, source))
+        calls: list[object] = []
+        evaluate = policy.evaluate
+
+        def counting(document: Any) -> list[str] | None:
+            calls.append(document)
+            return evaluate(document)
+
+        self.patch(policy, "evaluate", counting)
+        routes = RoutePolicies([CompiledPolicy("p", None, policy)], "/x", "x", {})
+        return routes, calls
+
+    def test_same_input_evaluated_once(self) -> None:
+        routes, calls = self.counted(DELETE_NEEDS_ADMIN)
+        alice = Principal("alice", groups=("dev",))
+        for _ in range(3):
+            self.assertIsNone(routes.first_denial(exchange_for(alice, b"GET", b"/x")))
+            denied = routes.first_denial(exchange_for(alice, b"DELETE", b"/x"))
+            self.assertEqual(denied, "policy p: only admins may delete")
+            self.assertIsNone(routes.first_denial(exchange_for(None, b"GET", b"/x")))
+        self.assertEqual(len(calls), 3)
+        # Another principal (even with the same subject: another session, other groups),
+        # another path: decided afresh.
+        admin = Principal("alice", groups=("admin",))
+        self.assertIsNone(routes.first_denial(exchange_for(admin, b"DELETE", b"/x")))
+        self.assertEqual(
+            routes.first_denial(exchange_for(alice, b"GET", b"/private/a")),
+            "policy p: no access to /private",
+        )
+        self.assertEqual(len(calls), 5)
+
+    def test_bounded_whatever_the_paths(self) -> None:
+        routes, calls = self.counted(DELETE_NEEDS_ADMIN)
+        for n in range(REMEMBERED_DECISIONS + 10):
+            routes.first_denial(exchange_for(None, b"GET", b"/x/%d" % n))
+        self.assertLessEqual(len(routes._decisions), REMEMBERED_DECISIONS)
+        self.assertEqual(len(calls), REMEMBERED_DECISIONS + 10)
+
+    def test_impure_policies_evaluated_every_time(self) -> None:
+        for impure in (
+            'deny contains "late" if time.now_ns() > 0',
+            'deny contains "odd" if rand.intn("x", 2) == 1',
+            'deny contains "x" if http.send({"method": "GET", "url": "http://127.0.0.1:9"})',
+        ):
+            routes, calls = self.counted(DELETE_NEEDS_ADMIN + impure + "\n")
+            self.assertFalse(routes.deterministic)
+            for _ in range(2):
+                routes.first_denial(exchange_for(None, b"GET", b"/x"))
+            self.assertEqual(len(calls), 2, impure)
 
 
 class RegoNativeFailureTests(SynchronousTestCase):

@@ -27,6 +27,12 @@ from regopy import Input, Interpreter
 ENTRYPOINT = "gw/authz/deny"
 _PACKAGE = re.compile(r"\A(?:\s|#[^\n]*\n)*package\s+gw\.authz\s*(?:#[^\n]*)?$", re.MULTILINE)
 _DENY_RULE = re.compile(r"^[ \t]*(?:default[ \t]+)?deny\b", re.MULTILINE)
+# Built-ins whose result is not a function of the input alone (the clock, randomness, the
+# network, tracing): a policy that names one is evaluated on every request. Matched in
+# the whole text, comments included, which can only make a policy evaluated more often.
+_IMPURE = re.compile(
+    r"\b(?:time\.|rand\.|uuid\.|http\.send|opa\.runtime|net\.|io\.jwt\.decode_verify|trace\s*\()"
+)
 _PROBE: dict[str, Any] = {
     "subject": "",
     "groups": [],
@@ -65,6 +71,9 @@ class RegoPolicy:
     """
     One compiled Rego policy.
 
+    @ivar pure: Whether its decision depends on the input alone (it names none of the
+        built-ins that read the clock, randomness or the network): then a decision may
+        be remembered for the same input (L{edgegw.authz.policy.RoutePolicies}).
     @raise RegoLoadError: On unreadable files, syntax errors, a package other than
         C{gw.authz}, or no C{deny} rule (or one that is not a set).
     """
@@ -74,6 +83,7 @@ class RegoPolicy:
         self.interpreter = Interpreter()
         self.interpreter.strict_built_in_errors = True
         has_deny = False
+        self.pure = True
         for file in rego_files(path):
             try:
                 with open(file, encoding="utf-8") as stream:
@@ -83,6 +93,7 @@ class RegoPolicy:
             if not _PACKAGE.search(source):
                 raise RegoLoadError(f"{file}: the package must be gw.authz")
             has_deny = has_deny or bool(_DENY_RULE.search(source))
+            self.pure = self.pure and not _IMPURE.search(source)
             try:
                 self.interpreter.add_module(os.path.basename(file), source)
             except Exception as e:  # RegoError, or anything else the library raises
