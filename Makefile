@@ -152,19 +152,14 @@ unit-oldest: $(OLDEST_STAMP) $(E2E_STAMP) redis chromium systemd-tools $(DEB_STA
 ## Set up and pass the whole suite: lint, types, layers, tests (newest and oldest versions).
 test: lint typecheck layers unit unit-oldest
 
-## Benchmarks (never part of the tests): wrk against the backend, nginx, an Agent proxy
-## and edgegw, interleaved; then the proxy's memory figures. Installs wrk and nginx as root.
+## Benchmarks (never part of the tests): every scenario in one interleaved run (wrk
+## against the backend, nginx, an Agent proxy and edgegw; bench/results/suite-*.md), then
+## the memory figures. Installs wrk and nginx as root. The feature benchmarks
+## (python -m bench proxy|api|authz|telemetry|session|bearer|plugins|metrics|workers)
+## measure one feature each in more depth.
 bench: $(STAMP)
-	$(BIN)/python -m bench proxy
+	$(BIN)/python -m bench suite
 	$(BIN)/python -m bench memory
-	$(BIN)/python -m bench api
-	$(BIN)/python -m bench authz
-	$(BIN)/python -m bench telemetry
-	$(BIN)/python -m bench session
-	$(BIN)/python -m bench bearer
-	$(BIN)/python -m bench plugins
-	$(BIN)/python -m bench metrics
-	$(BIN)/python -m bench workers
 
 clean:
 	rm -rf $(VENV) $(OLDEST) _trial_temp* build *.egg-info .mypy_cache .ruff_cache

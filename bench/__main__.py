@@ -1,7 +1,7 @@
 """
 The benchmark harness's command line: C{python -m bench COMMAND}, where COMMAND is one of
 proxy, memory, api, authz, telemetry, session, server-session, bearer, plugins, metrics,
-workers, profile.
+workers, suite, profile.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from bench import (
     proxy,
     server_session,
     session,
+    suite,
     telemetry,
     variants,
     workers,
@@ -339,6 +340,16 @@ def parser() -> argparse.ArgumentParser:
         variants.Settings(),
         "wrk connections",
     )
+    _wrk_options(
+        commands.add_parser(
+            "suite",
+            help="every scenario in one interleaved run, nginx and an Agent proxy as anchors",
+            description=suite.__doc__,
+            formatter_class=argparse.RawDescriptionHelpFormatter,
+        ),
+        suite.Settings(),
+        "wrk connections (every row; the c1 rows are also loaded at 1)",
+    )
     profiling = commands.add_parser(
         "profile",
         help="where edgegw's CPU goes on one scenario's route under load (py-spy)",
@@ -398,6 +409,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return metrics.run(variants.Settings(**_wrk_settings(args)))
         if args.command == "workers":
             return workers.run(variants.Settings(**_wrk_settings(args)))
+        if args.command == "suite":
+            return suite.run(suite.Settings(**_wrk_settings(args)))
         if args.command == "profile":
             return profile.run(
                 profile.Settings(
