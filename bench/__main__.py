@@ -36,8 +36,10 @@ Measure edgegw's memory on reverse-proxy routes, each with a fresh edgegw proces
 
   1. RSS growth (peak minus baseline) while a client downloads a 1 GiB response
      through the route as fast as it can. Target: < 32 MiB.
-  2. RSS while holding 5,000 concurrent idle server-sent-event streams through the
-     route. Target: < 300 MiB.
+  2. RSS growth while a client uploads a 1 GiB request body through the route.
+     Target: < 32 MiB.
+  3. RSS while holding 10,000 idle keep-alive connections and 5,000 concurrent idle
+     server-sent-event streams through the route. Target: < 300 MiB.
 
 Reported as unavailable while `edgegw check` refuses reverse-proxy routes.
 """
@@ -161,7 +163,8 @@ def parser() -> argparse.ArgumentParser:
     _before_option(p, "d (edgegw-proxy)")
     m = commands.add_parser(
         "memory",
-        help="edgegw RSS: streaming 1 GiB, and holding 5,000 idle SSE streams",
+        help="edgegw RSS: streaming 1 GiB down and up, holding 10,000 idle connections and "
+        "5,000 idle SSE streams",
         description=MEMORY_DESCRIPTION,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -177,6 +180,12 @@ def parser() -> argparse.ArgumentParser:
         type=_positive,
         default=mem_defaults.sse_connections,
         help="concurrent idle event streams (default 5000)",
+    )
+    m.add_argument(
+        "--idle-connections",
+        type=_positive,
+        default=mem_defaults.idle_connections,
+        help="idle keep-alive connections held beside the streams (default 10000)",
     )
     m.add_argument("--keep-tmp", action="store_true", help="keep configuration and logs")
     api_defaults = api.Settings()
@@ -426,6 +435,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             memory.Settings(
                 download_size=args.download_size,
                 sse_connections=args.sse_connections,
+                idle_connections=args.idle_connections,
                 keep_tmp=args.keep_tmp,
             )
         )

@@ -41,7 +41,8 @@ _ZEROS = memoryview(bytes(256 * 1024))
 class ZerosHandler(socketserver.StreamRequestHandler):
     """
     Serves C{GET /zeros/N} (and C{HEAD}) on a keep-alive connection, one request after
-    another, until the client closes.
+    another, until the client closes; C{POST /sink} reads its body (C{Content-Length})
+    and discards it, answering how many bytes arrived.
     """
 
     def handle(self) -> None:
@@ -57,6 +58,7 @@ class ZerosHandler(socketserver.StreamRequestHandler):
         if not request_line:
             return False
         close = False
+        length = 0
         while True:
             line = self.rfile.readline(65536)
             if not line:
@@ -64,10 +66,26 @@ class ZerosHandler(socketserver.StreamRequestHandler):
             if line in (b"\r\n", b"\n"):
                 break
             name, _, value = line.partition(b":")
-            if name.strip().lower() == b"connection" and value.strip().lower() == b"close":
+            name = name.strip().lower()
+            if name == b"connection" and value.strip().lower() == b"close":
                 close = True
+            elif name == b"content-length":
+                length = int(value.strip())
         parts = request_line.split()
         method, target = (parts[0], parts[1]) if len(parts) == 3 else (b"", b"")
+        if method == b"POST" and target == b"/sink":
+            received = 0
+            while received < length:
+                data = self.rfile.read(min(length - received, 1 << 20))
+                if not data:
+                    return False
+                received += len(data)
+            body = b'{"received":%d}\n' % received
+            self.connection.sendall(
+                b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
+                b"Content-Length: %d\r\n\r\n%s" % (len(body), body)
+            )
+            return not close
         size_text = target.removeprefix(b"/zeros/")
         if method not in (b"GET", b"HEAD") or not size_text.isdigit():
             self.wfile.write(
