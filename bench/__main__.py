@@ -1,7 +1,7 @@
 """
 The benchmark harness's command line: C{python -m bench COMMAND}, where COMMAND is one of
 proxy, memory, api, authz, telemetry, session, server-session, bearer, plugins, metrics,
-workers, suite, profile.
+workers, suite, soak, profile.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from bench import (
     proxy,
     server_session,
     session,
+    soak,
     suite,
     telemetry,
     variants,
@@ -359,6 +360,17 @@ def parser() -> argparse.ArgumentParser:
         suite.Settings(),
         "wrk connections (every row; the c1 rows are also loaded at 1)",
     )
+    soaking = commands.add_parser(
+        "soak",
+        help="a session route at 80 % of capacity for 30 minutes: RSS flat, no errors",
+        description=soak.__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    soaked = soak.Settings()
+    soaking.add_argument("--minutes", type=_positive, default=soaked.minutes)
+    soaking.add_argument("--warmup-minutes", type=_positive, default=soaked.warmup_minutes)
+    soaking.add_argument("--connections", type=_positive, default=soaked.connections)
+    soaking.add_argument("--keep-tmp", action="store_true")
     profiling = commands.add_parser(
         "profile",
         help="where edgegw's CPU goes on one scenario's route under load (py-spy)",
@@ -420,6 +432,15 @@ def main(argv: Sequence[str] | None = None) -> int:
             return workers.run(variants.Settings(**_wrk_settings(args)))
         if args.command == "suite":
             return suite.run(suite.Settings(**_wrk_settings(args)))
+        if args.command == "soak":
+            return soak.run(
+                soak.Settings(
+                    minutes=args.minutes,
+                    warmup_minutes=args.warmup_minutes,
+                    connections=args.connections,
+                    keep_tmp=args.keep_tmp,
+                )
+            )
         if args.command == "profile":
             return profile.run(
                 profile.Settings(
