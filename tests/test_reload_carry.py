@@ -12,6 +12,7 @@ import os
 import resource
 import shutil
 import ssl
+import subprocess
 import threading
 from typing import Any
 
@@ -260,3 +261,32 @@ class ReloadCarryTests(TestCase):
         self.assertFalse(await reloading)
         self.assertIs(service.gateway, old)
         self.assertFalse(any(child.running for child in service))
+
+    async def test_tls_files_read_only_when_the_context_is_built_refuse_the_reload(self) -> None:
+        """
+        What only building the TLS context reads (a dhParameters file) is read at the
+        reload, not at the first handshake after it: a missing one refuses the reload,
+        and the running certificate keeps serving.
+        """
+        directory = os.path.abspath(self.mktemp())
+        os.makedirs(directory)
+        key_path, cert_path, first = make_certificate(directory, "localhost")
+        dh_path = os.path.join(directory, "dh.pem")
+        subprocess.run(
+            ["openssl", "dhparam", "-dsaparam", "-out", dh_path, "2048"],
+            check=True,
+            capture_output=True,
+        )
+        listen = (
+            f"ssl:0:interface=127.0.0.1:privateKey={key_path}:certKey={cert_path}"
+            f":dhParameters={dh_path}"
+        )
+        service, _ = self.serve({"a.yaml": GATEWAY.replace("127.0.0.1:0", listen) + HEALTH})
+        port = port_of(service)
+        before = ssl.PEM_cert_to_DER_cert(first.decode())
+        served = await self.peer_certificate(port)
+        self.assertEqual(ssl.PEM_cert_to_DER_cert(served), before)
+        os.remove(dh_path)
+        self.assertFalse(await service.reload())
+        served = await self.peer_certificate(port)
+        self.assertEqual(ssl.PEM_cert_to_DER_cert(served), before)

@@ -41,10 +41,17 @@ def server_endpoint(reactor: Any, listen: str) -> IStreamServerEndpoint:
     except Exception as e:  # pyOpenSSL errors for unreadable keys or certificates
         raise ValueError(f'invalid endpoint "{listen}": {e}') from None
     if isinstance(endpoint, SSL4ServerEndpoint):
+        factory = endpoint._sslContextFactory
+        try:
+            # Built now, not at the first handshake: what only building it reads (a
+            # dhParameters file, the ciphers) would otherwise fail every connection.
+            factory.getContext()
+        except Exception as e:
+            raise ValueError(f'invalid endpoint "{listen}": {e or type(e).__name__}') from None
         # Twisted keeps the context factory it parsed in a private attribute and asks
         # it for a context on every connection: putting ours in between is what lets a
         # reload take new certificate files without closing the socket.
-        endpoint._sslContextFactory = ReloadableContext(endpoint._sslContextFactory)
+        endpoint._sslContextFactory = ReloadableContext(factory)
     return endpoint
 
 
