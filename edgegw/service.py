@@ -54,7 +54,12 @@ from edgegw.gateway import Gateway, build_gateway
 from edgegw.metrics.serve import ScrapeListener, export_service, scrape_listener
 from edgegw.notify import SystemdNotifier
 from edgegw.server.limits import LimitedSite
-from edgegw.server.listen import ReloadableContext, server_endpoint, tls_context
+from edgegw.server.listen import (
+    ReloadableContext,
+    UnreadableTLSFilesError,
+    server_endpoint,
+    tls_context,
+)
 from edgegw.telemetry import Telemetry
 from edgegw.upstream.pool import UpstreamClient
 
@@ -135,6 +140,15 @@ class ListenerService(StreamServerEndpointService):
             return None
         try:
             return tls_context(self.reactor, self.listen)
+        except UnreadableTLSFilesError as e:
+            # Readable at start, before twistd dropped privileges (--uid): the running
+            # certificate goes on, the rest of the configuration is taken.
+            _log.warn(
+                "reload: the TLS files cannot be read by this process ({reason}); the "
+                "running certificate keeps serving (a restart reads them again)",
+                reason=e,
+            )
+            return None
         except ValueError as e:
             raise ConfigError([Problem(location, "spec.listen", str(e))]) from None
 
@@ -412,14 +426,20 @@ class GatewayService(MultiService):
         if new is None:
             return False
         gateway, children = new
-        await self._warm_up(gateway)
-        if self._stop_waiters is not None:
-            # Stopping meanwhile: the new configuration never serves.
+        try:
+            await self._warm_up(gateway)
+            if self._stop_waiters is None:
+                self._switch(gateway, children)
+                return True
+        except BaseException:
+            # A bug (or a cancellation): nothing of the new configuration keeps running.
             await _stop_all(children)
             _discard(gateway)
-            return False
-        self._switch(gateway, children)
-        return True
+            raise
+        # Stopping meanwhile: the new configuration never serves.
+        await _stop_all(children)
+        _discard(gateway)
+        return False
 
     def _prepare(self) -> tuple[Gateway, list[IService]] | None:
         """
@@ -471,11 +491,13 @@ class GatewayService(MultiService):
         deadline = self.reactor.seconds() + self.warm_up_timeout
         waiting = ["?"]
         while self._stop_waiters is None:
-            waiting = await _cold_parts(new)
+            waiting = await _cold_parts(
+                new, max(0.0, deadline - self.reactor.seconds()), self.reactor
+            )
             if not waiting or self.reactor.seconds() >= deadline:
                 break
             await deferLater(self.reactor, WARM_UP_POLL, lambda: None)
-        if waiting:
+        if waiting and self._stop_waiters is None:
             _log.warn(
                 "the new configuration takes over before it is warm ({parts}); until "
                 "then login and Bearer requests may answer 503 and server-side sessions "
@@ -526,6 +548,12 @@ class GatewayService(MultiService):
         if child.name is not None:
             del self.namedServices[child.name]
         child.parent = None
+
+    def retired(self) -> Deferred[object]:
+        """
+        Fires once every gateway a reload replaced so far has drained and stopped.
+        """
+        return gatherResults(list(self._retiring)).addCallback(lambda _: None)
 
     def _retired(self, result: object, retiring: Deferred[None]) -> None:
         if retiring in self._retiring:
@@ -607,6 +635,7 @@ class GatewayService(MultiService):
         return unfinished
 
     def _stopped(self, result: Any) -> Any:
+        self._reload_again = False
         waiters, self._stop_waiters = self._stop_waiters or [], None
         for waiter in waiters:
             if isinstance(result, Failure):
@@ -737,19 +766,24 @@ def _stop_all(children: list[IService]) -> Deferred[None]:
     return stopping.addCallback(lambda _: None)
 
 
-async def _cold_parts(gateway: Gateway) -> list[str]:
+async def _cold_parts(gateway: Gateway, within: float, reactor: Any) -> list[str]:
     """
     What C{gateway} still lacks to serve like a warm one: C{IdP discovery} and C{state
-    store}.
+    store} (a store that says it is not connected yet is not asked; one that is must
+    answer a read within C{within} seconds).
     """
     cold = []
     if gateway.idp is not None and not gateway.idp.ready:
         cold.append("IdP discovery")
-    if gateway.state is not None:
-        try:
-            await gateway.state.get(b"edgegw:warm-up-probe")
-        except Exception:
+    state = gateway.state
+    if state is not None:
+        if getattr(state, "connected", True) is False:
             cold.append("state store")
+        else:
+            try:
+                await state.get(b"edgegw:warm-up-probe").addTimeout(within, reactor)
+            except Exception:
+                cold.append("state store")
     return cold
 
 

@@ -75,15 +75,29 @@ def install_reload_signal(service: Any, reactor: Any) -> None:
     the reactor, which runs the reload between two events.
     """
 
-    def reload() -> None:
-        # Once done, what the configuration built is long-lived again: out of the
-        # collector's sight.
-        service.reload().addCallback(lambda _: tune_garbage_collector())
-
     def handler(signum: int, frame: object) -> None:
-        reactor.callFromThread(reload)
+        reactor.callFromThread(reload_and_refreeze, service)
 
     signal.signal(signal.SIGHUP, handler)
+
+
+def reload_and_refreeze(service: Any) -> Any:
+    """
+    Reload C{service}, with the collector able to free what the reload replaces.
+
+    The serving gateway was frozen out of the collector's sight (L{tune_garbage_collector});
+    a gateway the reload retires holds reference cycles (its IdP client, its key
+    sources) that only the collector frees, so everything is unfrozen first, and frozen
+    again once the retired gateways have drained and stopped: each reload would
+    otherwise keep the gateway it replaced for ever.
+
+    @return: Fires once that is done.
+    """
+    gc.unfreeze()
+    done = service.reload()
+    done.addCallback(lambda _: service.retired())
+    done.addCallback(lambda _: tune_garbage_collector())
+    return done
 
 
 def tune_garbage_collector(young_threshold: int = GC_YOUNG_THRESHOLD) -> None:

@@ -355,3 +355,41 @@ class LookupTests(SynchronousTestCase):
         keys = KeySet.from_jwks({"keys": [dict(entry, kid="same") for _ in range(20)]})
         self.assertEqual(len(keys.candidates("same", "ES256")), MAX_CANDIDATES)
         self.assertEqual(len(keys.candidates(None, "ES256")), MAX_CANDIDATES)
+
+
+class SeedTests(SynchronousTestCase):
+    """
+    L{KeySource.seed}: a reload's new IdP client starting from the old one's keys, a
+    refetch the old one has under way included.
+    """
+
+    def test_a_refetch_under_way_carries_over(self) -> None:
+        from twisted.internet.defer import Deferred
+        from twisted.internet.task import Clock
+
+        from edgegw.identity.key_source import KeySource
+
+        first = key_set(jwk(rsa_key(), kid="k1"))
+        rotated = key_set(jwk(rsa_key(), kid="k1"), jwk(rsa_key(which=1), kid="k2"))
+        pending: list[Deferred[KeySet]] = []
+
+        async def fetch(url: str) -> KeySet:
+            waiting: Deferred[KeySet] = Deferred()
+            pending.append(waiting)
+            return await waiting
+
+        clock = Clock()
+        clock.advance(100)
+        old = KeySource("id_token", fetch, clock)
+        old.url, old.keys = "https://idp/jwks", first
+        asked = Deferred.fromCoroutine(old.keys_for("k2"))
+        self.assertEqual(len(pending), 1)
+        new = KeySource("id_token", fetch, clock)
+        new.seed(old)
+        self.assertIs(new.keys, first)
+        pending[0].callback(rotated)
+        self.assertIs(self.successResultOf(asked), rotated)
+        # The old one's refetch is the new one's too; no second fetch (rate-limited).
+        self.assertIs(new.keys, rotated)
+        self.assertIs(self.successResultOf(Deferred.fromCoroutine(new.keys_for("k2"))), rotated)
+        self.assertEqual(len(pending), 1)

@@ -8,12 +8,14 @@ nothing left running by a refused reload, and a swap that is all or nothing.
 
 from __future__ import annotations
 
+import gc
 import os
 import resource
 import shutil
 import ssl
 import subprocess
 import threading
+import weakref
 from typing import Any
 
 from twisted.application.service import Service
@@ -25,6 +27,7 @@ from twisted.trial.unittest import TestCase
 from edgegw.config.parse import load_config
 from edgegw.server.limits import DESCRIPTOR_RESERVE
 from edgegw.service import GatewayService, build_service
+from edgegw.tap import reload_and_refreeze, tune_garbage_collector
 from tests.support.backends import SiteBackend, answer
 from tests.support.browser import Browser
 from tests.support.configs import GATEWAY, write_tree
@@ -290,3 +293,58 @@ class ReloadCarryTests(TestCase):
         self.assertFalse(await service.reload())
         served = await self.peer_certificate(port)
         self.assertEqual(ssl.PEM_cert_to_DER_cert(served), before)
+
+    async def test_replaced_gateways_are_freed_though_the_serving_one_is_frozen(self) -> None:
+        """
+        The daemon freezes the serving gateway out of the collector's sight; a reload
+        (as SIGHUP runs it) unfreezes first and freezes again once the replaced gateway
+        has retired, so that its reference cycles (the IdP client's) are collected.
+        """
+        threshold = gc.get_threshold()
+        self.addCleanup(gc.set_threshold, *threshold)
+        self.addCleanup(gc.unfreeze)
+        idp = FakeIdP()
+        await idp.start(self)
+        text = (
+            GATEWAY
+            + '  session: {key: "0123456789abcdef0123456789abcdef"}\n'
+            + "---\nkind: IdP\nmetadata: {name: idp}\nspec:\n  type: oidc\n"
+            + f'  issuer: "{idp.issuer}"\n  clientID: gw\n  clientSecret: gw-secret\n'
+            + HEALTH
+        )
+        service, _ = self.serve({"a.yaml": text})
+        tune_garbage_collector()
+        replaced = []
+        for _ in range(3):
+            provider = service.gateway.idp
+            assert provider is not None
+            replaced.append(weakref.ref(provider))
+            del provider
+            await reload_and_refreeze(service)
+        gc.collect()
+        self.assertEqual([ref() for ref in replaced], [None, None, None])
+
+    async def test_unreadable_tls_files_keep_the_running_certificate(self) -> None:
+        """
+        Files readable at start only (before twistd dropped privileges) do not refuse a
+        reload: the rest of the configuration is taken, the certificate kept.
+        """
+        directory = os.path.abspath(self.mktemp())
+        os.makedirs(directory)
+        key_path, cert_path, first = make_certificate(directory, "localhost")
+        listen = f"ssl:0:interface=127.0.0.1:privateKey={key_path}:certKey={cert_path}"
+        base = GATEWAY.replace("127.0.0.1:0", listen) + HEALTH
+        service, root = self.serve({"a.yaml": base})
+        port = port_of(service)
+        from edgegw.server import listen as listen_module
+
+        def unreadable(*args: object) -> None:
+            raise PermissionError(13, "Permission denied")
+
+        self.patch(listen_module, "serverFromString", unreadable)
+        more = HEALTH.replace("{name: h}", "{name: more}").replace("/healthz", "/more")
+        write_tree(root, {"a.yaml": base + more})
+        self.assertTrue(await service.reload())
+        self.assertEqual(len(service.gateway.routes), 2)
+        served = await self.peer_certificate(port)
+        self.assertEqual(ssl.PEM_cert_to_DER_cert(served), ssl.PEM_cert_to_DER_cert(first.decode()))

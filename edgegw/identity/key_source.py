@@ -56,8 +56,18 @@ class KeySource:
         its URL, its keys and when it last refetched (the rate limit carries on).
         """
         self.url = other.url
-        self.keys = other.keys
+        self.keys = seeded = other.keys
         self._last_refetch = other._last_refetch
+        refetching = other._refetching
+        if refetching is not None:
+            # A refetch of the old one's is under way (a rotated key): its keys are
+            # this one's too, unless this one has fetched its own meanwhile.
+            def carry(keys: KeySet) -> KeySet:
+                if self.keys is seeded:
+                    self.keys = keys
+                return keys
+
+            refetching.addCallback(carry)
 
     async def load(self, url: str) -> KeySet:
         """

@@ -14,7 +14,14 @@ from zope.interface import implementer
 
 from edgegw.config.addresses import endpoint_description
 
-__all__ = ["ReloadableContext", "server_endpoint", "tls_context"]
+__all__ = ["ReloadableContext", "UnreadableTLSFilesError", "server_endpoint", "tls_context"]
+
+
+class UnreadableTLSFilesError(ValueError):
+    """
+    The TLS key or certificate cannot be read by this process (at a reload, files only
+    root could read before twistd dropped privileges).
+    """
 
 
 def server_endpoint(reactor: Any, listen: str) -> IStreamServerEndpoint:
@@ -36,6 +43,8 @@ def server_endpoint(reactor: Any, listen: str) -> IStreamServerEndpoint:
         raise ValueError(f'invalid endpoint "{listen}"') from None
     except (ValueError, TypeError, KeyError) as e:
         raise ValueError(f'invalid endpoint "{listen}": {e}') from None
+    except PermissionError as e:
+        raise UnreadableTLSFilesError(f'invalid endpoint "{listen}": {e.strerror or e}') from None
     except OSError as e:
         raise ValueError(f'invalid endpoint "{listen}": {e.strerror or e}') from None
     except Exception as e:  # pyOpenSSL errors for unreadable keys or certificates

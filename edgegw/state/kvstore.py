@@ -288,6 +288,14 @@ class KvStoreService(Service):
         self._channels: dict[bytes, list[MessageCallback]] = {}
         self._subscribing: list[Deferred[None]] = []
 
+    @property
+    def connected(self) -> bool:
+        """
+        Whether the command connection is up (operations are sent, not refused at once).
+        """
+        factory = self._commands
+        return factory is not None and bool(factory.size)
+
     # -- service -------------------------------------------------------------------------
 
     def startService(self) -> None:
