@@ -101,19 +101,28 @@ def _reactor_class() -> Any:
             writers = list(due)
             due.clear()
             # Those that stop writing while flushed (all sent) leave this set.
-            self._flushing = set(writers)
+            self._flushing = flushing = set(writers)
             try:
                 for writer in writers:
-                    if writer not in self._flushing:
+                    if writer not in flushing:
                         continue
-                    self._doReadOrWrite(writer, writer.fileno(), _POLLOUT)
+                    try:
+                        self._doReadOrWrite(writer, writer.fileno(), _POLLOUT)
+                    except KeyboardInterrupt:
+                        raise
+                    except BaseException:
+                        # A protocol's connectionLost raising (after a failed or final
+                        # write): logged as the event loop does, the others still go out.
+                        _log.failure("error flushing writes for {writer!r}", writer=writer)
             finally:
-                pending, self._flushing = self._flushing, None
-            pending.update(due)
-            due.clear()
-            for writer in pending:
-                if writer.fileno() != -1:
-                    EPollReactor.addWriter(self, writer)
+                self._flushing = None
+                # Whatever could not write everything, or wrote again meanwhile, waits
+                # for EPOLLOUT: nothing taken out of _due is dropped.
+                flushing.update(due)
+                due.clear()
+                for writer in flushing:
+                    if writer.fileno() != -1:
+                        EPollReactor.addWriter(self, writer)
 
         def doPoll(self, timeout: float | None) -> None:
             # What timed calls and threads' callbacks wrote (runUntilCurrent) first.

@@ -12,6 +12,7 @@ from typing import Any
 from twisted.internet.task import Clock
 from twisted.trial.unittest import SynchronousTestCase
 
+from edgegw.authz import rego as rego_module
 from edgegw.authz.policy import REMEMBERED_DECISIONS, CompiledPolicy, RoutePolicies
 from edgegw.authz.rego import RegoLoadError, RegoPolicy
 from edgegw.authz.require import RequireRule
@@ -439,8 +440,35 @@ class RememberedDecisionTests(SynchronousTestCase):
         self.assertLessEqual(len(routes._decisions), REMEMBERED_DECISIONS)
         self.assertEqual(len(calls), REMEMBERED_DECISIONS + 10)
 
+    def test_expired_long_and_failed_decisions_are_not_reused(self) -> None:
+        from edgegw.authz import policy as module
+
+        routes, calls = self.counted(DELETE_NEEDS_ADMIN)
+        now = [1000.0]
+        self.patch(module, "monotonic", lambda: now[0])
+        routes.first_denial(exchange_for(None, b"GET", b"/x"))
+        routes.first_denial(exchange_for(None, b"GET", b"/x"))
+        self.assertEqual(len(calls), 1)
+        now[0] += module.DECISION_TTL + 1
+        routes.first_denial(exchange_for(None, b"GET", b"/x"))
+        self.assertEqual(len(calls), 2)
+        long_path = b"/" + b"a" * module.LONGEST_REMEMBERED_PATH
+        for _ in range(2):
+            routes.first_denial(exchange_for(None, b"GET", long_path))
+        self.assertEqual(len(calls), 4)
+        # An evaluation error (the library failing) is not remembered.
+        self.patch(routes.policies[0].rego, "_query", lambda document: rego_module._ERROR)
+        for _ in range(2):
+            self.assertEqual(
+                routes.first_denial(exchange_for(None, b"GET", b"/y")),
+                "policy p: evaluation error",
+            )
+        self.assertEqual(len(calls), 6)
+
     def test_impure_policies_evaluated_every_time(self) -> None:
         for impure in (
+            'deny contains "late" if time . now_ns() > 0',
+            'deny contains "late" if {\n  x := time\n    .now_ns()\n  x > 0\n}',
             'deny contains "late" if time.now_ns() > 0',
             'deny contains "odd" if rand.intn("x", 2) == 1',
             'deny contains "x" if http.send({"method": "GET", "url": "http://127.0.0.1:9"})',

@@ -183,3 +183,28 @@ class WriteFlushTests(_ReactorTestCase):
         self.assertEqual(len(writer.lost), 1)
         self.assertNotIn(writer, reactor.getWriters())
         ours.close()
+
+    def test_a_failing_connection_lost_does_not_strand_the_other_writers(self) -> None:
+        """
+        A protocol whose connectionLost raises while its last write is flushed is
+        logged; the other writes of the iteration still go out.
+        """
+
+        class BadLost(_Writer):
+            def connectionLost(self, reason: Failure) -> None:
+                super().connectionLost(reason)
+                raise RuntimeError("bug in connectionLost")
+
+        reactor = self.reactor()
+        bad_ours, bad_theirs = self.pair()
+        good_ours, good_theirs = self.pair()
+        bad = BadLost(bad_ours, reactor)
+        good = _Writer(good_ours, reactor)
+        bad.write(b"bye")
+        bad.loseConnection()
+        good.write(b"hello")
+        reactor.doPoll(0)
+        self.assertEqual(_drain(good_theirs), b"hello")
+        self.assertEqual(_drain(bad_theirs), b"bye")
+        self.assertEqual(len(self.flushLoggedErrors(RuntimeError)), 1)
+        bad_ours.close()

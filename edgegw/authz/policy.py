@@ -5,13 +5,14 @@ Policies compiled once per gateway, and the per-route union that the authz stage
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from time import monotonic
 from typing import Any, Protocol
 from urllib.parse import unquote_to_bytes
 
 import attrs
 from twisted.web.server import Request
 
-from edgegw.authz.rego import RegoLoadError, RegoPolicy
+from edgegw.authz.rego import EVALUATION_ERROR, RegoLoadError, RegoPolicy
 from edgegw.authz.require import RequireRule
 from edgegw.config.errors import Problems
 from edgegw.config.model import PolicySpec
@@ -88,6 +89,12 @@ def compile_policies(
 REMEMBERED_DECISIONS = 4096
 """Decisions a route remembers (principal, method and path) before starting over."""
 
+DECISION_TTL = 60.0
+"""Seconds a remembered decision is used for."""
+
+LONGEST_REMEMBERED_PATH = 256
+"""Longer paths are decided every time (the memory stays small whatever clients send)."""
+
 
 class RoutePolicies:
     """
@@ -98,9 +105,12 @@ class RoutePolicies:
     rules, and Rego policies that are L{pure<RegoPolicy.pure>}), the route remembers the
     decision for a principal (the same object: a session's record and a verified token
     keep theirs), method and path, up to L{REMEMBERED_DECISIONS} (then it starts over:
-    the memory stays bounded whatever clients send). The input document is made of those
-    and of what the route is, so the same input gets the same answer; a Rego evaluation
-    costs about 100 µs, a remembered decision a dictionary lookup.
+    the memory stays bounded whatever clients send) and for L{DECISION_TTL} seconds
+    (should a policy that reads the clock slip past the purity check). The input document
+    is made of those and of what the route is, so the same input gets the same answer; a
+    Rego evaluation costs about 100 µs, a remembered decision a dictionary lookup. Paths
+    over L{LONGEST_REMEMBERED_PATH} bytes and evaluation errors (possibly transient) are
+    not remembered.
     """
 
     def __init__(
@@ -117,7 +127,9 @@ class RoutePolicies:
         )
         # (id of the principal or 0, method, raw path) -> (the principal, the decision):
         # the principal is kept so that its id cannot be reused by another meanwhile.
-        self._decisions: dict[tuple[int, bytes, bytes], tuple[Principal | None, str | None]] = {}
+        self._decisions: dict[
+            tuple[int, bytes, bytes], tuple[Principal | None, str | None, float]
+        ] = {}
         self.route_pattern = route_pattern
         self.route_name = route_name
         self.labels = dict(labels)
@@ -153,16 +165,22 @@ class RoutePolicies:
             # Without Rego the rules are a few comparisons: nothing to remember.
             return self._decide(exchange)
         request = exchange.request
+        path = request.path
+        if len(path) > LONGEST_REMEMBERED_PATH:
+            return self._decide(exchange)
         principal = exchange.principal
-        key = (0 if principal is None else id(principal), request.method, request.path)
+        key = (0 if principal is None else id(principal), request.method, path)
         decisions = self._decisions
         found = decisions.get(key)
-        if found is not None and found[0] is principal:
+        now = monotonic()
+        if found is not None and found[0] is principal and found[2] > now:
             return found[1]
         reason = self._decide(exchange)
+        if reason is not None and reason.endswith(EVALUATION_ERROR):
+            return reason
         if len(decisions) >= REMEMBERED_DECISIONS:
             decisions.clear()
-        decisions[key] = (principal, reason)
+        decisions[key] = (principal, reason, now + DECISION_TTL)
         return reason
 
     def _decide(self, exchange: Subject) -> str | None:

@@ -25,13 +25,21 @@ from typing import Any
 from regopy import Input, Interpreter
 
 ENTRYPOINT = "gw/authz/deny"
+EVALUATION_ERROR = "evaluation error"
+"""The deny reason of a failed evaluation (fail closed)."""
 _PACKAGE = re.compile(r"\A(?:\s|#[^\n]*\n)*package\s+gw\.authz\s*(?:#[^\n]*)?$", re.MULTILINE)
 _DENY_RULE = re.compile(r"^[ \t]*(?:default[ \t]+)?deny\b", re.MULTILINE)
 # Built-ins whose result is not a function of the input alone (the clock, randomness, the
-# network, tracing): a policy that names one is evaluated on every request. Matched in
-# the whole text, comments included, which can only make a policy evaluated more often.
+# network, certificate validity, tracing): a policy that names one is evaluated on every
+# request. Matched in the whole text, comments included, and with any whitespace Rego
+# allows inside a reference (time . now_ns), which can only make a policy evaluated more
+# often; remembered decisions also expire (edgegw.authz.policy).
 _IMPURE = re.compile(
-    r"\b(?:time\.|rand\.|uuid\.|http\.send|opa\.runtime|net\.|io\.jwt\.decode_verify|trace\s*\()"
+    r"\b(?:time|rand|uuid|net|opa)\s*\."
+    r"|\bhttp\s*\.\s*send\b"
+    r"|\bio\s*\.\s*jwt\s*\.\s*decode_verify\b"
+    r"|\bcrypto\s*\.\s*x509\s*\.\s*parse_and_verify"
+    r"|\btrace\s*\("
 )
 _PROBE: dict[str, Any] = {
     "subject": "",
@@ -142,7 +150,7 @@ class RegoPolicy:
         if result is None or result == []:
             return None
         if result is _ERROR:
-            return ["evaluation error"]
+            return [EVALUATION_ERROR]
         if not isinstance(result, list) or not all(isinstance(item, str) for item in result):
             return ["deny is not a set of strings"]
         return [str(item) for item in result]
