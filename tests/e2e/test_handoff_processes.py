@@ -135,9 +135,13 @@ class HandOffTests(TestCase):
         """
         Log alice in at A (once A has loaded the provider's discovery: 503 before).
         """
+        # The route sends an anonymous browser to /auth/login at once; it is the login
+        # endpoint that answers 503 until discovery (asked by a probe of its own, so
+        # that the browser's cookies stay as they were).
+        probe = CookieClient()
         waited = 0.0
         while True:
-            first = await browser.get(start)
+            first = await probe.get(a.url("/auth/login?return_to=/"))
             if first.status != 503 or waited >= READY_DEADLINE:
                 break
             await sleep(0.1)
