@@ -80,10 +80,10 @@ def _reactor_class() -> Any:
             super().removeWriter(writer)
 
         def removeAll(self) -> list[Any]:
-            due = [writer for writer in self._due if writer.fileno() not in self._selectables]
+            due = list(self._due)
             self._due.clear()
             removed: list[Any] = super().removeAll()
-            return removed + due
+            return removed + [writer for writer in due if writer not in removed]
 
         def getWriters(self) -> list[Any]:
             writers: list[Any] = super().getWriters()
@@ -126,9 +126,14 @@ def _reactor_class() -> Any:
 
         def doPoll(self, timeout: float | None) -> None:
             # What timed calls and threads' callbacks wrote (runUntilCurrent) first.
-            self._flush()
             if self._due:
-                timeout = 0
+                self._flush()
+                # Flushing may have resumed a producer that goes on through a timed call
+                # (a Cooperator task: static files, TLS): the main loop's timeout was
+                # computed before that, and polling that long would stall it.
+                due = self.timeout()
+                if due is not None and (timeout is None or due < timeout):
+                    timeout = due
             try:
                 events = self._poller.poll(
                     -1 if timeout is None else timeout, len(self._selectables)

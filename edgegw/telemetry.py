@@ -198,8 +198,9 @@ class CorrelationTracer(Tracer):
     def start_as_current_span(  # type: ignore[override]
         self, *args: Any, **kwargs: Any
     ) -> Iterator[Span]:
+        end_on_exit = kwargs.pop("end_on_exit", True)
         span = self.start_span(*args, **kwargs)
-        with use_span(span, end_on_exit=True) as current:
+        with use_span(span, end_on_exit=end_on_exit) as current:
             yield current
 
 

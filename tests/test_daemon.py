@@ -307,6 +307,38 @@ class ServeExampleTests(TestCase):
         yield protocol.ended
 
 
+class LargeFileTests(TestCase):
+    """
+    twistd edgegw (on edgegw's reactor) serving a file of several MiB from a static route:
+    Twisted writes it from timed calls, and a write flush that resumed it must not leave
+    it waiting for the next unrelated timer (it had taken seconds per MiB).
+    """
+
+    timeout = 30
+
+    async def test_large_static_file(self) -> None:
+        from tests.support.daemons import GatewayProcess
+
+        # 6 MiB: the stall wrote 128 KiB a second, past this test's 30 s timeout.
+        data = os.urandom(6 * 1024 * 1024)
+        gateway = GatewayProcess(self, {"a.yaml": ""})
+        www = os.path.join(gateway.directory, "..", "www")
+        os.makedirs(www)
+        with open(os.path.join(www, "big.bin"), "wb") as stream:
+            stream.write(data)
+        with open(os.path.join(gateway.directory, "a.yaml"), "w") as stream:
+            stream.write(
+                GATEWAY
+                + "---\nkind: Route\nmetadata: {name: s}\nspec:\n  match: GET /\n"
+                + f'  handler: {{type: static, dir: "{os.path.abspath(www)}"}}\n'
+            )
+        await gateway.start()
+        response = await http_get(gateway.url("/big.bin"))
+        body = await response.content()
+        self.assertEqual((response.code, len(body)), (200, len(data)))
+        self.assertEqual(body, data)
+
+
 class HeldBackend:
     """
     A real backend on 127.0.0.1:0 that holds every request until the test answers it.

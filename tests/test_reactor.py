@@ -9,9 +9,11 @@ import socket
 from typing import Any
 
 from twisted.internet.abstract import FileDescriptor
+from twisted.internet.interfaces import IPullProducer
 from twisted.python import context, log
 from twisted.python.failure import Failure
 from twisted.trial.unittest import SynchronousTestCase
+from zope.interface import implementer
 
 from edgegw.reactor import _reactor_class
 
@@ -208,3 +210,39 @@ class WriteFlushTests(_ReactorTestCase):
         self.assertEqual(_drain(bad_theirs), b"bye")
         self.assertEqual(len(self.flushLoggedErrors(RuntimeError)), 1)
         bad_ours.close()
+
+    def test_a_producer_resumed_by_the_flush_is_not_left_waiting(self) -> None:
+        """
+        A flush before polling that resumes a producer which goes on through a timed
+        call (Twisted's Cooperator: static files, TLS) makes that poll return in time
+        for it, whatever timeout the main loop had computed.
+        """
+        reactor = self.reactor()
+        ours, theirs = self.pair()
+        writer = _Writer(ours, reactor)
+
+        @implementer(IPullProducer)
+        class Producer:
+            def resumeProducing(self) -> None:
+                reactor.callLater(0, lambda: None)
+
+            def stopProducing(self) -> None:
+                pass
+
+        writer.registerProducer(Producer(), False)
+        writer.write(b"chunk")
+        asked: list[float] = []
+        poller = reactor._poller
+
+        class Recording:
+            def poll(self, timeout: float, *args: Any) -> Any:
+                asked.append(timeout)
+                return poller.poll(0, *args)
+
+            def __getattr__(self, name: str) -> Any:
+                return getattr(poller, name)
+
+        self.patch(reactor, "_poller", Recording())
+        reactor.doPoll(30.0)
+        self.assertEqual(_drain(theirs), b"chunk")
+        self.assertEqual(asked, [0])

@@ -325,6 +325,18 @@ class StaticHandlerTests(TestCase):
         mtime = os.stat(os.path.join(self.root, "index.html")).st_mtime
         self.assertEqual(response.header(b"last-modified"), datetimeToString(int(mtime)))
 
+    async def test_a_large_file_streams_whole(self) -> None:
+        """
+        A file of several MiB arrives whole (written through the producer Twisted drives
+        from timed calls; tests.test_daemon.LargeFileTests checks the same from a twistd
+        process, where a stall between timers showed).
+        """
+        response = await self.fetch(b"/big.bin")
+        self.assertEqual(response.status, 200)
+        self.assertEqual(response.body, self.big)
+
+    test_a_large_file_streams_whole.timeout = 10  # type: ignore[attr-defined]
+
     async def test_index_requested_by_name_is_not_cached(self) -> None:
         response = await self.fetch(b"/index.html")
         self.assertEqual(response.status, 200)
