@@ -42,6 +42,18 @@ reactor: Any = _reactor
 HEALTH = "---\nkind: Route\nmetadata: {name: h}\nspec: {match: /healthz, handler: {type: health}}\n"
 
 
+def with_idp(issuer: str) -> str:
+    """
+    A Gateway with a session block and an IdP resource for C{issuer}, no routes.
+    """
+    return (
+        GATEWAY
+        + '  session: {key: "0123456789abcdef0123456789abcdef"}\n'
+        + "---\nkind: IdP\nmetadata: {name: idp}\nspec:\n  type: oidc\n"
+        + f'  issuer: "{issuer}"\n  clientID: gw\n  clientSecret: gw-secret\n'
+    )
+
+
 class ReloadCarryTests(TestCase):
     def serve(self, files: dict[str, str]) -> tuple[GatewayService, str]:
         """
@@ -98,10 +110,7 @@ class ReloadCarryTests(TestCase):
         idp = FakeIdP()
         await idp.start(self)
         text = (
-            GATEWAY
-            + '  session: {key: "0123456789abcdef0123456789abcdef"}\n'
-            + "---\nkind: IdP\nmetadata: {name: idp}\nspec:\n  type: oidc\n"
-            + f'  issuer: "{idp.issuer}"\n  clientID: gw\n  clientSecret: gw-secret\n'
+            with_idp(idp.issuer)
             + "---\nkind: Route\nmetadata: {name: app}\nspec:\n  match: /app/\n"
             + "  type: app\n  access: {auth: required}\n  handler: {type: health}\n"
         )
@@ -246,13 +255,7 @@ class ReloadCarryTests(TestCase):
         self.assertIsNone(await store.get(b"anything"))
 
     async def test_stop_while_a_reload_warms_up(self) -> None:
-        text = (
-            GATEWAY
-            + '  session: {key: "0123456789abcdef0123456789abcdef"}\n'
-            + "---\nkind: IdP\nmetadata: {name: idp}\nspec:\n  type: oidc\n"
-            + '  issuer: "http://127.0.0.1:9"\n  clientID: gw\n  clientSecret: gw-secret\n'
-            + HEALTH
-        )
+        text = with_idp("http://127.0.0.1:9") + HEALTH
         service, _ = self.serve({"a.yaml": text})
         old = service.gateway
         reloading = service.reload()
@@ -305,13 +308,7 @@ class ReloadCarryTests(TestCase):
         self.addCleanup(gc.unfreeze)
         idp = FakeIdP()
         await idp.start(self)
-        text = (
-            GATEWAY
-            + '  session: {key: "0123456789abcdef0123456789abcdef"}\n'
-            + "---\nkind: IdP\nmetadata: {name: idp}\nspec:\n  type: oidc\n"
-            + f'  issuer: "{idp.issuer}"\n  clientID: gw\n  clientSecret: gw-secret\n'
-            + HEALTH
-        )
+        text = with_idp(idp.issuer) + HEALTH
         service, _ = self.serve({"a.yaml": text})
         tune_garbage_collector()
         replaced = []
