@@ -7,10 +7,12 @@ that stay bounded whatever paths, methods and credentials clients send.
 from __future__ import annotations
 
 import secrets
+import socket
 from typing import Any
 
 from twisted.internet import reactor as _reactor
 from twisted.trial.unittest import TestCase
+from twisted.web.server import NOT_DONE_YET
 
 from edgegw.config.parse import load_config
 from edgegw.gateway import Gateway, build_gateway
@@ -18,15 +20,17 @@ from edgegw.metrics.gateway import GatewayMetrics
 from edgegw.upstream.pool import UpstreamClient
 from tests.support.backends import SiteBackend, answer
 from tests.support.configs import write_tree
-from tests.support.daemons import http_exchange
-from tests.support.processes import listen_local, port_of, refused_port
+from tests.support.daemons import http_exchange, sleep
+from tests.support.processes import listen_local, port_of, raw_exchange, refused_port
 
 reactor: Any = _reactor
 
 
 class InstrumentedTests(TestCase):
-    async def serve(self) -> tuple[Gateway, GatewayMetrics, int, str]:
-        backend = SiteBackend(answer(body=b"ok")).start()
+    async def serve(
+        self, responder: Any = None
+    ) -> tuple[Gateway, GatewayMetrics, int, str]:
+        backend = SiteBackend(responder or answer(body=b"ok")).start()
         self.addCleanup(backend.stop)
         dead = await refused_port()
         text = f"""\
@@ -117,3 +121,66 @@ spec:
             for _, values, _ in series:
                 for value in values:
                     self.assertNotIn("?", str(value))
+
+    async def _until(self, test: Any) -> None:
+        for _ in range(200):
+            if test():
+                return
+            await sleep(0.02)
+        self.fail("condition not reached")
+
+    async def test_client_gone_counted_without_status(self) -> None:
+        """
+        A client that leaves before any response (the upstream hangs) is counted with
+        status class C{none} and logged with no status, not with Twisted's default 200.
+        """
+        gateway, metrics, port, _ = await self.serve(lambda request: NOT_DONE_YET)
+        lines: list[dict[str, Any]] = []
+        gateway.access_log.emit = lines.append  # type: ignore[method-assign]
+        client = socket.create_connection(("127.0.0.1", port))
+        client.sendall(b"GET /api/x HTTP/1.1\r\nHost: a\r\n\r\n")
+        await self._until(lambda: metrics.server_active.value(("GET",)) == 1)
+        client.close()
+        await self._until(lambda: lines)
+        self.assertEqual(metrics.server_active.value(("GET",)), 0)
+        counted = {values: point.count for _, values, point in metrics.server_duration.points()}  # type: ignore[attr-defined]
+        self.assertEqual(counted, {("/api/", "GET", "none"): 1})
+        self.assertIsNone(lines[0]["status"])
+        self.assertTrue(lines[0]["client_gone"])
+
+    async def test_abandoned_body_counted_with_its_status(self) -> None:
+        """
+        A 400 the channel writes itself for a malformed chunked body of a request
+        already being proxied is counted and logged as that 400.
+        """
+        gateway, metrics, port, _ = await self.serve(lambda request: NOT_DONE_YET)
+        lines: list[dict[str, Any]] = []
+        gateway.access_log.emit = lines.append  # type: ignore[method-assign]
+        got = await raw_exchange(
+            port,
+            b"POST /api/x HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n"
+            b"5\r\nhello\r\nZZ\r\n",
+        )
+        self.assertTrue(got.startswith(b"HTTP/1.1 400 "), got)
+        await self._until(lambda: lines)
+        counted = {values: point.count for _, values, point in metrics.server_duration.points()}  # type: ignore[attr-defined]
+        self.assertEqual(counted, {("/api/", "POST", "4xx"): 1})
+        self.assertEqual(lines[0]["status"], 400)
+        self.assertEqual(metrics.edge_refusals.value((400, "bad_request")), 1)
+
+    async def test_failing_log_line_still_ends_the_request_count(self) -> None:
+        """
+        An access-log line that cannot be written does not leave the in-flight gauge
+        raised, and the request is still counted.
+        """
+        gateway, metrics, port, _ = await self.serve()
+
+        def broken(record: dict[str, Any]) -> None:
+            raise TypeError("cannot encode")
+
+        gateway.access_log.emit = broken  # type: ignore[method-assign]
+        await http_exchange(port, "GET", "/api/x")
+        self.flushLoggedErrors(TypeError)
+        self.assertEqual(metrics.server_active.value(("GET",)), 0)
+        counted = sum(point.count for _, _, point in metrics.server_duration.points())  # type: ignore[attr-defined]
+        self.assertEqual(counted, 1)

@@ -137,9 +137,27 @@ class AccessLog:
             raise
         finally:
             request = exchange.request
-            status = 500 if failed and not request.startedWriting else request.code
+            status: int | None
+            if request.startedWriting:
+                status = request.code
+            elif failed:
+                status = 500
+            elif request._disconnected:
+                # The client left before any response: no status (Twisted's default 200
+                # would count a hanging upstream as a success).
+                status = None
+            else:
+                status = request.code
             elapsed = monotonic() - exchange.started
             pattern = exchange.route.pattern
+            if metrics is not None:
+                # Before the log line: a line that cannot be written must not leave the
+                # in-flight gauge raised for ever.
+                method = request.method
+                metrics.active(method, -1)
+                metrics.request(
+                    pattern, method, status, elapsed, _received(request), request.sentLength
+                )
             record = _record(request, status, elapsed, exchange.request_id, pattern)
             if request._disconnected and not request.finished:
                 record["client_gone"] = True
@@ -149,12 +167,6 @@ class AccessLog:
                 record.update(exchange.notes)
             self._extend(record, request)
             self.emit(record)
-            if metrics is not None:
-                method = request.method
-                metrics.active(method, -1)
-                metrics.request(
-                    pattern, method, status, elapsed, _received(request), request.sentLength
-                )
 
 
 def _received(request: Request) -> int:
@@ -180,7 +192,7 @@ def _received(request: Request) -> int:
 
 
 def _record(
-    request: Request, status: int, elapsed: float, request_id: str, route: str | None
+    request: Request, status: int | None, elapsed: float, request_id: str, route: str | None
 ) -> dict[str, Any]:
     return {
         "method": request.method.decode("latin-1"),

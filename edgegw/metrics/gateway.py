@@ -68,14 +68,15 @@ class IMetrics(Interface):
     def request(
         route: str,
         method: bytes,
-        status: int,
+        status: int | None,
         seconds: float,
         request_bytes: int,
         response_bytes: int,
     ) -> None:
         """
         A server request ended: its route pattern (C{""} when none matched), method,
-        status, duration and body sizes.
+        status (L{None} when the client left before any response), duration and body
+        sizes.
         """
 
     def active(method: bytes, delta: int) -> None:
@@ -322,12 +323,12 @@ class GatewayMetrics:
         self,
         route: str,
         method: bytes,
-        status: int,
+        status: int | None,
         seconds: float,
         request_bytes: int,
         response_bytes: int,
     ) -> None:
-        key = (route, _METHODS.get(method, "_OTHER"), _STATUS_CLASSES.get(status, "other"))
+        key = (route, _METHODS.get(method, "_OTHER"), status_class(status))
         self.server_duration.record(seconds, key)
         self.request_size.record(request_bytes, key)
         self.response_size.record(response_bytes, key)

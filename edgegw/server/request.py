@@ -1000,6 +1000,9 @@ class GatewayChannel(HTTPChannel):
         if not request.startedWriting:
             self._write(_closing_answer(status))
             request.startedWriting = True
+            # What the client got, for the access log and the metrics.
+            request.code = int(status[:3])
+            request.code_message = status[4:]
         self.requests.remove(request)
         why = status.decode("ascii").partition(" ")[2].lower()
         request.connectionLost(Failure(error(why)))
