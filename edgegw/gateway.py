@@ -9,8 +9,9 @@ C{--check} catches everything startup would.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, cast
 
 import attrs
 from opentelemetry.sdk.trace import SpanProcessor
@@ -149,6 +150,7 @@ def build_gateway(
     upstream_client: UpstreamClient | None = None,
     span_processor: SpanProcessor | None = None,
     state_options: Mapping[str, Any] | None = None,
+    metrics_from: GatewayMetrics | None = None,
 ) -> Gateway:
     """
     Build every handler and chain of C{config}.
@@ -159,6 +161,8 @@ def build_gateway(
     @param span_processor: Replaces the OTLP batch export of finished spans (tests).
     @param state_options: Passed on to the state provider's C{build} (tests: retry
         timings).
+    @param metrics_from: The metrics of the gateway this one replaces (a reload): both
+        count into the same series (see L{Registry}).
     @raise ConfigError: Something in the configuration cannot run.
     """
     problems = Problems()
@@ -175,8 +179,9 @@ def build_gateway(
     # starts (tap.makeService), the path was checked at load.
     writer = LineWriter(reactor, output) if output != "log" else None
     metrics_spec = spec.metrics if spec is not None else None
+    carried = metrics_from.registry if metrics_from is not None else None
     metrics = (
-        GatewayMetrics(Registry(metrics_spec.cardinality_limit))
+        GatewayMetrics(Registry(metrics_spec.cardinality_limit, carried))
         if metrics_spec is not None
         else None
     )
@@ -208,7 +213,7 @@ def build_gateway(
         )
         if metrics is not None:
             _observe_pool(metrics, client)
-            _observe_access_log(metrics, writer)
+            _observe_access_log(metrics, writer, _dropped_before(carried))
         projected = projected_header_names(routes, groups_as)
         # The sessions and the readiness check use the store through its counted view.
         used_store = (
@@ -723,15 +728,20 @@ def _observe_pool(metrics: GatewayMetrics, client: UpstreamClient) -> None:
     read at each collection.
     """
 
+    # Summed per origin: two pools to one origin (one of them skipping TLS
+    # verification) would otherwise give two series with the same labels.
     def connections() -> list[tuple[tuple[object, ...], float]]:
-        found: list[tuple[tuple[object, ...], float]] = []
+        found: Counter[tuple[object, ...]] = Counter()
         for upstream, idle, active, _ in client.pool_state():
-            found.append(((upstream, "idle"), idle))
-            found.append(((upstream, "active"), active))
-        return found
+            found[(upstream, "idle")] += idle
+            found[(upstream, "active")] += active
+        return list(found.items())
 
     def waiting() -> list[tuple[tuple[object, ...], float]]:
-        return [((upstream,), queued) for upstream, _, _, queued in client.pool_state()]
+        found: Counter[tuple[object, ...]] = Counter()
+        for upstream, _, _, queued in client.pool_state():
+            found[(upstream,)] += queued
+        return list(found.items())
 
     metrics.observe(
         "http.client.open_connections",
@@ -751,20 +761,39 @@ def _observe_pool(metrics: GatewayMetrics, client: UpstreamClient) -> None:
     )
 
 
-def _observe_access_log(metrics: GatewayMetrics, writer: LineWriter | None) -> None:
+_DROPPED = "edgegw.access_log.dropped"
+
+
+def _observe_access_log(
+    metrics: GatewayMetrics, writer: LineWriter | None, before: float = 0
+) -> None:
     """
-    Access-log lines dropped because the output did not keep up (with a writer).
+    Access-log lines dropped because the output did not keep up (with a writer), after
+    C{before} counted by the gateways this one replaced.
     """
     if writer is None:
         return
     metrics.observe(
-        "edgegw.access_log.dropped",
+        _DROPPED,
         "{line}",
         "Access-log lines dropped: the output did not keep up.",
         (),
-        lambda: [((), writer.dropped)],
+        lambda: [((), before + writer.dropped)],
         "counter",
     )
+
+
+def _dropped_before(registry: Registry | None) -> float:
+    """
+    The access-log lines C{registry}'s gateway counted as dropped, so that a reload's
+    writer counts on from there (the counter never goes down).
+    """
+    if registry is None:
+        return 0
+    for instrument in registry.instruments:
+        if instrument.name == _DROPPED:
+            return sum(cast(float, value) for _, _, value in instrument.points())
+    return 0
 
 
 def _observe_idp(metrics: IMetrics, provider: IdentityProvider) -> None:

@@ -51,7 +51,7 @@ from edgegw.config.errors import ConfigError, Problem
 from edgegw.config.model import Config
 from edgegw.config.parse import load_config
 from edgegw.gateway import Gateway, build_gateway
-from edgegw.metrics.serve import ScrapeListener, export_service, scrape_listener
+from edgegw.metrics.serve import ScrapeListener, export_service, scrape_root
 from edgegw.notify import SystemdNotifier
 from edgegw.server.limits import LimitedSite
 from edgegw.server.listen import (
@@ -60,6 +60,7 @@ from edgegw.server.listen import (
     server_endpoint,
     tls_context,
 )
+from edgegw.server.scrape_site import ScrapeSite
 from edgegw.telemetry import Telemetry
 from edgegw.upstream.pool import UpstreamClient
 
@@ -456,7 +457,9 @@ class GatewayService(MultiService):
             # Read now so that unreadable or mismatched files refuse the reload: with
             # the same listen value, new files at the same paths are a new certificate.
             self._tls = self.listener.read_tls(config.gateway.location)
-            new = build_gateway(config, self.reactor, **self._build_options)
+            new = build_gateway(
+                config, self.reactor, metrics_from=old.metrics, **self._build_options
+            )
             open_access_log(new)
             children = self._children_of(new)
             if new.idp is not None and old.idp is not None and new.idp.take_over(old.idp):
@@ -531,9 +534,25 @@ class GatewayService(MultiService):
             old.readiness.draining = True
         if new.readiness is not None:
             new.readiness.listening = self.listener.port is not None
+        telemetry = new.telemetry
+        metrics_spec = telemetry.spec.metrics if telemetry is not None else None
         if self.metrics_listener is not None and new.metrics is not None:
-            # The new gateway counts from zero (a counter reset, as after a restart).
-            self.metrics_listener.serve(new.metrics.registry)
+            # The same series (the new registry carries the old one's instruments) with
+            # the new gateway's observables, path and resource attributes.
+            assert telemetry is not None and metrics_spec is not None
+            self.metrics_listener.serve(
+                new.metrics.registry, metrics_spec.prometheus_path, telemetry.provider.resource
+            )
+        if new.metrics is not None:
+            # The old export would send the same series as the new one through the
+            # drain: it stops now, with its last export.
+            for child in retired:
+                if child.name == "metrics-export":
+                    retired.remove(child)
+                    stopping = child.stopService()
+                    if stopping is not None:
+                        stopping.addErrback(_log_retire_failure)
+                    break
         _log.info(
             "configuration reloaded from {source}: {count} routes",
             source=self.source,
@@ -819,4 +838,8 @@ def _scrape_listener(gateway: Gateway, reactor: Any) -> ScrapeListener | None:
     metrics = telemetry.spec.metrics if telemetry is not None else None
     if telemetry is None or metrics is None or gateway.metrics is None:
         return None
-    return scrape_listener(metrics, gateway.metrics.registry, telemetry.provider.resource, reactor)
+    if metrics.prometheus_listen is None:
+        return None
+    attributes = dict(telemetry.provider.resource.attributes)
+    root = scrape_root(gateway.metrics.registry, metrics.prometheus_path, attributes)
+    return ScrapeListener(reactor, metrics.prometheus_listen, ScrapeSite(root, reactor))

@@ -94,6 +94,30 @@ class InstrumentTests(SynchronousTestCase):
         registry.counter("c", "1", "d")
         self.assertRaises(ValueError, registry.counter, "c", "1", "d")
 
+    def test_a_reload_carries_the_same_instruments(self) -> None:
+        """
+        A registry built over another takes its counters and histograms (same name,
+        kind, unit, attributes and boundaries) with its start time and the new limit;
+        observables and changed instruments are new.
+        """
+        old = Registry(limit=10)
+        counter = old.counter("c", "{x}", "d", ("a",))
+        counter.add(3, ("x",))
+        histogram = old.histogram("h", "s", "d", (), (1.0,))
+        changed = old.histogram("changed", "s", "d", (), (1.0,))
+        old.observable("o", "1", "d", (), lambda: [((), 1.0)])
+        new = Registry(limit=20, carry=old)
+        self.assertEqual(new.start_time_ns, old.start_time_ns)
+        carried = new.counter("c", "{x}", "d", ("a",))
+        self.assertIs(carried, counter)
+        self.assertEqual(carried.limit, 20)
+        self.assertIs(new.histogram("h", "s", "d", (), (1.0,)), histogram)
+        self.assertIsNot(new.histogram("changed", "s", "d", (), (2.0,)), changed)
+        self.assertIsNot(new.counter("o", "1", "d"), old.instruments[-1])
+        self.assertEqual(len(new.instruments), 4)
+        counter.add(1, ("x",))  # the old gateway's request in flight
+        self.assertEqual(carried.value(("x",)), 4)
+
     def test_bounded_values(self) -> None:
         self.assertEqual(method_name(b"GET"), "GET")
         self.assertEqual(method_name(b"get"), "_OTHER")

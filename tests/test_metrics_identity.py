@@ -15,7 +15,8 @@ from twisted.internet import reactor as _reactor
 from twisted.trial.unittest import TestCase
 
 from edgegw.metrics.gateway import GatewayMetrics
-from edgegw.metrics.serve import scrape_site
+from edgegw.metrics.serve import scrape_root
+from edgegw.server.scrape_site import ScrapeSite
 from tests.support.browser import Browser
 from tests.support.fake_idp import FakeIdP, SigningKey
 from tests.support.processes import listen_local, port_of
@@ -24,17 +25,14 @@ from tests.support.sessions import COOKIE, SessionGateway, server_session_config
 from tests.test_assertion import CLIENT_ID
 from tests.test_assertion import get as assertion_get
 from tests.test_assertion import world as assertion_world
+from tests.test_metrics_instrumented import METRICS
 from tests.test_metrics_scrape import parse
 
 reactor: Any = _reactor
 
-EXTRA = """\
----
-kind: Telemetry
-metadata: {name: t}
-spec:
-  service: {name: edge}
-  metrics: {prometheus: {listen: "127.0.0.1:0"}}
+EXTRA = (
+    METRICS
+    + """\
 ---
 kind: Policy
 metadata: {name: auditors-only}
@@ -48,6 +46,7 @@ spec:
   access: {auth: required, authorize: [auditors-only]}
   handler: {type: reverse-proxy, upstream: "UPSTREAM"}
 """
+)
 
 
 class MeasuredGateway(SessionGateway):
@@ -95,7 +94,7 @@ class IdentityMetricsTests(TestCase):
         metrics = self.gw.gateway.metrics
         assert isinstance(metrics, GatewayMetrics)
         self.metrics = metrics
-        listening = listen_local(scrape_site(metrics.registry, "/metrics", {}))
+        listening = listen_local(ScrapeSite(scrape_root(metrics.registry, "/metrics", {})))
         self.addCleanup(listening.stopListening)
         self.scrape_port = port_of(listening)
 

@@ -6,6 +6,7 @@ that stay bounded whatever paths, methods and credentials clients send.
 
 from __future__ import annotations
 
+import os
 import secrets
 import socket
 from typing import Any
@@ -25,11 +26,18 @@ from tests.support.processes import listen_local, port_of, raw_exchange, refused
 
 reactor: Any = _reactor
 
+METRICS = """\
+---
+kind: Telemetry
+metadata: {name: t}
+spec:
+  service: {name: edge}
+  metrics: {prometheus: {listen: "127.0.0.1:0"}}
+"""
+
 
 class InstrumentedTests(TestCase):
-    async def serve(
-        self, responder: Any = None
-    ) -> tuple[Gateway, GatewayMetrics, int, str]:
+    async def serve(self, responder: Any = None) -> tuple[Gateway, GatewayMetrics, int, str]:
         backend = SiteBackend(responder or answer(body=b"ok")).start()
         self.addCleanup(backend.stop)
         dead = await refused_port()
@@ -37,13 +45,7 @@ class InstrumentedTests(TestCase):
 kind: Gateway
 metadata: {{name: gw}}
 spec: {{listen: "127.0.0.1:0"}}
----
-kind: Telemetry
-metadata: {{name: t}}
-spec:
-  service: {{name: edge}}
-  metrics: {{prometheus: {{listen: "127.0.0.1:0"}}}}
----
+{METRICS}---
 kind: Route
 metadata: {{name: api}}
 spec:
@@ -136,7 +138,7 @@ spec:
         """
         gateway, metrics, port, _ = await self.serve(lambda request: NOT_DONE_YET)
         lines: list[dict[str, Any]] = []
-        gateway.access_log.emit = lines.append  # type: ignore[method-assign]
+        gateway.access_log.emit = lines.append  # type: ignore[method-assign,assignment]
         client = socket.create_connection(("127.0.0.1", port))
         client.sendall(b"GET /api/x HTTP/1.1\r\nHost: a\r\n\r\n")
         await self._until(lambda: metrics.server_active.value(("GET",)) == 1)
@@ -155,7 +157,7 @@ spec:
         """
         gateway, metrics, port, _ = await self.serve(lambda request: NOT_DONE_YET)
         lines: list[dict[str, Any]] = []
-        gateway.access_log.emit = lines.append  # type: ignore[method-assign]
+        gateway.access_log.emit = lines.append  # type: ignore[method-assign,assignment]
         got = await raw_exchange(
             port,
             b"POST /api/x HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n"
@@ -184,3 +186,51 @@ spec:
         self.assertEqual(metrics.server_active.value(("GET",)), 0)
         counted = sum(point.count for _, _, point in metrics.server_duration.points())  # type: ignore[attr-defined]
         self.assertEqual(counted, 1)
+
+
+class ObservedTests(TestCase):
+    def build(self, root: str, metrics_from: GatewayMetrics | None = None) -> Gateway:
+        root = os.path.abspath(root)
+        text = f"""\
+kind: Gateway
+metadata: {{name: gw}}
+spec:
+  listen: "127.0.0.1:0"
+  accessLog: {{output: {os.path.join(root, "access.log")}}}
+{METRICS}"""
+        write_tree(root, {"a.yaml": text})
+        client = UpstreamClient(reactor)
+        self.addCleanup(client.close)
+        client.pool_state = lambda: [  # type: ignore[method-assign]
+            ("https://api:8443", 1, 2, 0),
+            ("https://api:8443", 0, 1, 3),  # the same origin, TLS verification skipped
+        ]
+        config = load_config(os.path.join(root, "a.yaml"), {})
+        return build_gateway(config, reactor, client, metrics_from=metrics_from)
+
+    def observed(self, gateway: Gateway, name: str) -> dict[Any, object]:
+        assert gateway.metrics is not None
+        [instrument] = [i for i in gateway.metrics.registry.instruments if i.name == name]
+        values = [values for _, values, _ in instrument.points()]
+        self.assertEqual(len(values), len(set(values)), f"{name}: one series twice")
+        return {values: value for _, values, value in instrument.points()}
+
+    def test_pools_to_one_origin_are_one_series(self) -> None:
+        gateway = self.build(self.mktemp())
+        self.assertEqual(
+            self.observed(gateway, "http.client.open_connections"),
+            {("https://api:8443", "idle"): 1, ("https://api:8443", "active"): 3},
+        )
+        self.assertEqual(
+            self.observed(gateway, "edgegw.upstream.pool.waiting"), {("https://api:8443",): 3}
+        )
+
+    def test_dropped_lines_count_on_across_a_reload(self) -> None:
+        root = self.mktemp()
+        old = self.build(root)
+        assert old.access_log.writer is not None
+        old.access_log.writer.dropped = 5
+        new = self.build(root, metrics_from=old.metrics)
+        assert new.access_log.writer is not None
+        new.access_log.writer.dropped = 2
+        self.assertEqual(self.observed(new, "edgegw.access_log.dropped"), {(): 7})

@@ -9,9 +9,13 @@ from __future__ import annotations
 import os
 import re
 import signal
+import socket
 from typing import Any
 
+from twisted.internet import reactor
+from twisted.internet.defer import ensureDeferred
 from twisted.trial.unittest import TestCase
+from twisted.web.server import NOT_DONE_YET, Request
 
 from tests.support.backends import SiteBackend, answer
 from tests.support.daemons import GatewayProcess, http_exchange, sleep
@@ -36,7 +40,13 @@ def parse(text: str) -> dict[str, float]:
     return samples
 
 
-def config(backend_port: int, scrape_port: int, extra_route: str = "") -> dict[str, str]:
+def config(
+    backend_port: int,
+    scrape_port: int,
+    extra_route: str = "",
+    path: str = "/metrics",
+    service: str = "edge-test",
+) -> dict[str, str]:
     text = f"""\
 kind: Gateway
 metadata: {{name: gw}}
@@ -46,9 +56,9 @@ spec:
 kind: Telemetry
 metadata: {{name: t}}
 spec:
-  service: {{name: edge-test}}
+  service: {{name: {service}}}
   metrics:
-    prometheus: {{listen: "127.0.0.1:{scrape_port}"}}
+    prometheus: {{listen: "127.0.0.1:{scrape_port}", path: "{path}"}}
 ---
 kind: Route
 metadata: {{name: api}}
@@ -67,12 +77,26 @@ spec:
 
 
 DURATION = "http_server_request_duration_seconds"
+ACTIVE = 'http_server_active_requests{http_request_method="GET"}'
 API_OK = '{http_route="GET /api/{id}",http_request_method="GET",http_response_status_class="2xx"}'
 
 
 class ScrapeTests(TestCase):
     async def start(self) -> tuple[GatewayProcess, int, SiteBackend]:
-        backend = SiteBackend(answer(body=b'{"ok":true}')).start()
+        quick = answer(body=b'{"ok":true}')
+
+        def responder(request: Request) -> bytes | int:
+            if request.path != b"/api/slow":
+                return quick(request)
+
+            def late() -> None:
+                request.write(b'{"ok":true}')
+                request.finish()
+
+            reactor.callLater(1.0, late)
+            return NOT_DONE_YET
+
+        backend = SiteBackend(responder).start()
         self.addCleanup(backend.stop)
         scrape = free_port()
         gateway = GatewayProcess(self, config(backend.port, scrape))
@@ -87,10 +111,10 @@ class ScrapeTests(TestCase):
         self.assertEqual(content_type, b"text/plain; version=0.0.4; charset=utf-8")
         return reply.status, parse(reply.body.decode())
 
-    async def until_scraped(self, port: int) -> dict[str, float]:
+    async def until_scraped(self, port: int, path: str = "/metrics") -> dict[str, float]:
         for _ in range(100):
             try:
-                status, samples = await self.scrape(port)
+                status, samples = await self.scrape(port, path)
             except ConnectionError:
                 status, samples = 0, {}
             if status == 200:
@@ -143,7 +167,11 @@ class ScrapeTests(TestCase):
         self.assertEqual((await self.scrape(scrape, "/other"))[0], 404)
         self.assertEqual((await http_exchange(gateway.port, "GET", "/metrics")).status, 404)
 
-    async def test_reload_resets_and_a_moved_listener_is_refused(self) -> None:
+    async def test_reload_counts_on_and_a_moved_listener_is_refused(self) -> None:
+        """
+        A reload keeps the series (a request in flight across it is counted) and takes
+        a new scrape path and service name; a moved scrape listener is refused.
+        """
         gateway, scrape, backend = await self.start()
         await http_exchange(gateway.port, "GET", "/api/1")
         samples = await self.until_scraped(scrape)
@@ -159,23 +187,65 @@ class ScrapeTests(TestCase):
         samples = await self.until_scraped(scrape)
         self.assertEqual(samples[f"{DURATION}_count{API_OK}"], 1)  # the old one serves on
 
+        slow = ensureDeferred(http_exchange(gateway.port, "GET", "/api/slow"))
+        for _ in range(100):
+            if len(backend.requests) == 2:
+                break
+            await sleep(0.02)
+        samples = await self.until_scraped(scrape)
+        self.assertEqual(samples[ACTIVE], 1)
         extra = (
             "---\nkind: Route\nmetadata: {name: more}\nspec:\n  match: /more\n"
             "  handler: {type: health}\n"
         )
         with open(path, "w") as f:
-            f.write(config(backend.port, scrape, extra)["gateway.yaml"])
+            f.write(config(backend.port, scrape, extra, "/m2", "renamed")["gateway.yaml"])
         os.kill(gateway.pid, signal.SIGHUP)
         await self.until_output(gateway, "configuration reloaded")
+        self.assertEqual((await slow).status, 200)
         await http_exchange(gateway.port, "GET", "/more")
-        samples = await self.until_scraped(scrape)
-        # The new configuration counts from zero.
-        self.assertNotIn(f"{DURATION}_count{API_OK}", samples)
+        samples = await self.until_scraped(scrape, "/m2")
+        # Counted on: the request before, and the one in flight across the reload.
+        self.assertEqual(samples[f"{DURATION}_count{API_OK}"], 2)
+        self.assertEqual(samples[ACTIVE], 0)
         more = (
             f'{DURATION}_count{{http_route="/more",http_request_method="GET",'
             'http_response_status_class="2xx"}'
         )
         self.assertEqual(samples[more], 1)
+        [info] = [key for key in samples if key.startswith("target_info{")]
+        self.assertIn('service_name="renamed"', info)
+        self.assertEqual((await self.scrape(scrape))[0], 404)
+
+    async def test_scrape_listener_is_capped_and_quiet(self) -> None:
+        """
+        Connections that never finish a request cannot pile up on the scrape port (32
+        at most), and scrapes write no line to the daemon's log.
+        """
+        gateway, scrape, _ = await self.start()
+        held = []
+        for _ in range(40):
+            client = socket.create_connection(("127.0.0.1", scrape))
+            client.sendall(b"GET /metr")
+            held.append(client)
+        for client in held:
+            self.addCleanup(client.close)
+        await sleep(0.3)
+        closed = 0
+        for client in held:
+            client.setblocking(False)
+            try:
+                closed += client.recv(1) == b""
+            except BlockingIOError:
+                pass  # still open
+            except ConnectionResetError:
+                closed += 1
+        self.assertEqual(closed, 8)
+        for client in held:
+            client.close()
+        for _ in range(3):
+            await self.until_scraped(scrape)
+        self.assertNotIn("GET /metrics", gateway.output)
 
     async def until_output(self, gateway: GatewayProcess, text: str) -> Any:
         for _ in range(200):

@@ -20,9 +20,11 @@ from typing import Any
 
 from twisted.application.service import Service
 from twisted.internet import reactor as _reactor
+from twisted.internet.defer import ensureDeferred
 from twisted.internet.task import deferLater
 from twisted.internet.threads import deferToThread
 from twisted.trial.unittest import TestCase
+from twisted.web.server import NOT_DONE_YET
 
 from edgegw.config.parse import load_config
 from edgegw.server.limits import DESCRIPTOR_RESERVE
@@ -32,6 +34,7 @@ from tests.support.backends import SiteBackend, answer
 from tests.support.browser import Browser
 from tests.support.configs import GATEWAY, write_tree
 from tests.support.fake_idp import FakeIdP
+from tests.support.otlp_metrics import CollectedPoint, start_http_metrics
 from tests.support.processes import port_of
 from tests.support.redis import redis_server
 from tests.support.sessions import KEY, server_session_config
@@ -345,3 +348,56 @@ class ReloadCarryTests(TestCase):
         self.assertEqual(len(service.gateway.routes), 2)
         served = await self.peer_certificate(port)
         self.assertEqual(ssl.PEM_cert_to_DER_cert(served), ssl.PEM_cert_to_DER_cert(first.decode()))
+
+    async def test_metrics_count_on_and_the_old_export_stops_at_the_switch(self) -> None:
+        endpoint, collected = await start_http_metrics(self)
+        held: list[Any] = []
+
+        def hold(request: Any) -> int:
+            held.append(request)
+            return NOT_DONE_YET
+
+        backend = SiteBackend(hold).start()
+        self.addCleanup(backend.stop)
+        telemetry = (
+            "---\nkind: Telemetry\nmetadata: {name: t}\nspec:\n  service: {name: edge}\n"
+            f'  metrics: {{otlp: {{endpoint: "{endpoint}", interval: 3600s}}}}\n'
+            "---\nkind: Route\nmetadata: {name: slow}\nspec:\n  match: /slow\n"
+            "  access: {auth: public}\n"
+            f'  handler: {{type: reverse-proxy, upstream: "http://127.0.0.1:{backend.port}"}}\n'
+        )
+        service, root = self.serve({"a.yaml": GATEWAY + HEALTH + telemetry})
+        assert service.port is not None
+        origin = f"http://127.0.0.1:{port_of(service.port)}"
+        self.assertEqual((await Browser().get(origin + "/healthz")).status, 200)
+        slow = ensureDeferred(Browser().get(origin + "/slow"))
+        while not held:
+            await deferLater(reactor, 0.01, lambda: None)
+        old = service.getServiceNamed("metrics-export")
+        more = HEALTH.replace("{name: h}", "{name: m}").replace("/healthz", "/more")
+        write_tree(root, {"a.yaml": GATEWAY + HEALTH + more + telemetry})
+        self.assertTrue(await service.reload())
+        # Stopped at the switch with its last export, while the old gateway still drains.
+        self.assertFalse(old.running)
+        await collected.wait_until(lambda: len(collected.exports) == 1)
+        new = service.getServiceNamed("metrics-export")
+        self.assertIsNot(new, old)
+        held[0].write(b"late")
+        held[0].finish()
+        self.assertEqual((await slow).status, 200)
+        self.assertEqual((await Browser().get(origin + "/healthz")).status, 200)
+        await service.retired()
+        await new.export()
+
+        def count(export: list[CollectedPoint], route: str) -> float:
+            return sum(
+                point.value
+                for point in export
+                if point.name == "http.server.request.duration"
+                and point.attributes["http.route"] == route
+            )
+
+        # One series throughout: the request in flight across the reload counted once.
+        self.assertEqual(len(collected.exports), 2)
+        self.assertEqual([count(e, "/healthz") for e in collected.exports], [1, 2])
+        self.assertEqual([count(e, "/slow") for e in collected.exports], [0, 1])

@@ -21,7 +21,7 @@ from __future__ import annotations
 import time
 from bisect import bisect_left
 from collections.abc import Callable, Iterable, Sequence
-from typing import Literal
+from typing import Literal, cast
 
 import attrs
 
@@ -204,17 +204,50 @@ class Registry:
     counting (the start of every cumulative series).
     """
 
-    def __init__(self, limit: int = DEFAULT_CARDINALITY_LIMIT) -> None:
+    def __init__(
+        self, limit: int = DEFAULT_CARDINALITY_LIMIT, carry: Registry | None = None
+    ) -> None:
+        """
+        @param carry: The registry of the gateway this one replaces (a reload): its
+            counters and histograms are taken over, so that both gateways count into
+            the same series (the old one's requests in flight included) and nothing
+            resets; its observables are not (they read the old gateway's objects).
+        """
         self.limit = limit
         self.instruments: list[Instrument] = []
-        self.start_time_ns = time.time_ns()
+        self.start_time_ns: int = time.time_ns() if carry is None else carry.start_time_ns
         self._names: set[str] = set()
+        self._carried: dict[str, Instrument] = {}
+        if carry is not None:
+            self._carried = {
+                instrument.name: instrument
+                for instrument in carry.instruments
+                if not isinstance(instrument, Observable)
+            }
 
     def _add(self, instrument: Instrument) -> None:
         if instrument.name in self._names:
             raise ValueError(f"two instruments are named {instrument.name}")
         self._names.add(instrument.name)
         self.instruments.append(instrument)
+
+    def _take_over(self, made: Counter | Histogram) -> Counter | Histogram:
+        """
+        The carried instrument of C{made}'s name when it is the same instrument (kind,
+        unit, attributes, boundaries), with this registry's limit; else C{made}.
+        """
+        carried = self._carried.pop(made.name, None)
+        if not isinstance(carried, (Counter, Histogram)) or type(carried) is not type(made):
+            return made
+        same = (carried.unit, carried.attribute_names) == (made.unit, made.attribute_names)
+        if isinstance(made, Histogram):
+            same = same and made.boundaries == cast(Histogram, carried).boundaries
+        else:
+            same = same and made.monotonic == cast(Counter, carried).monotonic
+        if not same:
+            return made
+        carried.limit = made.limit
+        return carried
 
     def counter(
         self,
@@ -225,11 +258,13 @@ class Registry:
         monotonic: bool = True,
     ) -> Counter:
         """
-        A new L{Counter} (an up-down counter unless C{monotonic}).
+        A new L{Counter} (an up-down counter unless C{monotonic}), or the carried one of
+        that name.
         """
         counter = Counter(
             name, unit, description, tuple(attribute_names), monotonic=monotonic, limit=self.limit
         )
+        counter = cast(Counter, self._take_over(counter))
         self._add(counter)
         return counter
 
@@ -242,7 +277,8 @@ class Registry:
         boundaries: Sequence[float],
     ) -> Histogram:
         """
-        A new L{Histogram} with these bucket boundaries (ascending).
+        A new L{Histogram} with these bucket boundaries (ascending), or the carried one
+        of that name.
         """
         histogram = Histogram(
             name,
@@ -252,6 +288,7 @@ class Registry:
             boundaries=tuple(boundaries),
             limit=self.limit,
         )
+        histogram = cast(Histogram, self._take_over(histogram))
         self._add(histogram)
         return histogram
 

@@ -23,7 +23,7 @@ from edgegw.metrics.instruments import Registry
 from edgegw.metrics.otlp import MetricsExportService, make_metric_exporter
 from edgegw.metrics.prometheus import MetricsPage
 
-__all__ = ["ScrapeListener", "export_service", "scrape_listener", "scrape_site"]
+__all__ = ["ScrapeListener", "export_service", "scrape_root"]
 
 _log = Logger(namespace="edgegw.metrics")
 
@@ -49,21 +49,18 @@ class _ScrapeRoot(Resource):
         return NoResource().render(request)  # type: ignore[no-any-return]
 
 
-def scrape_site(registry: Registry, path: str, resource: Mapping[str, Any]) -> Site:
+def scrape_root(registry: Registry, path: str, resource: Mapping[str, Any]) -> Resource:
     """
-    The scrape listener's site: C{GET path} answers the registry in the Prometheus text
-    format.
+    The scrape listener's resource: C{GET path} answers the registry in the Prometheus
+    text format.
     """
-    root = _ScrapeRoot(path.encode("ascii"), MetricsPage(registry, resource))
-    site = Site(root)
-    site.displayTracebacks = False
-    site.noisy = False
-    return site
+    return _ScrapeRoot(path.encode("ascii"), MetricsPage(registry, resource))
 
 
 class ScrapeListener(Service):
     """
-    Listens on C{listen} (a listen address, as the Gateway's) with L{scrape_site}.
+    Listens on C{listen} (a listen address, as the Gateway's) with C{site}, whose
+    resource is a L{scrape_root}.
 
     @ivar port: The listening port, while running.
     """
@@ -104,26 +101,15 @@ class ScrapeListener(Service):
         self._starting = None
         return starting.addCallback(stop)
 
-    def serve(self, registry: Registry) -> None:
+    def serve(self, registry: Registry, path: str, resource: OtelResource) -> None:
         """
-        Answer scrapes from C{registry} from now on (a reload's new gateway).
+        Answer scrapes of C{path} from C{registry}, with C{resource} as C{target_info},
+        from now on (a reload's new gateway).
         """
         root = self.site.resource
         assert isinstance(root, _ScrapeRoot)
-        root.page.registry = registry
-
-
-def scrape_listener(
-    metrics: MetricsSpec, registry: Registry, resource: OtelResource, reactor: Any
-) -> ScrapeListener | None:
-    """
-    The scrape listener C{metrics} asks for, serving C{registry}; L{None} without
-    C{prometheus}.
-    """
-    if metrics.prometheus_listen is None:
-        return None
-    site = scrape_site(registry, metrics.prometheus_path, dict(resource.attributes))
-    return ScrapeListener(reactor, metrics.prometheus_listen, site)
+        root.path = path.encode("ascii")
+        root.page = MetricsPage(registry, dict(resource.attributes))
 
 
 def export_service(
