@@ -215,7 +215,7 @@ def build_gateway(
             _observe_pool(metrics, client)
             _observe_access_log(metrics, writer, _dropped_before(carried))
         projected = projected_header_names(routes, groups_as)
-        # The sessions and the readiness check use the store through its counted view.
+        # The sessions use the store through its counted view (not the readiness probe).
         used_store = (
             MeasuredStore(store, metrics) if store is not None and metrics is not None else store
         )
@@ -230,7 +230,7 @@ def build_gateway(
         readiness_path = config.gateway.readiness_path
         if readiness_path is not None:
             readiness = Readiness()
-            endpoint = ReadinessResource(readiness, reactor, provider, used_store)
+            endpoint = ReadinessResource(readiness, reactor, provider, store)
             reserved[readiness_path] = ResourceTarget(readiness_path, endpoint, access, inflight)
         context = _TerminalContext(config, client, agent, reactor, projected, login, measured)
         protected = Protected(

@@ -204,6 +204,15 @@ class IdentityMetricsTests(TestCase):
         self.assertEqual((await browser.get(self.gw.url("/app/x"))).status, 302)
         errors = {k: v for k, v in (await self.counts("edgegw_state")).items() if "error" in k}
         self.assertEqual(errors, {series(ops, **state_labels("get", "error")): 1})
+        # An outage, not a forged or ended session.
+        auth = "edgegw_auth_outcomes_total"
+        self.assertEqual(
+            await self.counts("edgegw_auth"),
+            {
+                series(auth, **auth_labels("session", "accepted", "")): 1,
+                series(auth, **auth_labels("session", "unavailable", "state_store")): 1,
+            },
+        )
 
     async def test_idp_fetch_failures(self) -> None:
         # A Bearer token signed by a key the gateway has not seen makes it fetch the

@@ -17,6 +17,7 @@ from twisted.web.server import NOT_DONE_YET
 
 from edgegw.config.parse import load_config
 from edgegw.gateway import Gateway, build_gateway
+from edgegw.handlers.api import MAX_BACKEND_BODY
 from edgegw.metrics.gateway import GatewayMetrics
 from edgegw.upstream.pool import UpstreamClient
 from tests.support.backends import SiteBackend, answer
@@ -41,11 +42,8 @@ class InstrumentedTests(TestCase):
         backend = SiteBackend(responder or answer(body=b"ok")).start()
         self.addCleanup(backend.stop)
         dead = await refused_port()
-        text = f"""\
-kind: Gateway
-metadata: {{name: gw}}
-spec: {{listen: "127.0.0.1:0"}}
-{METRICS}---
+        routes = f"""\
+---
 kind: Route
 metadata: {{name: api}}
 spec:
@@ -60,14 +58,22 @@ spec:
   access: {{auth: public}}
   handler: {{type: reverse-proxy, upstream: "http://127.0.0.1:{dead}"}}
 """
-        root = write_tree(self.mktemp(), {"a.yaml": text})
+        gateway, port = self.listening(routes)
+        assert gateway.metrics is not None
+        return gateway, gateway.metrics, port, f"http://127.0.0.1:{backend.port}"
+
+    def listening(self, routes: str) -> tuple[Gateway, int]:
+        """
+        A gateway with metrics and C{routes} (YAML documents), listening on a free port.
+        """
+        text = 'kind: Gateway\nmetadata: {name: gw}\nspec: {listen: "127.0.0.1:0"}\n'
+        root = write_tree(self.mktemp(), {"a.yaml": text + METRICS + routes})
         client = UpstreamClient(reactor)
         self.addCleanup(client.close)
         gateway = build_gateway(load_config(root, {}), reactor, client)
         listening = listen_local(gateway.site)
         self.addCleanup(listening.stopListening)
-        assert gateway.metrics is not None
-        return gateway, gateway.metrics, port_of(listening), f"http://127.0.0.1:{backend.port}"
+        return gateway, port_of(listening)
 
     async def test_upstream_calls_and_refusals(self) -> None:
         _, metrics, port, origin = await self.serve()
@@ -123,6 +129,47 @@ spec:
             for _, values, _ in series:
                 for value in values:
                     self.assertNotIn("?", str(value))
+
+    async def test_api_backend_failures_by_class(self) -> None:
+        """
+        An api backend's unsuccessful status, a body that is not JSON and one too large
+        each have their own error.type (the status code, the exception type).
+        """
+
+        def backend(request: Any) -> bytes:
+            if request.path == b"/status":
+                request.setResponseCode(503)
+                return b"{}"
+            if request.path == b"/text":
+                return b"not json"
+            return b"[" + b"0," * (MAX_BACKEND_BODY // 2) + b"0]"
+
+        upstream = SiteBackend(backend).start()
+        self.addCleanup(upstream.stop)
+        origin = f"http://127.0.0.1:{upstream.port}"
+        routes = f"""\
+---
+kind: Route
+metadata: {{name: dash}}
+spec:
+  match: "GET /dash"
+  access: {{auth: public}}
+  handler:
+    type: api
+    backends:
+      - {{group: status, upstream: "{origin}", path: /status, required: false}}
+      - {{group: text, upstream: "{origin}", path: /text, required: false}}
+      - {{group: big, upstream: "{origin}", path: /big, required: false}}
+"""
+        gateway, port = self.listening(routes)
+        await http_exchange(port, "GET", "/dash")
+        assert gateway.metrics is not None
+        failed = {
+            (values[1], values[4]) for _, values, _ in gateway.metrics.client_duration.points()
+        }
+        self.assertEqual(
+            failed, {("status", "503"), ("text", "NotJSONError"), ("big", "BodyTooLargeError")}
+        )
 
     async def _until(self, test: Any) -> None:
         for _ in range(200):

@@ -95,6 +95,8 @@ class _Store:
     A state store whose reads succeed or fail, counting them.
     """
 
+    timeout = 2.0
+
     def __init__(self) -> None:
         self.reachable = True
         self.reads = 0
@@ -119,6 +121,16 @@ class ResourceTests(SynchronousTestCase):
         result = resource.render(request)  # type: ignore[arg-type]
         self.assertEqual(result, NOT_DONE_YET)
         return request
+
+    def held(self) -> tuple[_Store, Clock, ReadinessResource]:
+        """
+        A listening gateway's endpoint whose store holds its answers.
+        """
+        store = _Store()
+        store.hold = True
+        clock = Clock()
+        resource = ReadinessResource(Readiness(listening=True), clock, store=store)  # type: ignore[arg-type]
+        return store, clock, resource
 
     def test_reasons(self) -> None:
         state = Readiness()
@@ -150,11 +162,7 @@ class ResourceTests(SynchronousTestCase):
         self.assertEqual((head.responseCode, head.written), (503, []))
 
     def test_the_store_is_asked_at_most_once_a_second(self) -> None:
-        state = Readiness(listening=True)
-        store = _Store()
-        clock = Clock()
-        resource = ReadinessResource(state, clock, store=store)  # type: ignore[arg-type]
-        store.hold = True
+        store, clock, resource = self.held()
         held = [self.answer(resource) for _ in range(20)]
         self.assertEqual(store.reads, 1)  # one check for all of them
         store.pending[0].callback(None)
@@ -168,6 +176,15 @@ class ResourceTests(SynchronousTestCase):
         store.hold = False
         self.answer(resource)
         self.assertEqual(store.reads, 2)
+
+    def test_a_store_that_never_answers_is_unreachable(self) -> None:
+        store, clock, resource = self.held()
+        held = [self.answer(resource) for _ in range(3)]
+        clock.advance(store.timeout + 1)
+        self.assertEqual({request.responseCode for request in held}, {503})
+        self.assertEqual(
+            json.loads(b"".join(held[0].written))["reasons"], ["the state store cannot be reached"]
+        )
 
 
 class FlipTests(TestCase):

@@ -34,7 +34,7 @@ class SessionViewResource(AuthEndpoint):
             return b""
         reading = Deferred.fromCoroutine(server.read(request))
         reading.addCallback(
-            lambda found: self._answer(request, found[1] if found is not None else None)
+            lambda found: self._answer(request, found[1] if isinstance(found, tuple) else None)
         )
         answer_failures(request, reading)
         return NOT_DONE_YET

@@ -25,7 +25,7 @@ from edgegw.identity.cookies import is_https
 from edgegw.identity.principal import Principal
 from edgegw.identity.session_cookie import SessionCookie, SessionRecord
 from edgegw.metrics.gateway import NO_METRICS, IMetrics
-from edgegw.sessions.server import ServerSessions
+from edgegw.sessions.server import STORE_UNAVAILABLE, ServerSessions
 
 __all__ = ["session_stage"]
 
@@ -95,16 +95,21 @@ def session_stage(
                 exchange.note("auth", "cross-origin WebSocket: session not used")
             else:
                 record: SessionRecord | None
+                unavailable = False
                 if server is None:
                     record = cookie.read(request)
                 else:
                     found = await server.read(request, exchange.note, refuse is None)
                     record = None
-                    if found is not None:
+                    if isinstance(found, tuple):
                         session_id, record = found
                         server.streams.track(session_id, request)
+                    elif found is STORE_UNAVAILABLE:
+                        unavailable = True
                 if record is None:
-                    if request.getCookie(cookie_name) is not None:
+                    if unavailable:
+                        metrics.auth("session", "unavailable", "state_store")
+                    elif request.getCookie(cookie_name) is not None:
                         # Sent, but expired, tampered with, ended or unreadable.
                         metrics.auth("session", "rejected", "invalid")
                 else:

@@ -248,6 +248,7 @@ class ApiHandler(TerminalResource):
         agent = self.agent.call(exchange, backend.spec.group, headers, fresh)
         http = HTTPClient(agent, cookiejar=_NO_COOKIES)  # type: ignore[arg-type]
         outcome = _Outcome()
+        error_class: str | None = None
         try:
             response = await http.request(
                 backend.method,
@@ -266,14 +267,19 @@ class ApiHandler(TerminalResource):
             agent.abort()
             agent.end(outcome.status, "timeout" if fan_out.timed_out else "cancelled")
             raise
-        except (BackendCallError, BodyTooLargeError, NotJSONError) as e:
+        except BackendCallError as e:
             outcome.reason = str(e)
+            # As the semantic conventions ask for an unsuccessful status: the code.
+            error_class = str(outcome.status)
+        except (BodyTooLargeError, NotJSONError) as e:
+            outcome.reason = str(e)
+            error_class = type(e).__name__
         except Exception as e:
             outcome.reason = describe_error(e)
         if not outcome.ok:
             # Whatever failed, the connection is not left open (a no-op once it is done).
             agent.abort()
-        agent.end(outcome.status, None if outcome.ok else outcome.reason)
+        agent.end(outcome.status, None if outcome.ok else outcome.reason, error_class)
         return outcome
 
     # -- the fan-out -----------------------------------------------------------------------

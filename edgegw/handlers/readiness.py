@@ -5,9 +5,10 @@ document and key set are loaded (with an IdP), and its state store answers (with
 state provider) — else 503 with the reasons, so that a load balancer stops sending it
 logins it cannot serve. The health handler keeps meaning "the process is alive".
 
-The state store is asked (one read, bounded by its own timeout) at most once a second,
-whoever asks and however often: the endpoint is public, and must not become a way to
-load Redis.
+The state store is asked (one read, bounded by its own timeout and one second more) at
+most once a second, whoever asks and however often: the endpoint is public, and must
+not become a way to load Redis. The read is not counted in the state-store metrics
+(load-balancer probes would swamp the sessions' own operations).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import json
 from typing import Any
 
 import attrs
-from twisted.internet.defer import Deferred
+from twisted.internet.defer import Deferred, TimeoutError
 from twisted.logger import Logger
 from twisted.web.resource import Resource
 from twisted.web.server import NOT_DONE_YET, Request
@@ -122,11 +123,16 @@ class ReadinessResource(Resource):
         self._checking = [waiter]
         assert self.store is not None
         asked: Deferred[Any] = self.store.get(PROBE_KEY)
+        # Stores bound every operation by their timeout; one that does not must still
+        # not hold every probe (and a growing list of them) for ever.
+        asked.addTimeout(self.store.timeout + 1, self.reactor)
         asked.addCallbacks(lambda _: True, self._unreachable).addCallback(self._checked)
         return waiter
 
     def _unreachable(self, failure: Any) -> bool:
-        if not failure.check(StoreError):
+        if failure.check(TimeoutError):
+            _log.warn("readiness: the state store did not answer within its timeout")
+        elif not failure.check(StoreError):
             _log.failure("readiness: the state-store check failed unexpectedly", failure)
         return False
 

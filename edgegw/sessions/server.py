@@ -29,6 +29,7 @@ import hmac
 import re
 import secrets
 from collections.abc import Callable, Iterable
+from typing import Final
 
 from twisted.application.service import Service
 from twisted.internet.defer import Deferred, TimeoutError
@@ -52,12 +53,24 @@ from edgegw.sessions.refresh import Refresher
 from edgegw.sessions.streams import OpenRequests
 from edgegw.state.store import IStateStore, StoreError, StoreUnavailableError
 
-__all__ = ["LOGOUT_CHANNEL", "ServerSessions", "SessionStoreError"]
+__all__ = ["LOGOUT_CHANNEL", "STORE_UNAVAILABLE", "ServerSessions", "SessionStoreError"]
 
 _log = Logger(namespace="edgegw.sessions")
 
 LOGOUT_CHANNEL = b"logout"
 """The channel (under the key prefix) ended session ids are published on."""
+
+
+class _StoreUnavailable:
+    def __repr__(self) -> str:
+        return "STORE_UNAVAILABLE"
+
+
+STORE_UNAVAILABLE: Final = _StoreUnavailable()
+"""
+What L{ServerSessions.read} answers when the store could not be asked: no session, as
+for an unknown one, but told apart (an outage is not a forged cookie).
+"""
 
 MAX_OPENED = 2048
 """Opened records kept per gateway ((session id, sealed value) -> its record)."""
@@ -262,7 +275,7 @@ class ServerSessions(Service):
         request: Request,
         note: Callable[[str, str], object] | None = None,
         optional: bool = False,
-    ) -> tuple[str, SessionRecord] | None:
+    ) -> tuple[str, SessionRecord] | _StoreUnavailable | None:
         """
         The session of C{request}, its access token refreshed first when it is due.
 
@@ -273,8 +286,9 @@ class ServerSessions(Service):
             is not asked at all; it is waited for at most L{OPTIONAL_READ_BUDGET}. The
             request is then served as anonymous rather than wait.
         @return: The session id and record; L{None} without a cookie, for a session that
-            does not exist (any more), for another browser's (fingerprint), or when the
-            store cannot be reached (fail closed: the store logs why).
+            does not exist (any more) or for another browser's (fingerprint);
+            L{STORE_UNAVAILABLE} when the store cannot be reached (fail closed: the store
+            logs why).
         """
         session_id = self.session_id(request)
         if session_id is None:
@@ -282,7 +296,7 @@ class ServerSessions(Service):
         if optional and self._skip_until > self._clock.seconds():
             if note is not None:
                 note("auth", "session store unavailable: session not used")
-            return None
+            return STORE_UNAVAILABLE
         try:
             if optional:
                 loading = Deferred.fromCoroutine(self.load(session_id))
@@ -298,7 +312,7 @@ class ServerSessions(Service):
             self._skip_until = self._clock.seconds() + SKIP_AFTER_FAILURE
             if note is not None:
                 note("auth", "session store unavailable: session not used")
-            return None
+            return STORE_UNAVAILABLE
         if record is None:
             return None
         if not hmac.compare_digest(record.fingerprint, self.cookie.fingerprint(request)):

@@ -531,9 +531,11 @@ class UpstreamCallAgent:
         if self._received is not None:
             self._received.abort()
 
-    def end(self, status: int | None = None, error: str | None = None) -> None:
+    def end(
+        self, status: int | None = None, error: str | None = None, error_class: str | None = None
+    ) -> None:
         """
-        Record the call's outcome (later calls do nothing).
+        Record the call's outcome (later calls do nothing); see L{UpstreamCall.end}.
         """
         if self.record is not None:
-            self.record.end(status, error)
+            self.record.end(status, error, error_class)

@@ -67,10 +67,15 @@ class UpstreamCall:
     origin: str = ""
     metrics: IMetrics = NO_METRICS
 
-    def end(self, status: int | None = None, error: str | None = None) -> None:
+    def end(
+        self, status: int | None = None, error: str | None = None, error_class: str | None = None
+    ) -> None:
         """
         Record the outcome: the status received (if any) and the failure reason (if any).
         Later calls do nothing.
+
+        @param error_class: The failure's C{error.type} in the metrics, when the caller
+            knows it better than L{error_type} can tell from C{error}.
         """
         if self.ended:
             return
@@ -87,7 +92,7 @@ class UpstreamCall:
             self.method,
             status,
             elapsed,
-            error_type(error) if error is not None else None,
+            error_class or (error_type(error) if error is not None else None),
             "" if self.name == "upstream" else self.name,
         )
         if error is not None:
