@@ -39,7 +39,7 @@ from edgegw.metrics.otlp import (
     metrics_data,
     metrics_url,
 )
-from edgegw.metrics.prometheus import label_name, metric_name, render
+from edgegw.metrics.prometheus import label_name, metric_name, render, target_labels
 from tests.support.configs import load_text, problems_of
 from tests.support.otlp_metrics import (
     MetricsCollector,
@@ -180,6 +180,16 @@ class PrometheusTests(SynchronousTestCase):
         self.assertEqual(metric_name("x.ready", "1", "gauge"), "x_ready_ratio")
         self.assertEqual(label_name("http.route"), "http_route")
         self.assertEqual(label_name("1st"), "_1st")
+
+    def test_target_info_labels_are_never_twice(self) -> None:
+        attributes = {
+            "service.name": "edge",
+            "deployment.environment": "prod",
+            "deployment_environment": "other",
+        }
+        text = render(Registry(), attributes).decode()
+        self.assertIn('target_info{service_name="edge",deployment_environment="prod"} 1', text)
+        self.assertEqual(target_labels({"1a": 1, "_1a": 2}), {"_1a": 1})
 
     def test_text_format(self) -> None:
         registry = Registry()

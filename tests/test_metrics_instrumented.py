@@ -23,6 +23,7 @@ from edgegw.upstream.pool import UpstreamClient
 from tests.support.backends import SiteBackend, answer
 from tests.support.configs import write_tree
 from tests.support.daemons import http_exchange, sleep
+from tests.support.fake_idp import FakeIdP
 from tests.support.processes import listen_local, port_of, raw_exchange, refused_port
 
 reactor: Any = _reactor
@@ -169,6 +170,26 @@ spec:
         }
         self.assertEqual(
             failed, {("status", "503"), ("text", "NotJSONError"), ("big", "BodyTooLargeError")}
+        )
+
+    async def test_a_key_set_failure_is_not_a_discovery_failure(self) -> None:
+        idp = FakeIdP()
+        await idp.start(self)
+        dead = await refused_port()
+        idp_doc = (
+            "---\nkind: IdP\nmetadata: {name: idp}\nspec:\n  type: oidc\n"
+            f'  issuer: "{idp.issuer}"\n  clientID: gw\n'
+            f'  verificationOnly: true\n  bearer: {{jwksURL: "http://127.0.0.1:{dead}/jwks"}}\n'
+        )
+        gateway, _ = self.listening(idp_doc)
+        provider, metrics = gateway.idp, gateway.metrics
+        assert provider is not None and metrics is not None
+        provider.startService()
+        self.addCleanup(provider.stopService)
+        await self._until(lambda: provider.last_error is not None)
+        self.assertEqual(
+            {values: value for _, values, value in metrics.idp_fetches.points()},
+            {("discovery", "ok"): 1, ("keys", "ok"): 1, ("keys", "failed"): 1},
         )
 
     async def _until(self, test: Any) -> None:

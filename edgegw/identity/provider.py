@@ -247,8 +247,17 @@ class IdentityProvider(Service):
         return self.spec.bearer.jwks_url or metadata.access_token_jwks_uri
 
     async def _discover(self) -> None:
-        document = await self._get_json(discovery_url(self.spec.issuer), "discovery")
-        metadata = parse_discovery(document, self.spec.issuer)
+        try:
+            document = await self._get_json(discovery_url(self.spec.issuer), "discovery")
+            metadata = parse_discovery(document, self.spec.issuer)
+        except CancelledError:
+            raise
+        except Exception:
+            # Counted here, not for the whole refresh: a key set that fails to load is
+            # counted as keys/failed only.
+            self.metrics.idp_fetch("discovery", "failed")
+            raise
+        self.metrics.idp_fetch("discovery", "ok")
         await self.id_token_keys.load(metadata.jwks_uri)
         access_url = self.access_token_keys_url(metadata)
         if access_url == metadata.jwks_uri:
@@ -265,7 +274,6 @@ class IdentityProvider(Service):
         if isinstance(result, Failure):
             if result.check(CancelledError):
                 return
-            self.metrics.idp_fetch("discovery", "failed")
             self._failures += 1
             self.last_error = _reason(result)
             delay = min(self.retry_cap, self.first_retry * 2 ** (self._failures - 1))
@@ -288,7 +296,6 @@ class IdentityProvider(Service):
                     delay=delay,
                 )
         else:
-            self.metrics.idp_fetch("discovery", "ok")
             if self._failures or self.last_error is not None or not self._next_at:
                 _log.info(
                     "IdP {issuer} discovered: {count} signing keys",

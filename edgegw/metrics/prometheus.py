@@ -13,12 +13,15 @@ import re
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from twisted.logger import Logger
 from twisted.web.resource import Resource
 from twisted.web.server import Request
 
 from edgegw.metrics.instruments import Counter, Histogram, HistogramPoint, Observable, Registry
 
-__all__ = ["CONTENT_TYPE", "MetricsPage", "metric_name", "render"]
+__all__ = ["CONTENT_TYPE", "MetricsPage", "metric_name", "render", "target_labels"]
+
+_log = Logger(namespace="edgegw.metrics")
 
 CONTENT_TYPE = b"text/plain; version=0.0.4; charset=utf-8"
 
@@ -56,6 +59,19 @@ def label_name(name: str) -> str:
     """
     label = _INVALID_LABEL.sub("_", name)
     return "_" + label if label[:1].isdigit() else label
+
+
+def target_labels(resource: Mapping[str, Any]) -> dict[str, Any]:
+    """
+    C{resource}'s attributes as C{target_info}'s labels: the first of several
+    attributes whose label names are the same (C{deployment.environment} and
+    C{deployment_environment}) is kept, as Prometheus refuses a whole scrape with a
+    label twice.
+    """
+    labels: dict[str, Any] = {}
+    for name, value in resource.items():
+        labels.setdefault(label_name(name), value)
+    return labels
 
 
 def _escape(value: object) -> str:
@@ -100,10 +116,11 @@ def render(registry: Registry, resource: Mapping[str, Any]) -> bytes:
     """
     The registry's series now, with C{target_info} carrying C{resource}.
     """
+    target = target_labels(resource)
     lines = [
         "# HELP target_info Target metadata",
         "# TYPE target_info gauge",
-        f"target_info{_labels(resource.keys(), resource.values())} 1",
+        f"target_info{_labels(target.keys(), target.values())} 1",
     ]
     for instrument in registry.instruments:
         kind = _kind(instrument)
@@ -141,6 +158,13 @@ class MetricsPage(Resource):
         super().__init__()
         self.registry = registry
         self.resource = dict(resource)
+        kept = target_labels(resource)
+        if len(kept) < len(resource):
+            _log.warn(
+                "resource attributes {names} share Prometheus label names: target_info"
+                " keeps the first of each",
+                names=", ".join(sorted(resource)),
+            )
 
     def render_GET(self, request: Request) -> bytes:
         request.setHeader(b"Content-Type", CONTENT_TYPE)
