@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import socket
 from typing import Any
 
@@ -94,6 +95,48 @@ class WorkerTests(TestCase):
         # Both processes answered some of the requests, on the one socket.
         self.assertTrue(all(count > 0 for count in served), served)
         self.assertEqual(sum(served), 200)
+
+
+    async def test_a_burst_of_connections_is_spread(self) -> None:
+        """
+        Connections that are all pending when the workers wake (a load generator's, or
+        a restart's backlog) go to both, not all to the one that woke first.
+        """
+        listener = shared_listener()
+        self.addCleanup(listener.close)
+        port = listener.getsockname()[1]
+        config = write_tree(
+            self.mktemp(),
+            {name: _read(os.path.join(PACKAGED, name)) for name in os.listdir(PACKAGED)},
+        )
+        workers = [worker(self, listener, config) for _ in range(2)]
+        for each in workers:
+            await each.listening
+        # Both asleep while the kernel completes 40 handshakes into the backlog.
+        pids = [each.transport.pid for each in workers]  # type: ignore[attr-defined]
+        for pid in pids:
+            os.kill(pid, signal.SIGSTOP)
+        clients = []
+        try:
+            for _ in range(40):
+                client = socket.create_connection(("127.0.0.1", port))
+                self.addCleanup(client.close)
+                clients.append(client)
+        finally:
+            for pid in pids:
+                os.kill(pid, signal.SIGCONT)
+        for client in clients:
+            client.sendall(b"GET /healthz HTTP/1.1\r\nHost: gw\r\n\r\n")
+        for client in clients:
+            client.settimeout(10)
+            self.assertTrue(client.recv(65536).startswith(b"HTTP/1.1 200 "))
+        for _ in range(100):
+            served = [_served(each.output) for each in workers]
+            if sum(served) == 40:
+                break
+            await _sleep(0.05)
+        self.assertEqual(sum(served), 40)
+        self.assertGreaterEqual(min(served), 10, served)
 
 
 def _served(output: bytes) -> int:
