@@ -12,6 +12,8 @@ from __future__ import annotations
 from typing import Any
 
 from twisted.internet import reactor as _reactor
+from twisted.internet.defer import ensureDeferred
+from twisted.internet.task import deferLater
 from twisted.trial.unittest import TestCase
 
 from edgegw.metrics.gateway import GatewayMetrics
@@ -212,6 +214,21 @@ class IdentityMetricsTests(TestCase):
                 series(auth, **auth_labels("session", "accepted", "")): 1,
                 series(auth, **auth_labels("session", "unavailable", "state_store")): 1,
             },
+        )
+
+    async def test_a_refresh_that_cannot_be_stored(self) -> None:
+        browser = Browser()
+        await self.gw.login(browser)
+        self.idp.refresh_delay = 0.5
+        pending = ensureDeferred(browser.get(self.gw.url("/app/x")))
+        while self.idp.refresh_grants == 0:
+            await deferLater(reactor, 0.01, lambda: None)
+        await self.redis.stop()
+        # This request goes on with its new token; the store never got it.
+        self.assertEqual((await pending).status, 200)
+        self.assertEqual(
+            await self.counts("edgegw_session_refreshes"),
+            {series("edgegw_session_refreshes_total", edgegw_refresh_outcome="not_stored"): 1},
         )
 
     async def test_idp_fetch_failures(self) -> None:

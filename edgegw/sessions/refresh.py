@@ -257,14 +257,15 @@ class Refresher:
                 rotated if usable_token(rotated, MAX_REFRESH_TOKEN) else current.refresh_token
             ),
         )
-        self._metrics.refresh("ok")
         try:
             stored = await sessions.replace(session_id, sealed, fresh)
         except StoreError as e:
             # This request has a valid token; the next read gets the old record and,
             # with a rotating IdP, a refresh token already spent.
+            self._metrics.refresh("not_stored")
             _log.warn("a refreshed session could not be stored ({reason})", reason=e)
             return fresh
+        self._metrics.refresh("ok")
         if not stored:
             # Ended (a logout, a back-channel logout) while the IdP answered: it stays
             # ended, and this request goes on without it. (Or written by another
