@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, cast
+from typing import Any
 
 import attrs
 from opentelemetry.sdk.trace import SpanProcessor
@@ -213,7 +213,10 @@ def build_gateway(
         )
         if metrics is not None:
             _observe_pool(metrics, client)
-            _observe_access_log(metrics, writer, _dropped_before(carried))
+            if writer is not None:
+                # A counter, not a reading of the writer: the series is carried over a
+                # reload, and the old writer's drops while it drains count on in it.
+                writer.on_drop = metrics.access_log_dropped()
         projected = projected_header_names(routes, groups_as)
         # The sessions use the store through its counted view (not the readiness probe).
         used_store = (
@@ -468,17 +471,8 @@ def edge_site(
     site.noisy = False
     if metrics is not None:
         site.metrics = metrics
-        metrics.observe(
-            "edgegw.edge.connections_refused",
-            "{connection}",
-            "Connections closed unanswered over limits.maxConnections(PerAddress).",
-            ("edgegw.limit",),
-            lambda: [
-                (("maxConnections",), site.connections.refused_over_total),
-                (("maxConnectionsPerAddress",), site.connections.refused_over_address),
-            ],
-            "counter",
-        )
+        # A counter, not a reading of this site's counts: it is carried over a reload.
+        site.connections.on_refused = metrics.connections_refused()
     return site
 
 
@@ -759,41 +753,6 @@ def _observe_pool(metrics: GatewayMetrics, client: UpstreamClient) -> None:
         waiting,
         "updowncounter",
     )
-
-
-_DROPPED = "edgegw.access_log.dropped"
-
-
-def _observe_access_log(
-    metrics: GatewayMetrics, writer: LineWriter | None, before: float = 0
-) -> None:
-    """
-    Access-log lines dropped because the output did not keep up (with a writer), after
-    C{before} counted by the gateways this one replaced.
-    """
-    if writer is None:
-        return
-    metrics.observe(
-        _DROPPED,
-        "{line}",
-        "Access-log lines dropped: the output did not keep up.",
-        (),
-        lambda: [((), before + writer.dropped)],
-        "counter",
-    )
-
-
-def _dropped_before(registry: Registry | None) -> float:
-    """
-    The access-log lines C{registry}'s gateway counted as dropped, so that a reload's
-    writer counts on from there (the counter never goes down).
-    """
-    if registry is None:
-        return 0
-    for instrument in registry.instruments:
-        if instrument.name == _DROPPED:
-            return sum(cast(float, value) for _, _, value in instrument.points())
-    return 0
 
 
 def _observe_idp(metrics: IMetrics, provider: IdentityProvider) -> None:

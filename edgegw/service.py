@@ -297,9 +297,13 @@ class GatewayService(MultiService):
         for child in self._children_of(gateway):
             child.setServiceParent(self)
 
-    def _children_of(self, gateway: Gateway) -> list[IService]:
+    def _children_of(self, gateway: Gateway, export: bool = True) -> list[IService]:
         """
         The children that serve C{gateway}, named, in start order; not yet in the tree.
+
+        @param export: Include the OTLP metrics export (a reload starts it only when
+            the new gateway takes over: until then the running one's export sends the
+            same series, and a refused configuration must send nothing).
         """
         children: list[tuple[str, Service]] = [
             ("access-log", AccessLogService(gateway.access_log)),
@@ -316,21 +320,30 @@ class GatewayService(MultiService):
             children.append(("idp", gateway.idp))
         if gateway.telemetry is not None:
             children.append(("telemetry", TelemetryService(gateway.telemetry)))
-            metrics = gateway.telemetry.spec.metrics
-            if gateway.metrics is not None and metrics is not None:
-                export = export_service(
-                    gateway.telemetry.spec,
-                    metrics,
-                    gateway.metrics.registry,
-                    gateway.telemetry.provider.resource,
-                    self.reactor,
-                )
-                if export is not None:
-                    # Its last export, when the gateway retires, counts what it served.
-                    children.append(("metrics-export", export))
+        exporting = self._export_of(gateway) if export else None
+        if exporting is not None:
+            # Its last export, when the gateway retires, counts what it served.
+            children.append(("metrics-export", exporting))
         for name, child in children:
             child.setName(name)
         return [child for _, child in children]
+
+    def _export_of(self, gateway: Gateway) -> Service | None:
+        """
+        The OTLP export of C{gateway}'s metrics, when its Telemetry resource asks for
+        one; not yet named or started.
+        """
+        telemetry = gateway.telemetry
+        metrics = telemetry.spec.metrics if telemetry is not None else None
+        if telemetry is None or metrics is None or gateway.metrics is None:
+            return None
+        return export_service(
+            telemetry.spec,
+            metrics,
+            gateway.metrics.registry,
+            telemetry.provider.resource,
+            self.reactor,
+        )
 
     @property
     def port(self) -> IListeningPort | None:
@@ -461,7 +474,7 @@ class GatewayService(MultiService):
                 config, self.reactor, metrics_from=old.metrics, **self._build_options
             )
             open_access_log(new)
-            children = self._children_of(new)
+            children = self._children_of(new, export=False)
             if new.idp is not None and old.idp is not None and new.idp.take_over(old.idp):
                 # Logins and Bearer tokens go on without waiting for a rediscovery.
                 _log.info(
@@ -536,6 +549,8 @@ class GatewayService(MultiService):
             new.readiness.listening = self.listener.port is not None
         telemetry = new.telemetry
         metrics_spec = telemetry.spec.metrics if telemetry is not None else None
+        if new.metrics is not None:
+            new.metrics.registry.adopt()
         if self.metrics_listener is not None and new.metrics is not None:
             # The same series (the new registry carries the old one's instruments) with
             # the new gateway's observables, path and resource attributes.
@@ -545,7 +560,7 @@ class GatewayService(MultiService):
             )
         if new.metrics is not None:
             # The old export would send the same series as the new one through the
-            # drain: it stops now, with its last export.
+            # drain: it stops now, with its last export, and the new one starts.
             for child in retired:
                 if child.name == "metrics-export":
                     retired.remove(child)
@@ -553,6 +568,10 @@ class GatewayService(MultiService):
                     if stopping is not None:
                         stopping.addErrback(_log_retire_failure)
                     break
+            exporting = self._export_of(new)
+            if exporting is not None:
+                exporting.setName("metrics-export")
+                exporting.setServiceParent(self)
         _log.info(
             "configuration reloaded from {source}: {count} routes",
             source=self.source,

@@ -97,8 +97,9 @@ class InstrumentTests(SynchronousTestCase):
     def test_a_reload_carries_the_same_instruments(self) -> None:
         """
         A registry built over another takes its counters and histograms (same name,
-        kind, unit, attributes and boundaries) with its start time and the new limit;
-        observables and changed instruments are new.
+        kind, unit, attributes and boundaries) with its start time, and the new limit
+        once it is adopted (a reload refused before that leaves the running gateway's
+        limit); observables and changed instruments are new.
         """
         old = Registry(limit=10)
         counter = old.counter("c", "{x}", "d", ("a",))
@@ -110,11 +111,14 @@ class InstrumentTests(SynchronousTestCase):
         self.assertEqual(new.start_time_ns, old.start_time_ns)
         carried = new.counter("c", "{x}", "d", ("a",))
         self.assertIs(carried, counter)
-        self.assertEqual(carried.limit, 20)
+        self.assertEqual(carried.limit, 10)
         self.assertIs(new.histogram("h", "s", "d", (), (1.0,)), histogram)
         self.assertIsNot(new.histogram("changed", "s", "d", (), (2.0,)), changed)
         self.assertIsNot(new.counter("o", "1", "d"), old.instruments[-1])
         self.assertEqual(len(new.instruments), 4)
+        self.assertEqual((counter.limit, histogram.limit), (10, 10))
+        new.adopt()
+        self.assertEqual((counter.limit, histogram.limit), (20, 20))
         counter.add(1, ("x",))  # the old gateway's request in flight
         self.assertEqual(carried.value(("x",)), 4)
 

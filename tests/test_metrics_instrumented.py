@@ -12,13 +12,19 @@ import socket
 from typing import Any
 
 from twisted.internet import reactor as _reactor
+from twisted.internet.address import IPv4Address
 from twisted.trial.unittest import TestCase
-from twisted.web.server import NOT_DONE_YET
+from twisted.web.resource import Resource
+from twisted.web.server import NOT_DONE_YET, Site
 
+from edgegw.chain.access_log import AccessLog
+from edgegw.chain.pipeline import InFlight
+from edgegw.chain.resource_target import ResourceTarget
 from edgegw.config.parse import load_config
 from edgegw.gateway import Gateway, build_gateway
 from edgegw.handlers.api import MAX_BACKEND_BODY
 from edgegw.metrics.gateway import GatewayMetrics
+from edgegw.metrics.instruments import Registry
 from edgegw.upstream.pool import UpstreamClient
 from tests.support.backends import SiteBackend, answer
 from tests.support.configs import write_tree
@@ -218,6 +224,38 @@ spec:
         self.assertIsNone(lines[0]["status"])
         self.assertTrue(lines[0]["client_gone"])
 
+    async def test_client_gone_from_a_gateway_endpoint_counted_without_status(self) -> None:
+        """
+        The same for the gateway's own endpoints (login, callback, readiness: plain
+        Resources on the mux): a client that leaves before the answer is no 200.
+        """
+        metrics = GatewayMetrics(Registry())
+        access = AccessLog(metrics=metrics)
+        lines: list[dict[str, Any]] = []
+        access.emit = lines.append  # type: ignore[method-assign, assignment]
+        inflight = InFlight()
+        hanging = Resource()
+        hanging.render = lambda request: NOT_DONE_YET  # type: ignore[method-assign]
+        target = ResourceTarget("/auth/callback", hanging, access, inflight)
+
+        class Mounted(Resource):
+            isLeaf = True
+
+            def render(self, request: Any) -> int:
+                return target.serve(request, {})
+
+        port = listen_local(Site(Mounted()))
+        self.addCleanup(port.stopListening)
+        client = socket.create_connection(("127.0.0.1", port_of(port)))
+        client.sendall(b"GET /auth/callback?code=x HTTP/1.1\r\nHost: a\r\n\r\n")
+        await self._until(lambda: inflight.count == 1)
+        client.close()
+        await self._until(lambda: lines)
+        counted = {values: point.count for _, values, point in metrics.server_duration.points()}  # type: ignore[attr-defined]
+        self.assertEqual(counted, {("/auth/callback", "GET", "none"): 1})
+        self.assertIsNone(lines[0]["status"])
+        self.assertTrue(lines[0]["client_gone"])
+
     async def test_abandoned_body_counted_with_its_status(self) -> None:
         """
         A 400 the channel writes itself for a malformed chunked body of a request
@@ -294,11 +332,46 @@ spec:
         )
 
     def test_dropped_lines_count_on_across_a_reload(self) -> None:
+        """
+        Lines the old writer drops after the new gateway is built (while it warms up,
+        and while the old one drains) count on in the one series, as do the new
+        writer's.
+        """
         root = self.mktemp()
         old = self.build(root)
-        assert old.access_log.writer is not None
-        old.access_log.writer.dropped = 5
+        old_writer = old.access_log.writer
+        assert old_writer is not None
+        self.addCleanup(old_writer.close)
+        self.assertEqual(self.observed(old, "edgegw.access_log.dropped"), {(): 0})
+        old_writer._drop(5, "the output is not keeping up")
         new = self.build(root, metrics_from=old.metrics)
+        assert new.metrics is not None
+        new.metrics.registry.adopt()
+        old_writer._drop(3, "the output is not keeping up")
         assert new.access_log.writer is not None
-        new.access_log.writer.dropped = 2
-        self.assertEqual(self.observed(new, "edgegw.access_log.dropped"), {(): 7})
+        self.addCleanup(new.access_log.writer.close)
+        new.access_log.writer._drop(2, "the output is not keeping up")
+        self.assertEqual(self.observed(new, "edgegw.access_log.dropped"), {(): 10})
+
+    def test_refused_connections_count_on_across_a_reload(self) -> None:
+        """
+        The connections the old site refuses count on after a reload, into the same
+        series as the new site's.
+        """
+        root = self.mktemp()
+        old = self.build(root)
+        both = {("maxConnections",): 0, ("maxConnectionsPerAddress",): 0}
+        self.assertEqual(self.observed(old, "edgegw.edge.connections_refused"), both)
+        peer = IPv4Address("TCP", "192.0.2.1", 4000)
+        old.site.connections.max_connections = 1
+        self.assertIsNotNone(old.site.buildProtocol(peer))
+        old.site.buildProtocol(peer)  # over the cap: refused
+        new = self.build(root, metrics_from=old.metrics)
+        old.site.buildProtocol(peer)  # a refusal while the new one warms up
+        new.site.connections.max_per_address = 1
+        new.site.buildProtocol(peer)
+        new.site.buildProtocol(peer)
+        self.assertEqual(
+            self.observed(new, "edgegw.edge.connections_refused"),
+            {("maxConnections",): 2, ("maxConnectionsPerAddress",): 1},
+        )

@@ -10,15 +10,23 @@ import os
 import re
 import signal
 import socket
+import time
 from typing import Any
 
+import attrs
 from twisted.internet import reactor
 from twisted.internet.defer import ensureDeferred
+from twisted.internet.threads import deferToThread
 from twisted.trial.unittest import TestCase
 from twisted.web.server import NOT_DONE_YET, Request
 
+from edgegw.metrics.instruments import Registry
+from edgegw.metrics.serve import scrape_root
+from edgegw.server import scrape_site
+from edgegw.server.scrape_site import SCRAPE_LIMITS
 from tests.support.backends import SiteBackend, answer
 from tests.support.daemons import GatewayProcess, http_exchange, sleep
+from tests.support.processes import listen_local
 from tests.support.redis import free_port
 
 _SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{.*\})? (\S+)$")
@@ -253,3 +261,73 @@ class ScrapeTests(TestCase):
                 return
             await sleep(0.05)
         self.fail(f"{text!r} never logged:\n{gateway.output}")
+
+
+def _slow_read(port: int, pause: float) -> tuple[int, int]:
+    """
+    GET /metrics on C{port} through a small receive window, C{READ} bytes every
+    C{pause} seconds until the end: (the declared length, the body bytes received).
+    """
+    client = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    client.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 16384)
+    with client:
+        client.settimeout(10)
+        client.connect(("127.0.0.1", port))
+        client.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        received = b""
+        while True:
+            try:
+                data = client.recv(READ)
+            except ConnectionResetError:
+                break
+            if not data:
+                break
+            received += data
+            time.sleep(pause)
+    head, _, body = received.partition(b"\r\n\r\n")
+    found = re.search(rb"(?i)\r\ncontent-length: *(\d+)", head)
+    return (int(found.group(1)) if found else -1), len(body)
+
+
+READ = 65536
+PADDING = "x" * 60
+
+
+class SlowScraperTests(TestCase):
+    def serve(self, series: int, send_timeout: float) -> int:
+        """
+        A scrape site on a free port for a registry of C{series} series of about 100
+        bytes each, with this send timeout; its port.
+        """
+        registry = Registry()
+        for n in range(series // 2000):
+            counter = registry.counter(f"c{n}", "{x}", "d", ("label",))
+            for value in range(2000):
+                counter.add(1, (f"value-{value:08d}-{PADDING}",))
+        limits = attrs.evolve(SCRAPE_LIMITS, send_timeout=send_timeout)
+        self.patch(scrape_site, "SCRAPE_LIMITS", limits)
+        site = scrape_site.ScrapeSite(scrape_root(registry, "/metrics", {}), reactor)
+        port = listen_local(site)
+        self.addCleanup(port.stopListening)
+        # Accepted sockets inherit the listener's send buffer: the page cannot hide in
+        # the kernel, so it reaches the client at the pace the client reads.
+        port.socket.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 32768)
+        return int(port.getHost().port)
+
+    async def test_a_slow_but_steady_scraper_gets_a_big_page(self) -> None:
+        """
+        The scrape site's send timeout cuts a scraper that reads nothing, not one that
+        reads a page bigger than the buffers slowly: every chunk it reads counts.
+        """
+        port = self.serve(40_000, send_timeout=1.0)
+        # Read in about 2.5 s at 64 KiB per 50 ms: more than the send timeout in all.
+        declared, received = await deferToThread(_slow_read, port, 0.05)
+        self.assertGreater(declared, 3_000_000)
+        self.assertEqual(received, declared)
+
+    async def test_a_scraper_that_reads_nothing_is_cut(self) -> None:
+        port = self.serve(2000, send_timeout=0.3)
+        # Reads once, then nothing for far longer than the send timeout.
+        declared, received = await deferToThread(_slow_read, port, 1.0)
+        self.assertGreater(declared, 100_000)
+        self.assertLess(received, declared)

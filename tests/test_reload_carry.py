@@ -221,10 +221,10 @@ class ReloadCarryTests(TestCase):
 
         building = service._children_of
 
-        def with_broken(gateway: Any) -> list[Any]:
+        def with_broken(gateway: Any, export: bool = True) -> list[Any]:
             broken = Broken()
             broken.setName("broken")
-            return [*building(gateway), broken]
+            return [*building(gateway, export), broken]
 
         self.patch(service, "_children_of", with_broken)
         self.assertFalse(await service.reload())
@@ -401,3 +401,67 @@ class ReloadCarryTests(TestCase):
         self.assertEqual(len(collected.exports), 2)
         self.assertEqual([count(e, "/healthz") for e in collected.exports], [1, 2])
         self.assertEqual([count(e, "/slow") for e in collected.exports], [0, 1])
+
+    def metrics_files(
+        self, endpoint: str, limit: int, extra: str = "", gateway: str = GATEWAY
+    ) -> dict[str, str]:
+        """
+        A configuration with a health route and Telemetry exporting metrics over OTLP
+        to C{endpoint} (hourly: only a stop exports), C{limit} series per metric.
+        """
+        telemetry = (
+            "---\nkind: Telemetry\nmetadata: {name: t}\nspec:\n  service: {name: edge}\n"
+            f"  metrics: {{cardinalityLimit: {limit}, "
+            f'otlp: {{endpoint: "{endpoint}", interval: 3600s}}}}\n'
+        )
+        return {"a.yaml": gateway + HEALTH + telemetry + extra}
+
+    async def test_a_refused_reload_keeps_the_limit_a_switch_brings_its_own(self) -> None:
+        """
+        A configuration refused once its metrics were built (a Rego file that does not
+        compile) leaves the running gateway's cardinality limit alone; one that takes
+        over brings its limit, and its export starts as the old one's stops.
+        """
+        endpoint, collected = await start_http_metrics(self)
+        service, root = self.serve(self.metrics_files(endpoint, 1000))
+        running = service.getServiceNamed("metrics-export")
+        metrics = service.gateway.metrics
+        assert metrics is not None
+        policy = "---\nkind: Policy\nmetadata: {name: p}\nspec: {rego: {path: policies/p.rego}}\n"
+        write_tree(root, {"policies/p.rego": "package gw.authz\ndeny contains x if {"})
+        write_tree(root, self.metrics_files(endpoint, 1, policy))
+        self.assertFalse(await service.reload())
+        self.assertIs(service.gateway.metrics, metrics)
+        self.assertEqual(metrics.server_duration.limit, 1000)
+        self.assertIs(service.getServiceNamed("metrics-export"), running)
+
+        write_tree(root, self.metrics_files(endpoint, 3))
+        self.assertTrue(await service.reload())
+        carried = service.gateway.metrics
+        assert carried is not None
+        self.assertIs(carried.server_duration, metrics.server_duration)
+        self.assertEqual(metrics.server_duration.limit, 3)
+        exporting = service.getServiceNamed("metrics-export")
+        self.assertIsNot(exporting, running)
+        self.assertTrue(exporting.running)
+        self.assertFalse(running.running)
+        await collected.wait_until(lambda: len(collected.exports) == 1)
+
+    async def test_a_configuration_that_never_served_never_exports(self) -> None:
+        """
+        While a reload warms up (its IdP unreachable) the running export alone sends
+        the series; stopped meanwhile, only the running gateway's last export goes out.
+        """
+        endpoint, collected = await start_http_metrics(self)
+        service, root = self.serve(self.metrics_files(endpoint, 1000))
+        # with_idp's Gateway, its IdP resource after the rest.
+        gateway, _, idp = with_idp("http://127.0.0.1:9").partition("---\n")
+        write_tree(root, self.metrics_files(endpoint, 1000, "---\n" + idp, gateway))
+        reloading = service.reload()
+        await deferLater(reactor, 0.2, lambda: None)
+        self.assertFalse(reloading.called)
+        await service.stopService()
+        self.assertFalse(await reloading)
+        await collected.wait_until(lambda: len(collected.exports) >= 1)
+        await deferLater(reactor, 0.5, lambda: None)
+        self.assertEqual(len(collected.exports), 1)

@@ -106,18 +106,21 @@ class AccessLog:
         Resource mounted on the mux under C{route}.
         """
         elapsed = monotonic() - started
-        record = _record(request, request.code, elapsed, "", route)
-        self._extend(record, request)
-        self.emit(record)
+        status = _status(request, False)
         if self.metrics is not None:
             self.metrics.request(
                 route or "",
                 request.method,
-                request.code,
+                status,
                 elapsed,
                 _received(request),
                 request.sentLength,
             )
+        record = _record(request, status, elapsed, "", route)
+        if request._disconnected and not request.finished:
+            record["client_gone"] = True
+        self._extend(record, request)
+        self.emit(record)
 
     async def stage(self, exchange: Exchange, next: Handler) -> None:
         """
@@ -137,17 +140,7 @@ class AccessLog:
             raise
         finally:
             request = exchange.request
-            status: int | None
-            if request.startedWriting:
-                status = request.code
-            elif failed:
-                status = 500
-            elif request._disconnected:
-                # The client left before any response: no status (Twisted's default 200
-                # would count a hanging upstream as a success).
-                status = None
-            else:
-                status = request.code
+            status = _status(request, failed)
             elapsed = monotonic() - exchange.started
             pattern = exchange.route.pattern
             if metrics is not None:
@@ -167,6 +160,21 @@ class AccessLog:
                 record.update(exchange.notes)
             self._extend(record, request)
             self.emit(record)
+
+
+def _status(request: Request, failed: bool) -> int | None:
+    """
+    The status a request is logged and counted with: what was sent, else 500 for a
+    failed chain, else none when the client left before any response (Twisted's
+    default 200 would count a hanging upstream or IdP as a success).
+    """
+    if request.startedWriting:
+        return int(request.code)
+    if failed:
+        return 500
+    if request._disconnected:
+        return None
+    return int(request.code)
 
 
 def _received(request: Request) -> int:

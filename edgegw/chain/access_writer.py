@@ -205,12 +205,15 @@ class LineWriter:
 
     @param reactor: For scheduling flushes.
     @ivar dropped: How many lines were dropped since the writer was made.
+    @ivar on_drop: Told how many lines each drop lost (the gateway's metrics, which
+        outlive the writer across reloads).
     """
 
     def __init__(self, reactor: Any, output: str) -> None:
         self.reactor = reactor
         self.output = output
         self.dropped = 0
+        self.on_drop: Callable[[int], None] | None = None
         self._lines: list[bytes] = []
         self._queued = 0
         self._pending = b""
@@ -347,6 +350,8 @@ class LineWriter:
         if not lines:
             return
         self.dropped += lines
+        if self.on_drop is not None:
+            self.on_drop(lines)
         self._unreported += lines
         self._reason = reason
         if self._closed:

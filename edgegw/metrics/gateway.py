@@ -375,6 +375,35 @@ class GatewayMetrics:
     def state_operation(self, operation: str, outcome: str) -> None:
         self.state_operations.add(1, (operation, outcome))
 
+    def connections_refused(self) -> Callable[[str], None]:
+        """
+        Make the counter of connections closed unanswered over a connection cap, both
+        caps' series present from the start, and return what counts one refusal (with
+        the cap's field name).
+        """
+        counter = self.registry.counter(
+            "edgegw.edge.connections_refused",
+            "{connection}",
+            "Connections closed unanswered over limits.maxConnections(PerAddress).",
+            ("edgegw.limit",),
+        )
+        for limit in ("maxConnections", "maxConnectionsPerAddress"):
+            counter.add(0, (limit,))
+        return lambda limit: counter.add(1, (limit,))
+
+    def access_log_dropped(self) -> Callable[[int], None]:
+        """
+        Make the counter of access-log lines dropped because the output did not keep
+        up, and return what counts a drop of some lines.
+        """
+        counter = self.registry.counter(
+            "edgegw.access_log.dropped",
+            "{line}",
+            "Access-log lines dropped: the output did not keep up.",
+        )
+        counter.add(0)
+        return lambda lines: counter.add(lines)
+
     def observe(
         self,
         name: str,

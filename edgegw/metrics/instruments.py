@@ -218,6 +218,7 @@ class Registry:
         self.start_time_ns: int = time.time_ns() if carry is None else carry.start_time_ns
         self._names: set[str] = set()
         self._carried: dict[str, Instrument] = {}
+        self._taken: list[Counter | Histogram] = []
         if carry is not None:
             self._carried = {
                 instrument.name: instrument
@@ -234,7 +235,8 @@ class Registry:
     def _take_over(self, made: Counter | Histogram) -> Counter | Histogram:
         """
         The carried instrument of C{made}'s name when it is the same instrument (kind,
-        unit, attributes, boundaries), with this registry's limit; else C{made}.
+        unit, attributes, boundaries); else C{made}. Its limit stays the running
+        gateway's until L{adopt}.
         """
         carried = self._carried.pop(made.name, None)
         if not isinstance(carried, (Counter, Histogram)) or type(carried) is not type(made):
@@ -246,8 +248,17 @@ class Registry:
             same = same and made.monotonic == cast(Counter, carried).monotonic
         if not same:
             return made
-        carried.limit = made.limit
+        self._taken.append(carried)
         return carried
+
+    def adopt(self) -> None:
+        """
+        Apply this registry's cardinality limit to the instruments it carried over:
+        called when its gateway takes over, since a reload refused after the build must
+        leave the running gateway's limit as it was.
+        """
+        for instrument in self._taken:
+            instrument.limit = self.limit
 
     def counter(
         self,

@@ -11,11 +11,13 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Iterable, Mapping
+from io import BytesIO
 from typing import Any
 
 from twisted.logger import Logger
+from twisted.protocols.basic import FileSender
 from twisted.web.resource import Resource
-from twisted.web.server import Request
+from twisted.web.server import NOT_DONE_YET, Request
 
 from edgegw.metrics.instruments import Counter, Histogram, HistogramPoint, Observable, Registry
 
@@ -24,6 +26,9 @@ __all__ = ["CONTENT_TYPE", "MetricsPage", "metric_name", "render", "target_label
 _log = Logger(namespace="edgegw.metrics")
 
 CONTENT_TYPE = b"text/plain; version=0.0.4; charset=utf-8"
+
+ONE_WRITE = 64 * 1024
+"""The largest scrape page written at once; a bigger one goes out in chunks."""
 
 _INVALID = re.compile(r"[^a-zA-Z0-9_:]")
 _INVALID_LABEL = re.compile(r"[^a-zA-Z0-9_]")
@@ -72,6 +77,16 @@ def target_labels(resource: Mapping[str, Any]) -> dict[str, Any]:
     for name, value in resource.items():
         labels.setdefault(label_name(name), value)
     return labels
+
+
+def _clashing(resource: Mapping[str, Any]) -> list[str]:
+    """
+    The attributes of C{resource} whose label name another attribute has too.
+    """
+    by_label: dict[str, list[str]] = {}
+    for name in resource:
+        by_label.setdefault(label_name(name), []).append(name)
+    return sorted(name for names in by_label.values() if len(names) > 1 for name in names)
 
 
 def _escape(value: object) -> str:
@@ -158,17 +173,26 @@ class MetricsPage(Resource):
         super().__init__()
         self.registry = registry
         self.resource = dict(resource)
-        kept = target_labels(resource)
-        if len(kept) < len(resource):
+        clashing = _clashing(resource)
+        if clashing:
             _log.warn(
                 "resource attributes {names} share Prometheus label names: target_info"
                 " keeps the first of each",
-                names=", ".join(sorted(resource)),
+                names=", ".join(clashing),
             )
 
-    def render_GET(self, request: Request) -> bytes:
+    def render_GET(self, request: Request) -> bytes | int:
         request.setHeader(b"Content-Type", CONTENT_TYPE)
         request.setHeader(b"Cache-Control", b"no-store")
-        return render(self.registry, self.resource)
+        body = render(self.registry, self.resource)
+        if request.method == b"HEAD" or len(body) <= ONE_WRITE:
+            return body
+        # In one write a big page would sit whole in the transport's buffer, which
+        # tells the channel it drained only once empty: the scrape site's send timeout
+        # would cut a slow but steady scraper. Sent in chunks, each one read counts.
+        request.setHeader(b"Content-Length", b"%d" % len(body))
+        sending = FileSender().beginFileTransfer(BytesIO(body), request)
+        sending.addCallbacks(lambda _: request.finish(), lambda _: None)
+        return NOT_DONE_YET
 
     render_HEAD = render_GET

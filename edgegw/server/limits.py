@@ -90,6 +90,9 @@ class ClientConnections:
     @ivar refused_over_total: Connections refused because C{max_connections} were open.
     @ivar refused_over_address: Connections refused because their address had
         C{max_per_address} open.
+    @ivar on_refused: Told of each refusal, with the cap's field name
+        (C{maxConnections} or C{maxConnectionsPerAddress}): the gateway's metrics,
+        which outlive the site across reloads.
     """
 
     log = Logger(namespace="edgegw.limits")
@@ -111,6 +114,7 @@ class ClientConnections:
         self.channels: set[GatewayChannel] = set()
         self.refused_over_total = 0
         self.refused_over_address = 0
+        self.on_refused: Callable[[str], None] | None = None
         self._clock = clock
         self._trusted_peer = trusted_peer
         self._per_address: dict[Any, int] = {}
@@ -137,6 +141,8 @@ class ClientConnections:
             return _REFUSED
         if self.max_connections and self.count >= self.max_connections:
             self.refused_over_total += 1
+            if self.on_refused is not None:
+                self.on_refused("maxConnections")
             self._unlogged_total += 1
             self._refusal_logged()
             return _REFUSED
@@ -150,6 +156,8 @@ class ClientConnections:
                 open_now = self._per_address.get(key, 0)
                 if open_now >= self.max_per_address:
                     self.refused_over_address += 1
+                    if self.on_refused is not None:
+                        self.on_refused("maxConnectionsPerAddress")
                     self._unlogged_address += 1
                     self._refusal_logged()
                     return _REFUSED
