@@ -34,7 +34,7 @@ from typing import Any
 
 from twisted.application.internet import StreamServerEndpointService
 from twisted.application.service import IService, MultiService, Service
-from twisted.internet.defer import Deferred, gatherResults, maybeDeferred, succeed
+from twisted.internet.defer import Deferred, DeferredLock, gatherResults, maybeDeferred, succeed
 from twisted.internet.endpoints import SSL4ServerEndpoint
 from twisted.internet.interfaces import (
     IListeningPort,
@@ -51,6 +51,7 @@ from edgegw.config.errors import ConfigError, Problem
 from edgegw.config.model import Config
 from edgegw.config.parse import load_config
 from edgegw.gateway import Gateway, build_gateway
+from edgegw.metrics.otlp import MetricsExportService
 from edgegw.metrics.serve import ScrapeListener, export_service, scrape_root
 from edgegw.notify import SystemdNotifier
 from edgegw.server.limits import LimitedSite
@@ -277,6 +278,9 @@ class GatewayService(MultiService):
         if self.metrics_listener is not None:
             self.metrics_listener.setName("metrics-scrape")
             self.metrics_listener.setServiceParent(self)
+        # One OTLP metrics export at a time across reloads: the series are cumulative,
+        # and an old export's last one must not cross the new one's first.
+        self._export_lock = DeferredLock()
         self._adopt(gateway)
         self._stop_waiters: list[Deferred[None]] | None = None
         # Gateways replaced by a reload, until their requests in flight have finished
@@ -328,7 +332,7 @@ class GatewayService(MultiService):
             child.setName(name)
         return [child for _, child in children]
 
-    def _export_of(self, gateway: Gateway) -> Service | None:
+    def _export_of(self, gateway: Gateway) -> MetricsExportService | None:
         """
         The OTLP export of C{gateway}'s metrics, when its Telemetry resource asks for
         one; not yet named or started.
@@ -343,6 +347,7 @@ class GatewayService(MultiService):
             gateway.metrics.registry,
             telemetry.provider.resource,
             self.reactor,
+            self._export_lock,
         )
 
     @property
@@ -439,30 +444,35 @@ class GatewayService(MultiService):
         new = self._prepare()
         if new is None:
             return False
-        gateway, children = new
+        gateway, children, export = new
         try:
             await self._warm_up(gateway)
             if self._stop_waiters is None:
-                self._switch(gateway, children)
+                self._switch(gateway, children, export)
                 return True
         except BaseException:
             # A bug (or a cancellation): nothing of the new configuration keeps running.
             await _stop_all(children)
-            _discard(gateway)
+            _discard(gateway, export)
             raise
         # Stopping meanwhile: the new configuration never serves.
         await _stop_all(children)
-        _discard(gateway)
+        _discard(gateway, export)
         return False
 
-    def _prepare(self) -> tuple[Gateway, list[IService]] | None:
+    def _prepare(self) -> tuple[Gateway, list[IService], MetricsExportService | None] | None:
         """
         Load and build the new configuration and start its services (outside the tree,
         the old ones serving on); L{None}, logged, when it is refused.
+
+        Its OTLP metrics export is built (so that one that cannot be refuses the reload)
+        but not started: until the switch the running export sends the same series, and
+        a configuration that never serves must send nothing.
         """
         assert self.source is not None
         old = self.gateway
         new: Gateway | None = None
+        export: MetricsExportService | None = None
         started: list[IService] = []
         try:
             config = load_config(self.source)
@@ -475,6 +485,7 @@ class GatewayService(MultiService):
             )
             open_access_log(new)
             children = self._children_of(new, export=False)
+            export = self._export_of(new)
             if new.idp is not None and old.idp is not None and new.idp.take_over(old.idp):
                 # Logins and Bearer tokens go on without waiting for a rediscovery.
                 _log.info(
@@ -488,7 +499,7 @@ class GatewayService(MultiService):
             if started:
                 _stop_all(started)
             if new is not None:
-                _discard(new)
+                _discard(new, export)
             if not isinstance(e, ConfigError):
                 raise
             _log.error(
@@ -496,7 +507,7 @@ class GatewayService(MultiService):
                 problems=e.render(),
             )
             return None
-        return new, children
+        return new, children, export
 
     async def _warm_up(self, new: Gateway) -> None:
         """
@@ -521,10 +532,12 @@ class GatewayService(MultiService):
                 parts=", ".join(waiting),
             )
 
-    def _switch(self, new: Gateway, children: list[IService]) -> None:
+    def _switch(
+        self, new: Gateway, children: list[IService], export: MetricsExportService | None
+    ) -> None:
         """
         Make C{new} (its C{children} started) the serving configuration: new connections
-        go to its Site; the old one drains and retires.
+        go to its Site, its metrics C{export} starts; the old one drains and retires.
         """
         old = self.gateway
         retired = [child for child in self if child not in (self.listener, self.metrics_listener)]
@@ -560,18 +573,20 @@ class GatewayService(MultiService):
             )
         if new.metrics is not None:
             # The old export would send the same series as the new one through the
-            # drain: it stops now, with its last export, and the new one starts.
+            # drain: it stops now, with its last export (which the shared export lock
+            # sends before any of the new one's), and the new one starts.
             for child in retired:
                 if child.name == "metrics-export":
                     retired.remove(child)
-                    stopping = child.stopService()
-                    if stopping is not None:
-                        stopping.addErrback(_log_retire_failure)
+                    stopping = maybeDeferred(child.stopService)
+                    stopping.addErrback(_log_retire_failure)
+                    # A stop of the daemon waits for that last export too.
+                    self._retiring.append(stopping)
+                    stopping.addBoth(self._retired, stopping)
                     break
-            exporting = self._export_of(new)
-            if exporting is not None:
-                exporting.setName("metrics-export")
-                exporting.setServiceParent(self)
+        if export is not None:
+            export.setName("metrics-export")
+            export.setServiceParent(self)
         _log.info(
             "configuration reloaded from {source}: {count} routes",
             source=self.source,
@@ -825,10 +840,13 @@ async def _cold_parts(gateway: Gateway, within: float, reactor: Any) -> list[str
     return cold
 
 
-def _discard(gateway: Gateway) -> None:
+def _discard(gateway: Gateway, export: MetricsExportService | None = None) -> None:
     """
-    Let go of a gateway built for a reload that was then refused: it never served.
+    Let go of a gateway built for a reload that was then refused, and of its metrics
+    C{export} (never started): it never served.
     """
+    if export is not None:
+        export.discard()
     if gateway.telemetry is not None:
         gateway.telemetry.discard()
     writer = gateway.access_log.writer

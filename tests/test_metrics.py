@@ -89,6 +89,19 @@ class InstrumentTests(SynchronousTestCase):
         self.assertEqual((point.count, point.min, point.max), (5, 0.05, 3.0))
         self.assertAlmostEqual(point.sum, 4.65)
 
+    def test_a_declared_series_never_overflows(self) -> None:
+        """
+        A series started at 0 ahead of any count takes a place only while the limit has
+        room: it never puts a zero into the overflow series.
+        """
+        counter = Registry(limit=1).counter("c", "{x}", "d", ("a",))
+        counter.declare(("x",))
+        counter.declare(("y",))
+        self.assertEqual([(values, value) for _, values, value in counter.points()], [(("x",), 0)])
+        counter.add(2, ("x",))
+        counter.declare(("x",))
+        self.assertEqual(counter.value(("x",)), 2)
+
     def test_names_are_unique(self) -> None:
         registry = Registry()
         registry.counter("c", "1", "d")

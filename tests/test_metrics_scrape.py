@@ -17,6 +17,7 @@ import attrs
 from twisted.internet import reactor
 from twisted.internet.defer import ensureDeferred
 from twisted.internet.threads import deferToThread
+from twisted.logger import formatEvent, globalLogPublisher
 from twisted.trial.unittest import TestCase
 from twisted.web.server import NOT_DONE_YET, Request
 
@@ -26,7 +27,7 @@ from edgegw.server import scrape_site
 from edgegw.server.scrape_site import SCRAPE_LIMITS
 from tests.support.backends import SiteBackend, answer
 from tests.support.daemons import GatewayProcess, http_exchange, sleep
-from tests.support.processes import listen_local
+from tests.support.processes import listen_local, raw_exchange
 from tests.support.redis import free_port
 
 _SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{.*\})? (\S+)$")
@@ -324,6 +325,25 @@ class SlowScraperTests(TestCase):
         declared, received = await deferToThread(_slow_read, port, 0.05)
         self.assertGreater(declared, 3_000_000)
         self.assertEqual(received, declared)
+
+    async def test_head_answers_the_length_quietly(self) -> None:
+        """
+        HEAD answers the page's length without its bytes, and Twisted logs nothing about
+        a HEAD that returned a body.
+        """
+        port = self.serve(2000, send_timeout=30.0)
+        logged: list[str] = []
+        observer: Any = lambda event: logged.append(formatEvent(event))  # noqa: E731
+        globalLogPublisher.addObserver(observer)
+        self.addCleanup(globalLogPublisher.removeObserver, observer)
+        head = await raw_exchange(
+            port, b"HEAD /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+        )
+        top, _, body = head.partition(b"\r\n\r\n")
+        got = await http_exchange(port, "GET", "/metrics")
+        self.assertIn(b"\r\nContent-Length: %d\r\n" % len(got.body), top + b"\r\n")
+        self.assertEqual(body, b"")
+        self.assertEqual([line for line in logged if "HEAD" in line], [])
 
     async def test_a_scraper_that_reads_nothing_is_cut(self) -> None:
         port = self.serve(2000, send_timeout=0.3)

@@ -15,9 +15,12 @@ import shutil
 import ssl
 import subprocess
 import threading
+import time
 import weakref
+from itertools import pairwise
 from typing import Any
 
+from opentelemetry.sdk.metrics.export import MetricExportResult
 from twisted.application.service import Service
 from twisted.internet import reactor as _reactor
 from twisted.internet.defer import ensureDeferred
@@ -26,7 +29,9 @@ from twisted.internet.threads import deferToThread
 from twisted.trial.unittest import TestCase
 from twisted.web.server import NOT_DONE_YET
 
+from edgegw import service as service_module
 from edgegw.config.parse import load_config
+from edgegw.metrics import serve as serve_module
 from edgegw.server.limits import DESCRIPTOR_RESERVE
 from edgegw.service import GatewayService, build_service
 from edgegw.tap import reload_and_refreeze, tune_garbage_collector
@@ -465,3 +470,81 @@ class ReloadCarryTests(TestCase):
         await collected.wait_until(lambda: len(collected.exports) >= 1)
         await deferLater(reactor, 0.5, lambda: None)
         self.assertEqual(len(collected.exports), 1)
+
+    async def test_an_export_that_cannot_be_built_refuses_the_reload(self) -> None:
+        """
+        The new OTLP export is built with the rest of the configuration: when it cannot
+        be, the reload fails before the switch and the running configuration serves on
+        whole (its export included).
+        """
+        endpoint, _ = await start_http_metrics(self)
+        service, root = self.serve(self.metrics_files(endpoint, 1000))
+        old = service.gateway
+        children = [child for child in service if child is not service.listener]
+
+        def failing(*args: object, **kwargs: object) -> None:
+            raise RuntimeError("the exporter cannot be built")
+
+        self.patch(service_module, "export_service", failing)
+        write_tree(root, self.metrics_files(endpoint, 500))
+        self.assertFalse(await service.reload())
+        self.assertEqual(len(self.flushLoggedErrors(RuntimeError)), 1)
+        self.assertIs(service.gateway, old)
+        self.assertIs(service.listener.factory, old.site)
+        self.assertEqual([child for child in service if child is not service.listener], children)
+        self.assertTrue(all(child.running for child in children))
+
+    async def test_exports_of_one_series_never_overlap(self) -> None:
+        """
+        Two reloads in a row against a slow collector: the replaced exports' last
+        exports and the new one's run one after another, in order, each carrying no
+        fewer requests than the one before.
+        """
+        exports: list[tuple[int, float, float, float]] = []
+        lock = threading.Lock()
+
+        class SlowExporter:
+            _preferred_temporality: dict[Any, Any] = {}
+            _preferred_aggregation: dict[Any, Any] = {}
+
+            def __init__(self, number: int) -> None:
+                self.number = number
+
+            def export(self, data: Any, **kwargs: Any) -> MetricExportResult:
+                start = time.monotonic()
+                requests = sum(
+                    point.count
+                    for resource in data.resource_metrics
+                    for scope in resource.scope_metrics
+                    for metric in scope.metrics
+                    if metric.name == "http.server.request.duration"
+                    for point in metric.data.data_points
+                )
+                time.sleep(0.3)
+                with lock:
+                    exports.append((self.number, start, time.monotonic(), requests))
+                return MetricExportResult.SUCCESS
+
+            def shutdown(self, **kwargs: Any) -> None:
+                pass
+
+        made: list[SlowExporter] = []
+
+        def make(*args: object) -> SlowExporter:
+            made.append(SlowExporter(len(made)))
+            return made[-1]
+
+        self.patch(serve_module, "make_metric_exporter", make)
+        service, root = self.serve(self.metrics_files("http://127.0.0.1:9", 1000))
+        assert service.port is not None
+        origin = f"http://127.0.0.1:{port_of(service.port)}"
+        for limit in (999, 998):
+            self.assertEqual((await Browser().get(origin + "/healthz")).status, 200)
+            write_tree(root, self.metrics_files("http://127.0.0.1:9", limit))
+            self.assertTrue(await service.reload())
+        await service.stopService()
+        await service.retired()
+        self.assertEqual([number for number, _, _, _ in exports], [0, 1, 2])
+        for before, after in pairwise(exports):
+            self.assertLessEqual(before[2], after[1])
+            self.assertLessEqual(before[3], after[3])

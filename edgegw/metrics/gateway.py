@@ -388,7 +388,7 @@ class GatewayMetrics:
             ("edgegw.limit",),
         )
         for limit in ("maxConnections", "maxConnectionsPerAddress"):
-            counter.add(0, (limit,))
+            counter.declare((limit,))
         return lambda limit: counter.add(1, (limit,))
 
     def access_log_dropped(self) -> Callable[[int], None]:
@@ -401,7 +401,7 @@ class GatewayMetrics:
             "{line}",
             "Access-log lines dropped: the output did not keep up.",
         )
-        counter.add(0)
+        counter.declare()
         return lambda lines: counter.add(lines)
 
     def observe(

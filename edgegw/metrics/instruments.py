@@ -91,6 +91,15 @@ class Counter(Instrument):
         else:
             values[_OVERFLOW_KEY] = values.get(_OVERFLOW_KEY, 0) + amount
 
+    def declare(self, attributes: Attributes = ()) -> None:
+        """
+        Start the series C{attributes} at 0 so that it is exported before anything is
+        counted in it, when the limit has room for it (never into the overflow series).
+        """
+        values = self._values
+        if attributes not in values and len(values) < self.limit:
+            values[attributes] = 0
+
     def value(self, attributes: Attributes = ()) -> float:
         """
         The series' current value (0 when it was never recorded).

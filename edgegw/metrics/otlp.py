@@ -30,7 +30,7 @@ from opentelemetry.sdk.metrics.export import Histogram as HistogramData
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from twisted.application.service import Service
-from twisted.internet.defer import Deferred, succeed
+from twisted.internet.defer import Deferred, DeferredLock, succeed
 from twisted.internet.task import LoopingCall
 from twisted.internet.threads import deferToThreadPool
 from twisted.logger import Logger
@@ -134,6 +134,10 @@ class MetricsExportService(Service):
     """
     Exports the registry every C{interval} seconds while running, and once more when
     stopped (then shuts the exporter down).
+
+    @ivar lock: Held by each export, from reading the series to the collector's answer:
+        the exports of one series by a reload's old and new services share it, so they
+        never overlap and reach the collector in the order their values were read.
     """
 
     def __init__(
@@ -143,6 +147,7 @@ class MetricsExportService(Service):
         exporter: MetricExporter,
         reactor: Any,
         interval: float,
+        lock: DeferredLock | None = None,
     ) -> None:
         self.registry = registry
         self.resource = resource
@@ -152,6 +157,7 @@ class MetricsExportService(Service):
         self._loop = LoopingCall(self.export)
         self._loop.clock = reactor
         self._exporting: Deferred[None] | None = None
+        self.lock = lock if lock is not None else DeferredLock()
 
     def startService(self) -> None:
         super().startService()
@@ -176,10 +182,23 @@ class MetricsExportService(Service):
         """
         if self._exporting is not None:
             return succeed(None)
-        data = metrics_data(self.registry, self.resource)
-        exporting = self._exporting = self._in_thread(self.exporter.export, data)
+        exporting = self._exporting = self.lock.run(self._export_now)
         exporting.addCallbacks(self._exported, self._failed)
         return exporting
+
+    def _export_now(self) -> Deferred[Any]:
+        # The series are read once this export holds the lock: each export carries
+        # values no lower than the one before it.
+        data = metrics_data(self.registry, self.resource)
+        return self._in_thread(self.exporter.export, data)
+
+    def discard(self) -> None:
+        """
+        Shut the exporter down without exporting: the service never started (its
+        configuration was refused).
+        """
+        shutting = self._in_thread(self.exporter.shutdown)
+        shutting.addErrback(lambda failure: _log.failure("shutting a metrics exporter", failure))
 
     def _exported(self, result: object) -> None:
         self._exporting = None

@@ -185,7 +185,11 @@ class MetricsPage(Resource):
         request.setHeader(b"Content-Type", CONTENT_TYPE)
         request.setHeader(b"Cache-Control", b"no-store")
         body = render(self.registry, self.resource)
-        if request.method == b"HEAD" or len(body) <= ONE_WRITE:
+        if request.method == b"HEAD":
+            # Twisted would log each HEAD that returns a body, as if it were a mistake.
+            request.setHeader(b"Content-Length", b"%d" % len(body))
+            return b""
+        if len(body) <= ONE_WRITE:
             return body
         # In one write a big page would sit whole in the transport's buffer, which
         # tells the channel it drained only once empty: the scrape site's send timeout

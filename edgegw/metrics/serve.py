@@ -10,7 +10,7 @@ from typing import Any
 
 from opentelemetry.sdk.resources import Resource as OtelResource
 from twisted.application.service import Service
-from twisted.internet.defer import Deferred, succeed
+from twisted.internet.defer import Deferred, DeferredLock, succeed
 from twisted.internet.endpoints import serverFromString
 from twisted.internet.interfaces import IListeningPort
 from twisted.logger import Logger
@@ -118,9 +118,12 @@ def export_service(
     registry: Registry,
     resource: OtelResource,
     reactor: Any,
+    lock: DeferredLock | None = None,
 ) -> MetricsExportService | None:
     """
     The OTLP export C{metrics} asks for, of C{registry}; L{None} without an endpoint.
+
+    @param lock: Held by each export (see L{MetricsExportService}).
     """
     if metrics.otlp_endpoint is None:
         return None
@@ -130,4 +133,4 @@ def export_service(
         telemetry.otlp_headers,
         telemetry.otlp_timeout,
     )
-    return MetricsExportService(registry, resource, exporter, reactor, metrics.otlp_interval)
+    return MetricsExportService(registry, resource, exporter, reactor, metrics.otlp_interval, lock)
