@@ -111,31 +111,36 @@ class WorkerTests(TestCase):
         workers = [worker(self, listener, config) for _ in range(2)]
         for each in workers:
             await each.listening
-        # Both asleep while the kernel completes 40 handshakes into the backlog.
+        # Both asleep while the kernel completes 80 handshakes into the backlog, each
+        # with its request already sent: a worker that takes one connection per
+        # wake-up answers it before it takes the next, and the other worker takes its
+        # share meanwhile (taking all the pending ones at once, the first awake would
+        # leave the other none, however the two are scheduled).
         pids = [each.transport.pid for each in workers if each.transport is not None]
         for pid in pids:
             os.kill(pid, signal.SIGSTOP)
         clients = []
         try:
-            for _ in range(40):
+            for _ in range(80):
                 client = socket.create_connection(("127.0.0.1", port))
                 self.addCleanup(client.close)
                 clients.append(client)
+                client.sendall(b"GET /healthz HTTP/1.1\r\nHost: gw\r\n\r\n")
         finally:
             for pid in pids:
                 os.kill(pid, signal.SIGCONT)
-        for client in clients:
-            client.sendall(b"GET /healthz HTTP/1.1\r\nHost: gw\r\n\r\n")
         for client in clients:
             client.settimeout(10)
             self.assertTrue(client.recv(65536).startswith(b"HTTP/1.1 200 "))
         for _ in range(100):
             served = [_served(each.output) for each in workers]
-            if sum(served) == 40:
+            if sum(served) == 80:
                 break
             await _sleep(0.05)
-        self.assertEqual(sum(served), 40)
-        self.assertGreaterEqual(min(served), 10, served)
+        self.assertEqual(sum(served), 80)
+        # Scheduling decides how even the shares are (two workers may share a core
+        # with the tests around them): what matters is that neither is left out.
+        self.assertGreaterEqual(min(served), 16, served)
 
 
 def _served(output: bytes) -> int:
