@@ -386,6 +386,11 @@ def parser() -> argparse.ArgumentParser:
     profiling.add_argument("--rate", type=_positive, default=spied.rate, help="samples/s")
     profiling.add_argument("--top", type=_positive, default=spied.top, help="functions listed")
     profiling.add_argument("--keep-tmp", action="store_true")
+    profiling.add_argument(
+        "--nonblocking",
+        action="store_true",
+        help="sample without pausing edgegw (its stacks come back inconsistent)",
+    )
     return top
 
 
@@ -450,6 +455,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                     rate=args.rate,
                     top=args.top,
                     keep_tmp=args.keep_tmp,
+                    nonblocking=args.nonblocking,
                 )
             )
         return memory.run(

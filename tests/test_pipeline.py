@@ -6,6 +6,7 @@ projection, cancellation and in-flight tracking.
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Sequence
 from typing import Any, cast
 
@@ -19,7 +20,7 @@ from edgegw.chain.access_log import AccessLog
 from edgegw.chain.exchange import Exchange, exchange_of
 from edgegw.chain.pipeline import Handler, InFlight, RouteRunner, Stage, compose
 from edgegw.chain.projection import projection
-from edgegw.chain.request_id import sane_request_id
+from edgegw.chain.request_id import new_request_id, sane_request_id
 from edgegw.chain.route import CompiledRoute
 from edgegw.chain.terminal import TerminalResource, render_stage
 from edgegw.config.effective import effective_routes
@@ -175,6 +176,36 @@ class RequestIdTests(SynchronousTestCase):
         for bad in ["has space", "x" * 129, "tab\there", "caf\xe9"]:
             response = client.request("GET", "/", {"X-Request-Id": bad})
             self.assertRegex(response.header("X-Request-Id") or "", r"\A[0-9a-f]{32}\Z")
+
+    def test_new_ids_are_distinct_across_batches(self) -> None:
+        """
+        Fresh ids are 32 hex digits, none twice, across the batches of random bytes
+        they are cut from.
+        """
+        ids = [new_request_id() for _ in range(1000)]
+        for each in ids:
+            self.assertRegex(each, r"\A[0-9a-f]{32}\Z")
+        self.assertEqual(len(set(ids)), len(ids))
+
+    def test_a_forked_child_draws_its_own_ids(self) -> None:
+        """
+        A process forked after ids were drawn does not hand out the ones its parent
+        will (the batch is dropped in the child).
+        """
+        new_request_id()
+        reading, writing = os.pipe()
+        child = os.fork()
+        if child == 0:
+            try:
+                os.write(writing, new_request_id().encode("ascii"))
+            finally:
+                os._exit(0)
+        os.close(writing)
+        self.addCleanup(os.close, reading)
+        os.waitpid(child, 0)
+        theirs = os.read(reading, 64).decode("ascii")
+        self.assertRegex(theirs, r"\A[0-9a-f]{32}\Z")
+        self.assertNotEqual(theirs, new_request_id())
 
     def test_sanity_rules(self) -> None:
         self.assertEqual(sane_request_id(b"x" * 128), "x" * 128)

@@ -199,6 +199,25 @@ class WithoutBodyTests(Fixture):
     Requests without a body take Twisted's path unchanged.
     """
 
+    def test_local_address_asked_of_the_socket_once(self) -> None:
+        """
+        Every request on a connection has its local address, read from the transport
+        once for the connection rather than once per request (a system call each).
+        """
+        connection, handler = self.connect(ok)
+        asked = []
+        ask = connection.transport.getHost
+
+        def counted() -> Any:
+            asked.append(True)
+            return ask()
+
+        connection.transport.getHost = counted  # type: ignore[method-assign]
+        connection.send(head("GET", "/a") + head("GET", "/b"))
+        self.assertEqual([r.status for r in connection.responses()], [200, 200])
+        self.assertEqual([r.getHost() for r in handler.requests], [ask(), ask()])
+        self.assertEqual(len(asked), 1)
+
     def test_get(self) -> None:
         conn, handler = self.connect(ok)
         conn.send(b"GET /a/b%20c?x=1&x=2&y HTTP/1.1\r\nHost: gateway.test\r\n\r\n")

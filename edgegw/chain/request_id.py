@@ -15,11 +15,38 @@ MAX_REQUEST_ID_LENGTH = 128
 _SANE = re.compile(rb"[\x21-\x7e]{1,%d}\Z" % MAX_REQUEST_ID_LENGTH)
 
 
-def new_request_id() -> str:
+_BATCH = 16 * 256
+"""Random bytes read from the kernel at a time: 256 request ids."""
+
+
+class _RandomIds:
     """
-    A fresh 128-bit random id, as 32 hex digits.
+    128-bit random ids from the kernel's random source, read in batches: one
+    C{getrandom} system call per request was ~5 % of a proxied request's CPU (py-spy,
+    blocking samples); one per 256 requests costs nothing measurable.
     """
-    return os.urandom(16).hex()
+
+    def __init__(self) -> None:
+        self._bytes = b""
+        self._offset = _BATCH
+        # A forked child must not hand out the ids its parent already holds.
+        os.register_at_fork(after_in_child=self._forget)
+
+    def _forget(self) -> None:
+        self._bytes = b""
+        self._offset = _BATCH
+
+    def next(self) -> str:
+        offset = self._offset
+        if offset >= _BATCH:
+            self._bytes = os.urandom(_BATCH)
+            offset = 0
+        self._offset = offset + 16
+        return self._bytes[offset : offset + 16].hex()
+
+
+new_request_id = _RandomIds().next
+"""A fresh 128-bit random id, as 32 hex digits."""
 
 
 def sane_request_id(value: bytes | None) -> str | None:
