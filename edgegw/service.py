@@ -580,9 +580,12 @@ class GatewayService(MultiService):
                     retired.remove(child)
                     stopping = maybeDeferred(child.stopService)
                     stopping.addErrback(_log_retire_failure)
-                    # A stop of the daemon waits for that last export too.
-                    self._retiring.append(stopping)
-                    stopping.addBoth(self._retired, stopping)
+                    # A stop of the daemon waits for that last export too, up to its
+                    # drainTimeout: the timeout cancels this wait, not the export.
+                    waited: Deferred[None] = Deferred()
+                    stopping.chainDeferred(waited)
+                    self._retiring.append(waited)
+                    waited.addBoth(self._retired, waited)
                     break
         if export is not None:
             export.setName("metrics-export")

@@ -548,3 +548,51 @@ class ReloadCarryTests(TestCase):
         for before, after in pairwise(exports):
             self.assertLessEqual(before[2], after[1])
             self.assertLessEqual(before[3], after[3])
+
+    async def test_a_stop_never_runs_two_exports_at_once(self) -> None:
+        """
+        The daemon stops while a replaced export's last export is stuck on a slow
+        collector, past drainTimeout: its wait is abandoned, not its lock, so the new
+        export's last export and both exporters' shutdowns still come after it.
+        """
+        events: list[tuple[str, int]] = []
+        lock = threading.Lock()
+        release = threading.Event()
+        self.addCleanup(release.set)
+
+        class StuckExporter:
+            _preferred_temporality: dict[Any, Any] = {}
+            _preferred_aggregation: dict[Any, Any] = {}
+
+            def __init__(self, number: int) -> None:
+                self.number = number
+
+            def export(self, data: Any, **kwargs: Any) -> MetricExportResult:
+                with lock:
+                    events.append(("export", self.number))
+                if self.number == 0:
+                    release.wait(1.5)
+                with lock:
+                    events.append(("exported", self.number))
+                return MetricExportResult.SUCCESS
+
+            def shutdown(self, **kwargs: Any) -> None:
+                with lock:
+                    events.append(("shutdown", self.number))
+
+        made: list[StuckExporter] = []
+
+        def make(*args: object) -> StuckExporter:
+            made.append(StuckExporter(len(made)))
+            return made[-1]
+
+        self.patch(serve_module, "make_metric_exporter", make)
+        quick = GATEWAY + "  drainTimeout: 0.2s\n"
+        service, root = self.serve(self.metrics_files("http://127.0.0.1:9", 1000, "", quick))
+        write_tree(root, self.metrics_files("http://127.0.0.1:9", 999, "", quick))
+        self.assertTrue(await service.reload())
+        await service.stopService()
+        await service.retired()
+        self.assertEqual(events[:3], [("export", 0), ("exported", 0), ("export", 1)])
+        self.assertEqual(sorted(events[3:]), [("exported", 1), ("shutdown", 0), ("shutdown", 1)])
+        self.assertLess(events.index(("exported", 1)), events.index(("shutdown", 1)))

@@ -10,7 +10,7 @@ still running when the next is due makes that one skipped.
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
@@ -171,7 +171,10 @@ class MetricsExportService(Service):
 
         def final(_: object) -> Deferred[None]:
             exported = self.export()
-            exported.addCallback(lambda _: self._in_thread(self.exporter.shutdown))
+            # Not while an export of this exporter may still run in its thread.
+            exported.addCallback(
+                lambda _: self._holding_lock(lambda: self._in_thread(self.exporter.shutdown))
+            )
             return exported
 
         return last.addCallback(final)
@@ -182,9 +185,34 @@ class MetricsExportService(Service):
         """
         if self._exporting is not None:
             return succeed(None)
-        exporting = self._exporting = self.lock.run(self._export_now)
+        exporting = self._exporting = self._holding_lock(self._export_now)
         exporting.addCallbacks(self._exported, self._failed)
         return exporting
+
+    def _holding_lock(self, start: Callable[[], Deferred[Any]]) -> Deferred[Any]:
+        """
+        Call C{start} once the lock is had, and release it only once what it started
+        (a pool thread's call) has ended. Cancelling the Deferred returned abandons the
+        wait for it (a stop past C{drainTimeout}), never the lock: a thread cannot be
+        stopped, and another export must not run beside it.
+        """
+
+        def locked(_: object) -> Deferred[Any]:
+            try:
+                running = start()
+            except BaseException:
+                self.lock.release()
+                raise
+            running.addBoth(self._release)
+            waited: Deferred[Any] = Deferred()
+            running.chainDeferred(waited)
+            return waited
+
+        return self.lock.acquire().addCallback(locked)
+
+    def _release(self, result: object) -> object:
+        self.lock.release()
+        return result
 
     def _export_now(self) -> Deferred[Any]:
         # The series are read once this export holds the lock: each export carries
