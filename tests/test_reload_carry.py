@@ -62,6 +62,49 @@ def with_idp(issuer: str) -> str:
     )
 
 
+class RecordingExporter:
+    """
+    An OTLP metric exporter that records its exports and shutdown (from pool threads):
+    C{(number, started, ended, requests counted)} per export in C{exports}, and every
+    step in the class's C{events}, in order.
+    """
+
+    _preferred_temporality: dict[Any, Any] = {}
+    _preferred_aggregation: dict[Any, Any] = {}
+    events: list[tuple[str, int]] = []
+    _lock = threading.Lock()
+
+    def __init__(self, number: int, seconds: float) -> None:
+        self.number = number
+        self.seconds = seconds
+        self.exports: list[tuple[int, float, float, float]] = []
+        if number == 0:
+            RecordingExporter.events = []
+
+    def _event(self, what: str) -> None:
+        with self._lock:
+            self.events.append((what, self.number))
+
+    def export(self, data: Any, **kwargs: Any) -> MetricExportResult:
+        started = time.monotonic()
+        self._event("export")
+        requests = sum(
+            point.count
+            for resource in data.resource_metrics
+            for scope in resource.scope_metrics
+            for metric in scope.metrics
+            if metric.name == "http.server.request.duration"
+            for point in metric.data.data_points
+        )
+        time.sleep(self.seconds)
+        self._event("exported")
+        self.exports.append((self.number, started, time.monotonic(), requests))
+        return MetricExportResult.SUCCESS
+
+    def shutdown(self, **kwargs: Any) -> None:
+        self._event("shutdown")
+
+
 class ReloadCarryTests(TestCase):
     def serve(self, files: dict[str, str]) -> tuple[GatewayService, str]:
         """
@@ -494,47 +537,28 @@ class ReloadCarryTests(TestCase):
         self.assertEqual([child for child in service if child is not service.listener], children)
         self.assertTrue(all(child.running for child in children))
 
+    def recording_exporters(self, slow: dict[int, float]) -> list[RecordingExporter]:
+        """
+        Replace the OTLP metric exporter: the exporters made from now on, numbered in
+        the order they are made, record what they do, the ones in C{slow} taking that
+        many seconds per export.
+        """
+        made: list[RecordingExporter] = []
+
+        def make(*args: object) -> RecordingExporter:
+            made.append(RecordingExporter(len(made), slow.get(len(made), 0.0)))
+            return made[-1]
+
+        self.patch(serve_module, "make_metric_exporter", make)
+        return made
+
     async def test_exports_of_one_series_never_overlap(self) -> None:
         """
         Two reloads in a row against a slow collector: the replaced exports' last
         exports and the new one's run one after another, in order, each carrying no
         fewer requests than the one before.
         """
-        exports: list[tuple[int, float, float, float]] = []
-        lock = threading.Lock()
-
-        class SlowExporter:
-            _preferred_temporality: dict[Any, Any] = {}
-            _preferred_aggregation: dict[Any, Any] = {}
-
-            def __init__(self, number: int) -> None:
-                self.number = number
-
-            def export(self, data: Any, **kwargs: Any) -> MetricExportResult:
-                start = time.monotonic()
-                requests = sum(
-                    point.count
-                    for resource in data.resource_metrics
-                    for scope in resource.scope_metrics
-                    for metric in scope.metrics
-                    if metric.name == "http.server.request.duration"
-                    for point in metric.data.data_points
-                )
-                time.sleep(0.3)
-                with lock:
-                    exports.append((self.number, start, time.monotonic(), requests))
-                return MetricExportResult.SUCCESS
-
-            def shutdown(self, **kwargs: Any) -> None:
-                pass
-
-        made: list[SlowExporter] = []
-
-        def make(*args: object) -> SlowExporter:
-            made.append(SlowExporter(len(made)))
-            return made[-1]
-
-        self.patch(serve_module, "make_metric_exporter", make)
+        made = self.recording_exporters({0: 0.3, 1: 0.3, 2: 0.3})
         service, root = self.serve(self.metrics_files("http://127.0.0.1:9", 1000))
         assert service.port is not None
         origin = f"http://127.0.0.1:{port_of(service.port)}"
@@ -544,6 +568,9 @@ class ReloadCarryTests(TestCase):
             self.assertTrue(await service.reload())
         await service.stopService()
         await service.retired()
+        exports = sorted(
+            (export for exporter in made for export in exporter.exports), key=lambda e: e[1]
+        )
         self.assertEqual([number for number, _, _, _ in exports], [0, 1, 2])
         for before, after in pairwise(exports):
             self.assertLessEqual(before[2], after[1])
@@ -555,44 +582,14 @@ class ReloadCarryTests(TestCase):
         collector, past drainTimeout: its wait is abandoned, not its lock, so the new
         export's last export and both exporters' shutdowns still come after it.
         """
-        events: list[tuple[str, int]] = []
-        lock = threading.Lock()
-        release = threading.Event()
-        self.addCleanup(release.set)
-
-        class StuckExporter:
-            _preferred_temporality: dict[Any, Any] = {}
-            _preferred_aggregation: dict[Any, Any] = {}
-
-            def __init__(self, number: int) -> None:
-                self.number = number
-
-            def export(self, data: Any, **kwargs: Any) -> MetricExportResult:
-                with lock:
-                    events.append(("export", self.number))
-                if self.number == 0:
-                    release.wait(1.5)
-                with lock:
-                    events.append(("exported", self.number))
-                return MetricExportResult.SUCCESS
-
-            def shutdown(self, **kwargs: Any) -> None:
-                with lock:
-                    events.append(("shutdown", self.number))
-
-        made: list[StuckExporter] = []
-
-        def make(*args: object) -> StuckExporter:
-            made.append(StuckExporter(len(made)))
-            return made[-1]
-
-        self.patch(serve_module, "make_metric_exporter", make)
+        self.recording_exporters({0: 1.5})
         quick = GATEWAY + "  drainTimeout: 0.2s\n"
         service, root = self.serve(self.metrics_files("http://127.0.0.1:9", 1000, "", quick))
         write_tree(root, self.metrics_files("http://127.0.0.1:9", 999, "", quick))
         self.assertTrue(await service.reload())
         await service.stopService()
         await service.retired()
+        events = RecordingExporter.events
         self.assertEqual(events[:3], [("export", 0), ("exported", 0), ("export", 1)])
         self.assertEqual(sorted(events[3:]), [("exported", 1), ("shutdown", 0), ("shutdown", 1)])
         self.assertLess(events.index(("exported", 1)), events.index(("shutdown", 1)))
