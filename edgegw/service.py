@@ -278,9 +278,11 @@ class GatewayService(MultiService):
         if self.metrics_listener is not None:
             self.metrics_listener.setName("metrics-scrape")
             self.metrics_listener.setServiceParent(self)
-        # One OTLP metrics export at a time across reloads: the series are cumulative,
-        # and an old export's last one must not cross the new one's first.
-        self._export_lock = DeferredLock()
+        # One OTLP metrics export at a time to each collector, across reloads: the
+        # series are cumulative, and an old export's last one must not cross the new
+        # one's first. Keyed by protocol and endpoint: a reload that moves to another
+        # collector (away from one that does not answer) does not wait for the old one.
+        self._export_locks: dict[tuple[str, str], DeferredLock] = {}
         self._adopt(gateway)
         self._stop_waiters: list[Deferred[None]] | None = None
         # Gateways replaced by a reload, until their requests in flight have finished
@@ -341,14 +343,27 @@ class GatewayService(MultiService):
         metrics = telemetry.spec.metrics if telemetry is not None else None
         if telemetry is None or metrics is None or gateway.metrics is None:
             return None
-        return export_service(
-            telemetry.spec,
-            metrics,
-            gateway.metrics.registry,
-            telemetry.provider.resource,
-            self.reactor,
-            self._export_lock,
-        )
+        collector = (telemetry.spec.otlp_protocol, metrics.otlp_endpoint or "")
+        lock = self._export_locks.setdefault(collector, DeferredLock())
+        try:
+            return export_service(
+                telemetry.spec,
+                metrics,
+                gateway.metrics.registry,
+                telemetry.provider.resource,
+                self.reactor,
+                lock,
+            )
+        except Exception as e:
+            # The SDK's exporter refuses its settings (OTEL_EXPORTER_OTLP_* variables
+            # naming a certificate it cannot read, a missing grpc extra): a configuration
+            # problem, located, rather than a traceback.
+            problem = Problem(
+                telemetry.spec.location,
+                "spec.metrics.otlp",
+                f"the OTLP metric exporter cannot be made: {type(e).__name__}: {e}",
+            )
+            raise ConfigError([problem]) from None
 
     @property
     def port(self) -> IListeningPort | None:
@@ -447,14 +462,16 @@ class GatewayService(MultiService):
         gateway, children, export = new
         try:
             await self._warm_up(gateway)
-            if self._stop_waiters is None:
-                self._switch(gateway, children, export)
-                return True
         except BaseException:
             # A bug (or a cancellation): nothing of the new configuration keeps running.
             await _stop_all(children)
             _discard(gateway, export)
             raise
+        if self._stop_waiters is None:
+            # From here the new configuration serves: a failure is a bug, logged, and
+            # never answered by stopping what now serves.
+            self._switch(gateway, children, export)
+            return True
         # Stopping meanwhile: the new configuration never serves.
         await _stop_all(children)
         _discard(gateway, export)
@@ -607,7 +624,8 @@ class GatewayService(MultiService):
 
     def retired(self) -> Deferred[object]:
         """
-        Fires once every gateway a reload replaced so far has drained and stopped.
+        Fires once every gateway a reload replaced so far has drained and stopped, and
+        the last exports of their metrics exports have ended.
         """
         return gatherResults(list(self._retiring)).addCallback(lambda _: None)
 

@@ -26,10 +26,10 @@ from twisted.internet import reactor as _reactor
 from twisted.internet.defer import ensureDeferred
 from twisted.internet.task import deferLater
 from twisted.internet.threads import deferToThread
+from twisted.logger import formatEvent, globalLogPublisher
 from twisted.trial.unittest import TestCase
 from twisted.web.server import NOT_DONE_YET
 
-from edgegw import service as service_module
 from edgegw.config.parse import load_config
 from edgegw.metrics import serve as serve_module
 from edgegw.server.limits import DESCRIPTOR_RESERVE
@@ -517,8 +517,8 @@ class ReloadCarryTests(TestCase):
     async def test_an_export_that_cannot_be_built_refuses_the_reload(self) -> None:
         """
         The new OTLP export is built with the rest of the configuration: when it cannot
-        be, the reload fails before the switch and the running configuration serves on
-        whole (its export included).
+        be, the reload is refused with a located problem (no traceback) before the
+        switch, and the running configuration serves on whole (its export included).
         """
         endpoint, _ = await start_http_metrics(self)
         service, root = self.serve(self.metrics_files(endpoint, 1000))
@@ -528,10 +528,18 @@ class ReloadCarryTests(TestCase):
         def failing(*args: object, **kwargs: object) -> None:
             raise RuntimeError("the exporter cannot be built")
 
-        self.patch(service_module, "export_service", failing)
+        self.patch(serve_module, "make_metric_exporter", failing)
+        logged: list[str] = []
+        observer: Any = lambda event: logged.append(formatEvent(event))  # noqa: E731
+        globalLogPublisher.addObserver(observer)
+        self.addCleanup(globalLogPublisher.removeObserver, observer)
         write_tree(root, self.metrics_files(endpoint, 500))
         self.assertFalse(await service.reload())
-        self.assertEqual(len(self.flushLoggedErrors(RuntimeError)), 1)
+        self.assertEqual(self.flushLoggedErrors(), [])
+        [refused] = [line for line in logged if "reload refused" in line]
+        self.assertIn("Telemetry", refused)
+        self.assertIn("spec.metrics.otlp", refused)
+        self.assertIn("RuntimeError: the exporter cannot be built", refused)
         self.assertIs(service.gateway, old)
         self.assertIs(service.listener.factory, old.site)
         self.assertEqual([child for child in service if child is not service.listener], children)
@@ -575,6 +583,47 @@ class ReloadCarryTests(TestCase):
         for before, after in pairwise(exports):
             self.assertLessEqual(before[2], after[1])
             self.assertLessEqual(before[3], after[3])
+
+    async def test_another_collector_does_not_wait_for_the_old_one(self) -> None:
+        """
+        A reload that moves the export to another collector (away from one that does
+        not answer) exports there while the old collector's last export still hangs.
+        """
+        made = self.recording_exporters({0: 1.5})
+        service, root = self.serve(self.metrics_files("http://127.0.0.1:9", 1000))
+        write_tree(root, self.metrics_files("http://127.0.0.1:10", 1000))
+        self.assertTrue(await service.reload())
+        await service.getServiceNamed("metrics-export").export()
+        self.assertEqual(len(made[1].exports), 1)
+        self.assertEqual(made[0].exports, [])
+        await service.stopService()
+        await service.retired()
+        self.assertEqual(len(made[0].exports), 1)
+
+    async def test_a_failure_after_the_switch_never_stops_what_serves(self) -> None:
+        """
+        A bug past the point where the new configuration serves is logged as a failed
+        reload, but its services keep running (rather than a gateway serving on stopped
+        ones).
+        """
+        service, root = self.serve({"a.yaml": GATEWAY + HEALTH})
+        # Never retired (the bug): its site's timers are stopped here.
+        self.addCleanup(service.gateway.site.doStop)
+
+        def broken(*args: object) -> None:
+            raise RuntimeError("a bug while retiring")
+
+        self.patch(service, "_retire", broken)
+        more = HEALTH.replace("{name: h}", "{name: m}").replace("/healthz", "/more")
+        write_tree(root, {"a.yaml": GATEWAY + HEALTH + more})
+        self.assertFalse(await service.reload())
+        self.assertEqual(len(self.flushLoggedErrors(RuntimeError)), 1)
+        self.assertEqual(len(service.gateway.routes), 2)
+        children = [child for child in service if child is not service.listener]
+        self.assertTrue(all(child.running for child in children), children)
+        assert service.port is not None
+        reply = await Browser().get(f"http://127.0.0.1:{port_of(service.port)}/more")
+        self.assertEqual(reply.status, 200)
 
     async def test_a_stop_never_runs_two_exports_at_once(self) -> None:
         """

@@ -738,8 +738,9 @@ class GatewayChannel(HTTPChannel):
     def getHost(self) -> IAddress:
         """
         The connection's local address, asked of the socket once: Twisted's Request asks
-        for it with every request, a C{getsockname} system call each time (~3 % of a
-        proxied request's CPU, py-spy with blocking samples).
+        for it with every request, a C{getsockname} system call and a new address each
+        time (~1 µs). Every request of the connection gets the same address object,
+        which nothing changes.
         """
         host = self._host
         if host is None:
