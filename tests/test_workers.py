@@ -98,6 +98,31 @@ class WorkerTests(TestCase):
         self.assertTrue(all(count > 0 for count in served), served)
         self.assertEqual(sum(served), 200)
 
+    async def test_a_restart_refuses_no_connection(self) -> None:
+        """
+        The listening socket outlives the process (systemd's edgegw.socket holds it): a
+        connection made while no process serves it waits in the backlog, and the next
+        process answers it.
+        """
+        listener = shared_listener()
+        self.addCleanup(listener.close)
+        port = listener.getsockname()[1]
+        config = write_tree(
+            self.mktemp(),
+            {name: _read(os.path.join(PACKAGED, name)) for name in os.listdir(PACKAGED)},
+        )
+        first = worker(self, listener, config)
+        await first.listening
+        assert first.transport is not None
+        first.transport.signalProcess("TERM")
+        await first.ended
+        client = socket.create_connection(("127.0.0.1", port), timeout=10)
+        self.addCleanup(client.close)
+        client.sendall(b"GET /healthz HTTP/1.1\r\nHost: gw\r\nConnection: close\r\n\r\n")
+        second = worker(self, listener, config)
+        await second.listening
+        self.assertTrue(client.recv(65536).startswith(b"HTTP/1.1 200 "))
+
     async def test_one_connection_per_wake_up(self) -> None:
         """
         A port on an inherited socket accepts one pending connection each time it is
