@@ -302,14 +302,16 @@ class GatewayService(MultiService):
         """
         for child in self._children_of(gateway):
             child.setServiceParent(self)
+        export = self._export_of(gateway)
+        if export is not None:
+            # Its last export, when the gateway retires, counts what it served.
+            export.setServiceParent(self)
 
-    def _children_of(self, gateway: Gateway, export: bool = True) -> list[IService]:
+    def _children_of(self, gateway: Gateway) -> list[IService]:
         """
         The children that serve C{gateway}, named, in start order; not yet in the tree.
-
-        @param export: Include the OTLP metrics export (a reload starts it only when
-            the new gateway takes over: until then the running one's export sends the
-            same series, and a refused configuration must send nothing).
+        Its OTLP metrics export is apart (L{_export_of}): a reload starts it only when
+        the new gateway takes over.
         """
         children: list[tuple[str, Service]] = [
             ("access-log", AccessLogService(gateway.access_log)),
@@ -326,18 +328,14 @@ class GatewayService(MultiService):
             children.append(("idp", gateway.idp))
         if gateway.telemetry is not None:
             children.append(("telemetry", TelemetryService(gateway.telemetry)))
-        exporting = self._export_of(gateway) if export else None
-        if exporting is not None:
-            # Its last export, when the gateway retires, counts what it served.
-            children.append(("metrics-export", exporting))
         for name, child in children:
             child.setName(name)
         return [child for _, child in children]
 
     def _export_of(self, gateway: Gateway) -> MetricsExportService | None:
         """
-        The OTLP export of C{gateway}'s metrics, when its Telemetry resource asks for
-        one; not yet named or started.
+        The OTLP export of C{gateway}'s metrics (C{metrics-export}), when its Telemetry
+        resource asks for one; not yet started.
         """
         telemetry = gateway.telemetry
         metrics = telemetry.spec.metrics if telemetry is not None else None
@@ -346,7 +344,7 @@ class GatewayService(MultiService):
         collector = (telemetry.spec.otlp_protocol, metrics.otlp_endpoint or "")
         lock = self._export_locks.setdefault(collector, DeferredLock())
         try:
-            return export_service(
+            export = export_service(
                 telemetry.spec,
                 metrics,
                 gateway.metrics.registry,
@@ -364,6 +362,9 @@ class GatewayService(MultiService):
                 f"the OTLP metric exporter cannot be made: {type(e).__name__}: {e}",
             )
             raise ConfigError([problem]) from None
+        if export is not None:
+            export.setName("metrics-export")
+        return export
 
     @property
     def port(self) -> IListeningPort | None:
@@ -501,7 +502,7 @@ class GatewayService(MultiService):
                 config, self.reactor, metrics_from=old.metrics, **self._build_options
             )
             open_access_log(new)
-            children = self._children_of(new, export=False)
+            children = self._children_of(new)
             export = self._export_of(new)
             if new.idp is not None and old.idp is not None and new.idp.take_over(old.idp):
                 # Logins and Bearer tokens go on without waiting for a rediscovery.
@@ -605,7 +606,6 @@ class GatewayService(MultiService):
                     waited.addBoth(self._retired, waited)
                     break
         if export is not None:
-            export.setName("metrics-export")
             export.setServiceParent(self)
         _log.info(
             "configuration reloaded from {source}: {count} routes",

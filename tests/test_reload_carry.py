@@ -269,10 +269,10 @@ class ReloadCarryTests(TestCase):
 
         building = service._children_of
 
-        def with_broken(gateway: Any, export: bool = True) -> list[Any]:
+        def with_broken(gateway: Any) -> list[Any]:
             broken = Broken()
             broken.setName("broken")
-            return [*building(gateway, export), broken]
+            return [*building(gateway), broken]
 
         self.patch(service, "_children_of", with_broken)
         self.assertFalse(await service.reload())

@@ -21,9 +21,8 @@ _BATCH = 16 * 256
 
 class _RandomIds:
     """
-    128-bit random ids from the kernel's random source, read in batches: one
-    C{getrandom} system call per request was ~5 % of a proxied request's CPU (py-spy,
-    blocking samples); one per 256 requests costs nothing measurable.
+    128-bit random ids from the kernel's random source, read in batches: an id costs
+    0.14 µs instead of 0.54 µs with a C{getrandom} system call each (microbenchmark).
     """
 
     def __init__(self) -> None:

@@ -185,16 +185,15 @@ class MetricsPage(Resource):
         request.setHeader(b"Content-Type", CONTENT_TYPE)
         request.setHeader(b"Cache-Control", b"no-store")
         body = render(self.registry, self.resource)
+        request.setHeader(b"Content-Length", b"%d" % len(body))
         if request.method == b"HEAD":
             # Twisted would log each HEAD that returns a body, as if it were a mistake.
-            request.setHeader(b"Content-Length", b"%d" % len(body))
             return b""
         if len(body) <= ONE_WRITE:
             return body
         # In one write a big page would sit whole in the transport's buffer, which
         # tells the channel it drained only once empty: the scrape site's send timeout
         # would cut a slow but steady scraper. Sent in chunks, each one read counts.
-        request.setHeader(b"Content-Length", b"%d" % len(body))
         sending = FileSender().beginFileTransfer(BytesIO(body), request)
         sending.addCallbacks(lambda _: request.finish(), lambda _: None)
         return NOT_DONE_YET
