@@ -1,7 +1,7 @@
 """
 The benchmark harness's command line: C{python -m bench COMMAND}, where COMMAND is one of
 proxy, memory, api, authz, telemetry, session, server-session, bearer, plugins, metrics,
-workers, suite, soak, profile.
+workers, suite, soak, profile, chain.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from bench import (
     api,
     authz,
     bearer,
+    chain,
     memory,
     metrics,
     plugins,
@@ -391,6 +392,18 @@ def parser() -> argparse.ArgumentParser:
         action="store_true",
         help="sample without pausing edgegw (its stacks come back inconsistent)",
     )
+    chaining = commands.add_parser(
+        "chain",
+        help="Python CPU of one proxied request in process, no sockets (steady to ~1 %%)",
+        description=chain.__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    chained = chain.Settings()
+    chaining.add_argument("--requests", type=_positive, default=chained.requests)
+    chaining.add_argument("--repeats", type=_positive, default=chained.repeats)
+    chaining.add_argument("--processes", type=_positive, default=chained.processes)
+    chaining.add_argument("--before", metavar="REV", help="also measure edgegw at git revision REV")
+    chaining.add_argument("--profile", action="store_true", help="print a cProfile listing")
     return top
 
 
@@ -404,6 +417,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser().parse_args(argv)
     signal.signal(signal.SIGTERM, _terminate)
     try:
+        if args.command == "chain":
+            return chain.run(
+                chain.Settings(
+                    requests=args.requests,
+                    repeats=args.repeats,
+                    processes=args.processes,
+                    before=args.before,
+                    profile=args.profile,
+                )
+            )
         if args.command == "proxy":
             return proxy.run(
                 proxy.Settings(**_wrk_settings(args), targets=args.targets, before=args.before)
