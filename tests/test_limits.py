@@ -758,6 +758,55 @@ class ChannelTimerTests(Fixture, SynchronousTestCase):
         conn.channel.bodyTimeout = 30
         return conn, handler
 
+    def test_keep_alive_requests_share_one_timer(self) -> None:
+        """
+        The timer is not stopped and started again for each request (two C{callLater}s
+        and two cancellations a request): the pending one stays while the deadline moves
+        later, and a timer that fires before the deadline waits for the rest.
+        """
+        conn, _ = self.connect_limited()
+        made = []
+        call_later = conn.channel.callLater
+
+        def counted(*args: Any, **kwargs: Any) -> Any:
+            made.append(args[0])
+            return call_later(*args, **kwargs)
+
+        conn.channel.callLater = counted
+        for _ in range(100):
+            conn.send(head("GET"))
+            self.clock.advance(1)
+        self.assertEqual(len(conn.responses()), 100)
+        # A head's deadline (60 s) sooner than the pending timer (idle, 75 s) takes a
+        # new one, and so does the timer firing before the deadline: a few a minute,
+        # not two a request (200).
+        self.assertLessEqual(len(made), 3)
+        # Idle since the last response (at 99 s): closed 75 s after it, not before.
+        self.clock.advance(73.9)
+        self.assertFalse(conn.transport.disconnecting)
+        self.clock.advance(0.1)
+        self.assertTrue(conn.transport.disconnecting)
+        self.assertEqual(conn.transport.value().count(b" 408 "), 0)
+
+    def test_a_sooner_deadline_replaces_the_pending_timer(self) -> None:
+        conn, _ = self.connect_limited()
+        conn.channel.headerTimeout = 5
+        # Idle (75 s), then a head's first byte: its deadline, 5 s on, comes first.
+        self.clock.advance(10)
+        conn.send(b"GET / HTTP/1.1\r\n")
+        self.clock.advance(4.9)
+        self.assertFalse(conn.transport.disconnecting)
+        self.clock.advance(0.1)
+        self.assertTrue(conn.transport.disconnecting)
+        self.assertEqual(conn.transport.value().count(b"HTTP/1.1 408 "), 1)
+
+    def test_a_closed_connection_leaves_no_timer(self) -> None:
+        conn, _ = self.connect_limited()
+        conn.send(head("GET"))
+        self.assertNotEqual(self.clock.getDelayedCalls(), [])
+        conn.channel.connectionLost(Failure(ConnectionDone()))
+        self.assertEqual(self.clock.getDelayedCalls(), [])
+
     def test_idle_until_the_first_byte(self) -> None:
         conn, _ = self.connect_limited()
         self.clock.advance(74.9)

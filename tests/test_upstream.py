@@ -1180,6 +1180,44 @@ class InMemoryTests(SynchronousTestCase):
                 self.successResultOf(delivered)
                 self.assertEqual((sink.body, events), (expected, ["idle"]), reads)
 
+    def test_body_read_with_the_head(self) -> None:
+        # A Content-Length body in the head's read ends the exchange before the head's
+        # Deferred fires: the connection is idle (back in the pool) and the body is on
+        # the response, delivered at once. A body that has not all arrived streams.
+        connection, _transport, events = self.connection()
+        d = connection.request(b"GET", b"/", [])
+        seen: list[Any] = []
+
+        def on_head(response: Any) -> Any:
+            seen.append((response.body, list(events)))
+            return response
+
+        d.addCallback(on_head)
+        connection.dataReceived(b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nhello")
+        response = self.successResultOf(d)
+        self.assertEqual(seen, [(b"hello", ["idle"])])
+        sink = Collect()
+        self.successResultOf(response.deliver(sink))
+        self.assertEqual(sink.body, b"hello")
+        self.assertRaises(RuntimeError, response.deliver, Collect())
+
+        connection, _transport, events = self.connection()
+        d = connection.request(b"GET", b"/", [])
+        connection.dataReceived(b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nhell")
+        response = self.successResultOf(d)
+        self.assertEqual((response.body, events), (None, []))
+
+    def test_body_read_with_the_head_then_a_failing_sink(self) -> None:
+        connection, _transport, _events = self.connection()
+        d = connection.request(b"GET", b"/", [])
+        connection.dataReceived(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+
+        class Failing:
+            def write(self, data: bytes) -> None:
+                raise ValueError("sink")
+
+        self.failureResultOf(self.successResultOf(d).deliver(Failing()), ValueError)
+
     def test_deliver_later_keeps_bytes_and_pauses(self) -> None:
         connection, transport, events = self.connection()
         d = connection.request(b"GET", b"/", [])

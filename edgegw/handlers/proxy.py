@@ -398,6 +398,14 @@ class ProxyHandler(TerminalResource):
             request.finish()
             await response.deliver(_Discard())
             return
+        body = response.body
+        if body is not None:
+            # Read with the head: no producer, no second wait (with the pool side, ~6 µs).
+            call.end(response.code)
+            if not request._disconnected:
+                request.write(body)
+                request.finish()
+            return
         relay = _Relay(request, response)
         request.registerProducer(relay, True)
         # Send the head now: a stream (server-sent events) may have no body byte for a

@@ -51,6 +51,7 @@ from typing import Any, Final, Protocol, cast
 from urllib.parse import unquote_to_bytes as unquote
 
 from twisted.internet.abstract import FileDescriptor
+from twisted.internet.base import DelayedCall
 from twisted.internet.defer import Deferred, fail, succeed
 from twisted.internet.error import ConnectionLost
 from twisted.internet.error import TimeoutError as ConnectionTimedOut
@@ -536,8 +537,11 @@ class GatewayRequest(Request):
         """
         if code == 101:
             channel = self.channel
-            if isinstance(channel, GatewayChannel) and channel._release is not None:
-                self.notifyFinish().addBoth(lambda ignored: channel._released())
+            if isinstance(channel, GatewayChannel):
+                # The channel will not hear of the connection again.
+                channel._stopTimer()
+                if channel._release is not None:
+                    self.notifyFinish().addBoth(lambda ignored: channel._released())
         Request.setResponseCode(self, code, message)
 
     def gotLength(self, length: int | None) -> None:
@@ -721,6 +725,10 @@ class GatewayChannel(HTTPChannel):
     """
     _sendCall: IDelayedCall | None = None
     _host: IAddress | None = None
+    # The connection's timeout (TimeoutMixin's, kept lazily): when it is due, and the one
+    # timer that fires at or before then.
+    _deadline: float | None = None
+    _timerCall: DelayedCall | None = None
 
     _gate: _ReadGate | None = None
     _streaming: GatewayRequest | None = None
@@ -751,6 +759,60 @@ class GatewayChannel(HTTPChannel):
         # The site's idle timeout: the period between requests.
         self._idleTimeout = self.timeOut
         HTTPChannel.connectionMade(self)
+
+    def setTimeout(self, period: float | None) -> float | None:
+        """
+        Change the timeout period, as L{TimeoutMixin.setTimeout} does (L{None}: no
+        timeout), and return the previous one.
+
+        Kept lazily: each request stops the timer while it is answered and starts it
+        again after, which with a timer per period is two C{callLater}s and two
+        cancellations a request (~2 µs). Here one timer stays pending while the deadline
+        moves: stopping only forgets the deadline, a later deadline only records it, and
+        when the timer fires early it waits for the rest. Only a deadline sooner than
+        the pending timer replaces it.
+        """
+        previous = self.timeOut
+        self.timeOut = period  # type: ignore[assignment]  # TimeoutMixin says int
+        if period is None:
+            self._deadline = None
+        else:
+            self._arm(period)
+        return previous
+
+    def resetTimeout(self) -> None:
+        """
+        Restart the timeout's period from now, if one is running.
+        """
+        period = self.timeOut
+        if self._deadline is not None and period is not None:
+            self._arm(period)
+
+    def _arm(self, period: float) -> None:
+        call = self._timerCall
+        if call is not None:
+            deadline = call.seconds() + period
+            if deadline >= call.getTime():
+                self._deadline = deadline
+                return
+            # Sooner than the pending timer: a new one (moving a timer sooner is a
+            # linear search of the reactor's timers; cancelling is constant time).
+            call.cancel()
+        call = self._timerCall = cast(DelayedCall, self.callLater(period, self._timerFired))
+        self._deadline = call.getTime()
+
+    def _timerFired(self) -> None:
+        fired = self._timerCall
+        self._timerCall = None
+        deadline = self._deadline
+        if deadline is None or fired is None:
+            return
+        remaining = deadline - fired.seconds()
+        if remaining > 0:
+            self._timerCall = cast(DelayedCall, self.callLater(remaining, self._timerFired))
+            return
+        self._deadline = None
+        self.timeoutConnection()
 
     def dataReceived(self, data: bytes) -> None:
         """
@@ -930,7 +992,19 @@ class GatewayChannel(HTTPChannel):
             self._abandonStreaming(self._streaming, _REQUEST_TIMEOUT, ConnectionTimedOut)
         HTTPChannel.timeoutConnection(self)
 
+    def _stopTimer(self) -> None:
+        """
+        Cancel the pending timer, rather than leave it to lapse: it would keep a
+        connection that is closed, or no longer this channel's, for a whole period.
+        """
+        self._deadline = None
+        timer = self._timerCall
+        if timer is not None:
+            self._timerCall = None
+            timer.cancel()
+
     def connectionLost(self, reason: Failure = connectionDone) -> None:
+        self._stopTimer()
         if self._lingerCall is not None:
             self._lingerCall.cancel()
             self._lingerCall = None
