@@ -263,6 +263,7 @@ def build_gateway(
                     identity,
                     plugins,
                     measured,
+                    traced=telemetry is not None,
                 ),
             )
             compiled.append(route)
@@ -518,6 +519,7 @@ def route_runner(
     identity: IdentityStages | None = None,
     plugins: RoutePlugins | None = None,
     metrics: IMetrics = NO_METRICS,
+    traced: bool = True,
 ) -> RouteRunner:
     """
     Compose one route's per-route chain, ending in rendering its terminal Resource.
@@ -528,6 +530,8 @@ def route_runner(
         configured (the session and auth-gate stages are then left out: rule 4).
     @param plugins: The configured request and response plugins.
     @param metrics: Counts authentications and policy denials.
+    @param traced: Whether the edge's tracing layer runs (a request then has an
+        L{IRequestTrace<edgegw.telemetry.IRequestTrace>} for its exchange).
 
     Stages that have nothing to do on a route are left out rather than passed through:
     the session and auth-gate stages join the chain only where identity is configured,
@@ -572,7 +576,7 @@ def route_runner(
     )
     if plugins is not None:
         stages.extend(plugins.stages(effective))
-    return RouteRunner(route, compose(stages, render_stage(terminal)), inflight)
+    return RouteRunner(route, compose(stages, render_stage(terminal)), inflight, traced)
 
 
 @attrs.frozen

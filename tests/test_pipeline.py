@@ -16,7 +16,7 @@ from twisted.logger import ILogObserver, LogLevel, globalLogPublisher
 from twisted.trial.unittest import SynchronousTestCase
 from twisted.web.server import Request
 
-from edgegw.chain.access_log import AccessLog
+from edgegw.chain.access_log import AccessLog, _encode
 from edgegw.chain.exchange import Exchange, exchange_of
 from edgegw.chain.pipeline import Handler, InFlight, RouteRunner, Stage, compose
 from edgegw.chain.projection import projection
@@ -249,6 +249,28 @@ class AccessLogTests(SynchronousTestCase):
         records = [e["access"] for e in events if e.get("log_namespace") == "edgegw.access"]
         self.assertEqual([(r["status"], r["error"]) for r in records], [(500, "internal")])
         self.flushLoggedErrors(ValueError)
+
+
+class AccessLineEncodingTests(SynchronousTestCase):
+    """
+    The access log's prebuilt JSON encoder writes what C{json.dumps} would.
+    """
+
+    def test_same_as_json(self) -> None:
+        reference = json.JSONEncoder(separators=(",", ":"), ensure_ascii=True).encode
+        records: list[dict[str, Any]] = [
+            {},
+            {"method": "GET", "path": '/é\u2028\x00"\\', "status": None, "duration_ms": 0.053},
+            {"upstream_calls": [{"status": 200, "ms": 1e-7}, {"error": "x"}], "ok": True},
+            {"big": 10**30, "neg": -0.0, "nested": {"a": [[], {}, [1.5, False]]}},
+        ]
+        for record in records:
+            self.assertEqual(_encode(record), reference(record))
+
+    def test_a_failed_line_does_not_affect_the_next(self) -> None:
+        record: dict[str, Any] = {"notes": {"a": [1]}}
+        self.assertRaises(TypeError, _encode, {"notes": {"a": [object()]}})
+        self.assertEqual(_encode(record), '{"notes":{"a":[1]}}')
 
 
 class ProjectionTests(SynchronousTestCase):

@@ -9,7 +9,7 @@ same fields, so that every request leaves exactly one line.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from time import monotonic
 from typing import Any
 
@@ -33,7 +33,38 @@ LEVELS = {
 _log = Logger(namespace="edgegw.access")
 
 
-_encode = json.JSONEncoder(separators=(",", ":"), ensure_ascii=True).encode
+def _json_encoder() -> Callable[[Any], str]:
+    """
+    The compact, ASCII-only JSON encoding of one access-log record.
+
+    C{JSONEncoder.encode} builds its C encoder anew for every call; this builds it once
+    (~0.9 µs a line). Without the circular-reference check, whose bookkeeping the C
+    encoder leaves behind when an encoding fails: records are the gateway's own dicts
+    (a cycle would raise RecursionError rather than ValueError).
+    """
+    encoder = json.JSONEncoder(separators=(",", ":"), ensure_ascii=True, check_circular=False)
+    make = getattr(json.encoder, "c_make_encoder", None)
+    if make is None:
+        return encoder.encode
+    chunks = make(
+        None,
+        encoder.default,
+        json.encoder.encode_basestring_ascii,
+        None,
+        encoder.key_separator,
+        encoder.item_separator,
+        encoder.sort_keys,
+        encoder.skipkeys,
+        encoder.allow_nan,
+    )
+
+    def encode(record: Any) -> str:
+        return "".join(chunks(record, 0))
+
+    return encode
+
+
+_encode = _json_encoder()
 
 
 class AccessLog:

@@ -87,7 +87,12 @@ class Exchange:
         route: CompiledRoute,
         params: dict[str, str],
         started: float,
+        traced: bool = True,
     ) -> None:
+        """
+        @param traced: Whether to look for the request's trace (L{IRequestTrace}): an
+            adaptation that finds none costs ~0.8 µs, so untraced gateways skip it.
+        """
         self.request = request
         self.route = route
         self.params = params
@@ -97,7 +102,7 @@ class Exchange:
         self.request_id = ""
         self.principal: Principal | None = None
         self.notes: dict[str, Any] | None = None
-        trace: Any = IRequestTrace(request, None)
+        trace: Any = IRequestTrace(request, None) if traced else None
         if trace is None:
             self.span: Any = None
             self.tracer: Any = None

@@ -132,11 +132,18 @@ class RouteRunner:
     Runs one route's composed chain for each request the mux gives it.
     """
 
-    def __init__(self, route: CompiledRoute, handler: Handler, inflight: InFlight) -> None:
+    def __init__(
+        self, route: CompiledRoute, handler: Handler, inflight: InFlight, traced: bool = True
+    ) -> None:
+        """
+        @param traced: Whether requests may have a trace (the edge's tracing layer
+            runs); without one, no exchange looks for it.
+        """
         self.route = route
         self.pattern = route.pattern
         self._handler = handler
         self._inflight = inflight
+        self._traced = traced
 
     def serve(self, request: Request, params: dict[str, str]) -> int:
         """
@@ -148,7 +155,7 @@ class RouteRunner:
         """
         inflight = self._inflight
         inflight.started(request)
-        exchange = Exchange(request, self.route, params, monotonic())
+        exchange = Exchange(request, self.route, params, monotonic(), self._traced)
         request.setComponent(IExchange, exchange)
         # Ask for the finish notification first: a chain that completes synchronously
         # finishes the request before fromCoroutine returns.

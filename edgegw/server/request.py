@@ -62,11 +62,12 @@ from twisted.python.failure import Failure
 from twisted.web.http import HTTPChannel, parse_qs
 from twisted.web.http import Request as HTTPRequest
 from twisted.web.http_headers import Headers
-from twisted.web.iweb import UNKNOWN_LENGTH, IBodyProducer
+from twisted.web.iweb import UNKNOWN_LENGTH, IBodyProducer, INonQueuedRequestFactory
 from twisted.web.server import Request
 from zope.interface import implementer
 
 from edgegw.chain.response_filter import IResponseFilter
+from edgegw.server.head import parse_simple_head
 from edgegw.server.response_head import ResponseHeaders, serialize_head
 
 BUFFER_LIMIT: Final = 64 * 1024
@@ -830,9 +831,54 @@ class GatewayChannel(HTTPChannel):
             # request's CPU at 50 connections); cancelling is constant time.
             self.setTimeout(None)
             self.setTimeout(self._idleTimeout if timeout is None else timeout)
+            if (
+                self.line_mode
+                and not self._buffer
+                and not self._busyReceiving
+                and not self.paused
+                and not self._handlingRequest
+                and self.persistent
+                and len(data) <= self.totalHeadersSize
+                and len(data) <= self.MAX_LENGTH
+            ):
+                head = parse_simple_head(data, self.maxHeaders)
+                if head is not None:
+                    self._simpleHeadReceived(*head)
+                    return
         elif phase == _BODY:
             self.resetTimeout()
         LineReceiver.dataReceived(self, data)
+
+    def _simpleHeadReceived(
+        self, method: bytes, target: bytes, version: bytes, fields: list[tuple[bytes, bytes]]
+    ) -> None:
+        """
+        A whole head without a body, parsed in one pass (L{parse_simple_head}): what
+        Twisted's C{lineReceived} does for each of its lines, then for its end (-2.3 µs
+        a request with wrk's two-line head, -12 µs with a browser's eleven fields).
+        """
+        # As LineReceiver does while it delivers lines: bytes arriving meanwhile wait.
+        self._busyReceiving = True
+        try:
+            factory = self.requestFactory
+            if INonQueuedRequestFactory.providedBy(factory):
+                request = factory(self)
+            else:
+                request = factory(self, len(self.requests))
+            self.requests.append(request)
+            self._command = method
+            self._path = target
+            self._version = version
+            add = request.requestHeaders.addRawHeader
+            for name, value in fields:
+                add(name, value)
+            self.allHeadersReceived()
+            if self.length == 0:
+                self.allContentReceived()
+        finally:
+            self._busyReceiving = False
+        if self._buffer:
+            LineReceiver.dataReceived(self, b"")
 
     def lineReceived(self, line: bytes) -> None:
         first = line[:1]

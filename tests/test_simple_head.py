@@ -1,0 +1,197 @@
+"""
+Tests for the one-pass parse of whole, simple request heads (L{parse_simple_head}) and
+the channel's use of it: every head it takes must come out exactly as Twisted's line
+parser reads it, and every other head must reach that parser.
+"""
+
+from __future__ import annotations
+
+import random
+import re
+from typing import Any
+
+from twisted.internet.task import Clock
+from twisted.trial.unittest import SynchronousTestCase
+
+from edgegw.server.head import parse_simple_head
+from edgegw.server.request import GatewayChannel, GatewayRequest
+from tests.test_request import Connection, Handler, gateway_site, ok
+
+PLAIN = b"GET /a/b?c=d HTTP/1.1\r\nHost: gateway.test\r\nAccept:  */*  \r\nX-Empty:\r\n\r\n"
+
+
+class ParseTests(SynchronousTestCase):
+    """
+    What L{parse_simple_head} takes and what it leaves to Twisted.
+    """
+
+    def test_plain_head(self) -> None:
+        self.assertEqual(
+            parse_simple_head(PLAIN, 100),
+            (
+                b"GET",
+                b"/a/b?c=d",
+                b"HTTP/1.1",
+                [(b"Host", b"gateway.test"), (b"Accept", b"*/*"), (b"X-Empty", b"")],
+            ),
+        )
+
+    def test_no_fields(self) -> None:
+        self.assertEqual(
+            parse_simple_head(b"GET / HTTP/1.0\r\n\r\n", 100), (b"GET", b"/", b"HTTP/1.0", [])
+        )
+
+    def test_declined(self) -> None:
+        declined = [
+            b"",
+            b"\r\n\r\n",
+            b"GET / HTTP/1.1\r\nHost: x\r\n",  # not whole
+            b"GET / HTTP/1.1\r\nHost: x\r\n\r\nGET / HTTP/1.1\r\n\r\n",  # pipelined
+            b"GET / HTTP/1.1\r\nHost: x\r\n\r\nbody",  # bytes after the head
+            b"\r\nGET / HTTP/1.1\r\nHost: x\r\n\r\n",  # a blank line first
+            b"GET  / HTTP/1.1\r\n\r\n",
+            b"GET / HTTP/2.0\r\n\r\n",
+            b"GET / http/1.1\r\n\r\n",
+            b"G@T / HTTP/1.1\r\n\r\n",
+            b"GET /\x7f HTTP/1.1\r\n\r\n",
+            b"GET /\xa0 HTTP/1.1\r\n\r\n",
+            b"GET / HTTP/1.1\r\nHost : x\r\n\r\n",  # space before the colon
+            b"GET / HTTP/1.1\r\nHost: x\r\n folded\r\n\r\n",  # obs-fold
+            b"GET / HTTP/1.1\r\nHost: x\nX: y\r\n\r\n",  # bare LF
+            b"GET / HTTP/1.1\r\nHost: x\rX: y\r\n\r\n",  # bare CR
+            b"GET / HTTP/1.1\r\nHost: x\x00\r\n\r\n",
+            b"GET / HTTP/1.1\r\nHost: x\x01\r\n\r\n",
+            b"GET / HTTP/1.1\r\nbad line x: y\r\n\r\n",
+            b"GET / HTTP/1.1\r\nNoColon\r\n\r\n",
+            b"GET / HTTP/1.1\r\n: empty name\r\n\r\n",
+            b"POST / HTTP/1.1\r\nContent-Length: 0\r\n\r\n",
+            b"POST / HTTP/1.1\r\ncontent-length: 3\r\n\r\n",
+            b"POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n",
+        ]
+        for data in declined:
+            self.assertIsNone(parse_simple_head(data, 100), data)
+
+    def test_field_limit(self) -> None:
+        head = b"GET / HTTP/1.1\r\n" + b"X: y\r\n" * 5 + b"\r\n"
+        self.assertIsNotNone(parse_simple_head(head, 5))
+        self.assertIsNone(parse_simple_head(head, 4))
+
+
+def _state(connection: Connection, handler: Handler) -> Any:
+    """
+    What a connection made of its input: each request as the handler saw it, what the
+    client got (without the Date line), and whether the connection is closing.
+    """
+    requests = [
+        (
+            request.method,
+            request.uri,
+            request.clientproto,
+            sorted(request.requestHeaders.getAllRawHeaders()),
+            request.received_cookies,
+        )
+        for request in handler.requests
+    ]
+    sent = re.sub(rb"Date: [^\r]*\r\n", b"", connection.transport.value())
+    return requests, sent, connection.transport.disconnecting
+
+
+_METHODS = [b"GET", b"HEAD", b"OPTIONS", b"get", b"G@T", b"DELETE", b""]
+_TARGETS = [b"/", b"/a?b=c", b"/a b", b"/%00", b"/\x7f", b"/\xaf", b"", b"*", b"http://h/x"]
+_VERSIONS = [b"HTTP/1.1", b"HTTP/1.0", b"HTTP/2.0", b"http/1.1", b"HTTP/1.1 "]
+_FIELDS = [
+    b"Host: gateway.test",
+    b"Host:gateway.test",
+    b"Host: other.test",
+    b"Accept: */*",
+    b"X-Trail: v \t",
+    b"X-Lead:\t v",
+    b"X-Empty:",
+    b"X-Empty: ",
+    b"Cookie: a=b; c=d",
+    b"Connection: close",
+    b"Connection: keep-alive, Upgrade",
+    b"Expect: 100-continue",
+    b"Content-Length: 0",
+    b"Content-Length: 5",
+    b"Transfer-Encoding: chunked",
+    b"Transfer-Encoding: identity",
+    b" folded",
+    b"Bad Name: x",
+    b"NoColon",
+    b"X-Nul: a\x00b",
+    b"X-Ctl: a\x01b",
+    b"X-Obs: caf\xe9",
+    b"X-Bare: a\rb",
+    b"X-Bare: a\nb",
+    b"X_Under: x",
+    b"x-mixed-CASE: v",
+]
+
+
+class ChannelTests(SynchronousTestCase):
+    """
+    The channel reads a simple head in one pass, exactly as Twisted's parser does.
+    """
+
+    def connect(self) -> tuple[Connection, Handler]:
+        handler = Handler(ok)
+        return Connection(gateway_site(handler, Clock())), handler
+
+    def test_a_simple_head_skips_the_line_parser(self) -> None:
+        connection, handler = self.connect()
+        lines: list[bytes] = []
+        original = GatewayChannel.lineReceived
+
+        def counted(channel: GatewayChannel, line: bytes) -> None:
+            lines.append(line)
+            original(channel, line)
+
+        self.patch(GatewayChannel, "lineReceived", counted)
+        connection.send(PLAIN)
+        connection.send(PLAIN)
+        self.assertEqual(lines, [])
+        self.assertEqual([r.status for r in connection.responses()], [200, 200])
+        [first, second] = handler.requests
+        self.assertIsInstance(first, GatewayRequest)
+        self.assertEqual(first.requestHeaders.getRawHeaders(b"accept"), [b"*/*"])
+        self.assertEqual(second.uri, b"/a/b?c=d")
+        # A head in two reads takes Twisted's path.
+        connection.send(PLAIN[:5])
+        connection.send(PLAIN[5:])
+        self.assertEqual(len(lines), 5)
+
+    def test_same_as_the_line_parser(self) -> None:
+        """
+        Heads made at random from plain and faulty pieces: one connection gets each
+        head in one read (the one-pass parse where it applies), another gets it in two
+        (Twisted's parser always); the requests, the bytes sent back and the closing
+        are the same.
+        """
+        chooser = random.Random(20261127)
+        fast_taken = 0
+        for n in range(3000):
+            # Half the time from the first, plain, choices of each list.
+            plain = chooser.random() < 0.5
+            line = b" ".join(
+                [
+                    chooser.choice(_METHODS[:3] if plain else _METHODS),
+                    chooser.choice(_TARGETS[:2] if plain else _TARGETS),
+                    chooser.choice(_VERSIONS[:2] if plain else _VERSIONS),
+                ]
+            )
+            fields = chooser.sample(_FIELDS[:12] if plain else _FIELDS, chooser.randint(0, 5))
+            if chooser.random() < 0.3:
+                fields = [b"Host: gateway.test", *(f for f in fields if not f.startswith(b"Host"))]
+            data = b"\r\n".join([line, *fields]) + b"\r\n\r\n"
+            if parse_simple_head(data, 100) is not None:
+                fast_taken += 1
+            one, one_handler = self.connect()
+            two, two_handler = self.connect()
+            one.send(data)
+            two.send(data[:1])
+            two.send(data[1:])
+            self.assertEqual(_state(one, one_handler), _state(two, two_handler), (n, data))
+        # Enough of both kinds to mean something.
+        self.assertGreater(fast_taken, 300)
+        self.assertLess(fast_taken, 2700)
