@@ -9,13 +9,15 @@ request is wrk's (C{GET /small.json}, C{Host} only), and the upstream answers ng
 head with the 100-byte JSON body in one read. Each request goes through everything
 edgegw's own code and Twisted's HTTP server do for it (head parsing, the edge layers,
 mux, recover, request id, access log, projection, the proxy handler, the upstream
-client's encoding and parsing, the pool), with the reactor's timers kept as the real
-reactor keeps them; what it leaves out is the kernel (system calls, wake-ups) and the
-reactor's event dispatch, so the figure is lower than C{proxy}'s CPU per request.
+client's encoding and parsing, the pool), with the reactor's timers handled after each
+request as at the end of a reactor iteration (C{runUntilCurrent}); what it leaves out
+is the kernel (system calls, wake-ups) and the reactor's event dispatch, so the figure
+is lower than C{proxy}'s CPU per request.
 
 With no sockets and no other process, the figure is steady to about 1 % between runs
 on an idle machine (C{proxy}'s moves by ±5 % on two shared cores), which is what a
-small change needs: C{--before REV} measures edgegw at that revision the same way, in
+small change needs (the figure is the process's CPU time, so other load weighs on it
+less than on wall time): C{--before REV} measures edgegw at that revision the same way, in
 alternating fresh processes, and prints both. C{--profile} prints where the time goes
 (cProfile, sorted by own time; cProfile's own overhead roughly triples the figure).
 """

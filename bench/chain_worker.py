@@ -89,7 +89,7 @@ def build(directory: Path) -> Callable[[], bytes]:
     channel.makeConnection(downstream)
     upstreams: list[tuple[Any, StringTransport]] = []
     backend = IPv4Address("TCP", "127.0.0.1", 9)
-    insert_timers = reactor._insertNewDelayedCalls  # type: ignore[attr-defined]
+    run_timers = reactor.runUntilCurrent  # type: ignore[attr-defined]
 
     def one() -> bytes:
         channel.dataReceived(REQUEST)
@@ -102,8 +102,9 @@ def build(directory: Path) -> Callable[[], bytes]:
             if transport.value():
                 transport.clear()
                 protocol.dataReceived(RESPONSE)
-        # What the reactor does with the timers made this iteration.
-        insert_timers()
+        # What the reactor does at each iteration's end: timers made are put on its heap,
+        # cancelled ones cleared out, due ones run.
+        run_timers()
         out = downstream.value()
         downstream.clear()
         return bytes(out)
@@ -134,10 +135,13 @@ def measure(directory: Path, requests: int, repeats: int, profile: bool) -> floa
         return None
     best = float("inf")
     for _ in range(repeats):
-        started = time.perf_counter()
+        # CPU time, not wall time: other processes' load does not count.
+        started = time.process_time()
         for _ in range(requests):
-            one()
-        best = min(best, (time.perf_counter() - started) / requests * 1e6)
+            answer = one()
+        best = min(best, (time.process_time() - started) / requests * 1e6)
+        if not answer.startswith(b"HTTP/1.1 200 ") or not answer.endswith(BODY):
+            raise SystemExit(f"the gateway answered {answer[:300]!r}")
     return best
 
 

@@ -16,7 +16,12 @@ from OpenSSL import SSL
 from service_identity import VerificationError
 from twisted.internet import reactor
 from twisted.internet.defer import CancelledError, Deferred, ensureDeferred
-from twisted.internet.error import ConnectionClosed, ConnectionDone, ConnectionRefusedError
+from twisted.internet.error import (
+    ConnectionAborted,
+    ConnectionClosed,
+    ConnectionDone,
+    ConnectionRefusedError,
+)
 from twisted.internet.interfaces import IPushProducer
 from twisted.internet.protocol import Protocol, connectionDone
 from twisted.internet.task import deferLater
@@ -1207,6 +1212,29 @@ class InMemoryTests(SynchronousTestCase):
         response = self.successResultOf(d)
         self.assertEqual((response.body, events), (None, []))
 
+    def test_body_read_with_the_head_then_aborted(self) -> None:
+        # An abort (a reader over its size cap) fails the delivery as it would for a
+        # body still arriving, before the write or from inside it; the connection,
+        # whose exchange is over, stays in the pool. After the delivery it does nothing.
+        for when in ("before", "during", "after"):
+            connection, transport, events = self.connection()
+            d = connection.request(b"GET", b"/", [])
+            connection.dataReceived(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+            response = self.successResultOf(d)
+
+            sink = _AbortingSink(response if when == "during" else None)
+            if when == "before":
+                response.abort()
+            delivered = response.deliver(sink)
+            if when == "after":
+                self.successResultOf(delivered)
+                response.abort()
+            else:
+                self.failureResultOf(delivered, ConnectionAborted)
+            self.assertEqual(sink.body, b"" if when == "before" else b"ok", when)
+            self.assertEqual((events, transport.disconnecting), (["idle"], False), when)
+            self.assertIsNone(response.body)
+
     def test_body_read_with_the_head_then_a_failing_sink(self) -> None:
         connection, _transport, _events = self.connection()
         d = connection.request(b"GET", b"/", [])
@@ -1274,6 +1302,21 @@ class InMemoryTests(SynchronousTestCase):
         response = self.successResultOf(d)
         response.deliver(Collect())
         self.assertRaises(RuntimeError, response.deliver, Collect())
+
+
+class _AbortingSink(Collect):
+    """
+    Collects the body, and aborts C{response} (if any) from inside its first write.
+    """
+
+    def __init__(self, response: Any) -> None:
+        super().__init__()
+        self.response = response
+
+    def write(self, data: bytes) -> None:
+        super().write(data)
+        if self.response is not None:
+            self.response.abort()
 
 
 class PoolTimerTests(SynchronousTestCase):

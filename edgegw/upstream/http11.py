@@ -139,10 +139,13 @@ class UpstreamResponse:
         304 and C{Content-Length: 0}.
     @ivar body: The whole body when it was read with the head (a C{Content-Length} body
         that arrived in the same read), else L{None}: the exchange is already over, the
-        connection back in the pool, and L{deliver} writes it at once.
+        connection back in the pool, and L{deliver} writes it at once (and drops it). An
+        L{abort} before or during that write fails the delivery, as for a body still
+        arriving, but the connection stays pooled.
     """
 
     __slots__ = (
+        "_aborted",
         "_connection",
         "_delivered",
         "body",
@@ -173,6 +176,7 @@ class UpstreamResponse:
         self.length = length
         self.has_body = has_body
         self.body: bytes | None = None
+        self._aborted = False
 
     def __repr__(self) -> str:
         return f"<UpstreamResponse {self.code} {self.phrase!r} length={self.length}>"
@@ -193,10 +197,16 @@ class UpstreamResponse:
         self._delivered = True
         body = self.body
         if body is not None:
-            try:
-                sink.write(body)
-            except Exception:
-                return fail()
+            # As a body still arriving would: an abort before or during the write fails
+            # the delivery (the connection, whose exchange is over, stays pooled).
+            if not self._aborted:
+                try:
+                    sink.write(body)
+                except Exception:
+                    return fail()
+            self.body = None
+            if self._aborted:
+                return fail(ConnectionAborted("response aborted"))
             return succeed(None)
         connection = self._connection
         if connection is None or not self.has_body:
@@ -222,11 +232,15 @@ class UpstreamResponse:
     def abort(self) -> None:
         """
         Drop the connection now (the client went away); it is never reused. Does nothing
-        once the body is complete.
+        once the body is complete. For a body read with the head (L{body}), the
+        connection is already back in the pool: the delivery fails instead.
         """
         connection = self._connection
         if connection is not None:
             connection._fail(Failure(ConnectionAborted("response aborted")))
+        elif self.body is not None:
+            # Read with the head and not yet delivered.
+            self._aborted = True
 
     def detach(self, protocol: IProtocol) -> ITransport:
         """
