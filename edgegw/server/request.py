@@ -67,6 +67,7 @@ from twisted.web.server import Request
 from zope.interface import implementer
 
 from edgegw.chain.response_filter import IResponseFilter
+from edgegw.server.fast_headers import GatewayHeaders
 from edgegw.server.head import parse_simple_head
 from edgegw.server.response_head import ResponseHeaders, serialize_head
 
@@ -474,6 +475,7 @@ class GatewayRequest(Request):
 
     def __init__(self, channel: HTTPChannel, queued: object = None) -> None:
         super().__init__(channel, queued)
+        self.requestHeaders = GatewayHeaders()
         self.responseHeaders = ResponseHeaders()
 
     def process(self) -> None:

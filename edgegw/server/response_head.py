@@ -16,8 +16,10 @@ from collections.abc import Iterable
 from twisted.web.http import datetimeToString
 from twisted.web.http_headers import Headers
 
+from edgegw.server.fast_headers import GatewayHeaders
 
-class ResponseHeaders(Headers):
+
+class ResponseHeaders(GatewayHeaders):
     """
     A response's headers, plus the pre-encoded block of fixed header lines that is
     written first.

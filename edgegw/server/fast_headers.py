@@ -1,0 +1,92 @@
+"""
+Header look-ups and sets without Twisted's per-call name encoding.
+
+A proxied request asks its headers for ~17 values and sets ~7; each
+L{Headers.getRawHeaders} call encodes the name through Twisted's name encoder (a method
+call and a cache look-up) and each L{Headers.setRawHeaders} sanitises every value (split
+into lines and joined again). L{GatewayHeaders} does the same with a module-level cache
+of canonical names and a check that a value holds no line break, for C{bytes} names and
+values; anything else (C{str} names or values, a value with a line break, a name not
+seen before) takes Twisted's own method, which also refuses an invalid name as Twisted
+does.
+
+It writes into C{Headers._rawHeaders}, Twisted's private dict of canonical name to
+values, as the projection stage does: at import a probe checks that the dict is still
+there and shaped so, and without it L{GatewayHeaders} is plain L{Headers}.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from twisted.web.http_headers import Headers
+
+_MAX_NAMES = 10_000
+"""Canonical names remembered (as Twisted's encoder bounds its own cache)."""
+
+_canonical: dict[bytes, bytes] = {}
+
+
+def canonical_name(name: bytes) -> bytes:
+    """
+    C{name} as L{Headers} stores it (its canonical capitalisation), remembered.
+
+    @raise twisted.web.http_headers.InvalidHeaderName: C{name} is not a token.
+    """
+    canonical = _canonical.get(name)
+    if canonical is None:
+        probe = Headers()
+        probe.setRawHeaders(name, [b""])
+        canonical = next(probe.getAllRawHeaders())[0]
+        if len(_canonical) < _MAX_NAMES:
+            _canonical[name] = canonical
+    return canonical
+
+
+def _raw_dict_works() -> bool:
+    headers = Headers()
+    headers.setRawHeaders(b"x-probe-name", [b"v"])
+    raw = getattr(headers, "_rawHeaders", None)
+    return isinstance(raw, dict) and raw == {canonical_name(b"x-probe-name"): [b"v"]}
+
+
+if _raw_dict_works():
+
+    class GatewayHeaders(Headers):
+        """
+        L{Headers} with look-ups and sets of C{bytes} names that skip the name encoder
+        (~0.1 µs a look-up, ~0.3 µs a set).
+        """
+
+        __slots__ = ()
+
+        def getRawHeaders(self, name: Any, default: Any = None) -> Any:
+            if type(name) is bytes:
+                canonical = _canonical.get(name) or canonical_name(name)
+                return self._rawHeaders.get(canonical) or default
+            return Headers.getRawHeaders(self, name, default)
+
+        def setRawHeaders(self, name: Any, values: Sequence[Any]) -> None:
+            if type(name) is bytes:
+                canonical = _canonical.get(name) or canonical_name(name)
+                kept = []
+                for value in values:
+                    # LF and CR as ints: membership of an int is a byte scan (~12 ns),
+                    # of a bytes object a substring search (~100 ns).
+                    if type(value) is not bytes or 10 in value or 13 in value:
+                        break
+                    kept.append(value)
+                else:
+                    self._rawHeaders[canonical] = kept
+                    return
+            Headers.setRawHeaders(self, name, values)
+
+else:  # pragma: no cover - a Twisted whose Headers is built otherwise
+
+    class GatewayHeaders(Headers):  # type: ignore[no-redef]
+        """
+        Plain L{Headers}: this Twisted's C{Headers} has no C{_rawHeaders} dict.
+        """
+
+        __slots__ = ()

@@ -1,0 +1,92 @@
+"""
+Tests for L{GatewayHeaders}: the same answers as Twisted's L{Headers}, faster.
+"""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+from twisted.trial.unittest import SynchronousTestCase
+from twisted.web.http_headers import Headers, InvalidHeaderName
+from twisted.web.test.requesthelper import DummyChannel
+
+from edgegw.server import fast_headers
+from edgegw.server.fast_headers import GatewayHeaders, canonical_name
+from edgegw.server.request import GatewayRequest
+from edgegw.server.response_head import ResponseHeaders
+
+_NAMES: list[Any] = [
+    b"host",
+    b"Host",
+    b"HOST",
+    b"etag",
+    b"www-authenticate",
+    b"x-request-id",
+    b"X-Forwarded-For",
+    "content-type",
+    "X-Str",
+    b"x_under",
+]
+_VALUES: list[Any] = [b"v", b"", b" a b ", b"a\r\nb", b"a\nb", b"a\rb", "caf\u00e9", b"caf\xc3\xa9"]
+
+
+def _outcome(call: Any, *args: Any) -> Any:
+    try:
+        return ("ok", call(*args))
+    except Exception as e:
+        return ("raised", type(e))
+
+
+class SameAsHeadersTests(SynchronousTestCase):
+    """
+    Every look-up and set gives what L{Headers} gives, the stored headers included.
+    """
+
+    def test_random_operations(self) -> None:
+        chooser = random.Random(1127)
+        for _ in range(300):
+            plain, fast = Headers(), GatewayHeaders()
+            for _ in range(12):
+                name = chooser.choice(_NAMES)
+                if chooser.random() < 0.5:
+                    values = chooser.sample(_VALUES, chooser.randint(0, 3))
+                    self.assertEqual(
+                        _outcome(fast.setRawHeaders, name, values),
+                        _outcome(plain.setRawHeaders, name, values),
+                    )
+                else:
+                    default = chooser.choice([None, [b"d"], "d"])
+                    self.assertEqual(
+                        _outcome(fast.getRawHeaders, name, default),
+                        _outcome(plain.getRawHeaders, name, default),
+                    )
+                self.assertEqual(sorted(fast.getAllRawHeaders()), sorted(plain.getAllRawHeaders()))
+            self.assertEqual(fast, plain)
+
+    def test_invalid_names_refused_as_twisted_refuses_them(self) -> None:
+        for name in (b"bad name", b"", b"a:b", b"a\x00"):
+            self.assertRaises(InvalidHeaderName, GatewayHeaders().getRawHeaders, name)
+            self.assertRaises(InvalidHeaderName, GatewayHeaders().setRawHeaders, name, [b"v"])
+            self.assertRaises(InvalidHeaderName, Headers().getRawHeaders, name)
+
+    def test_canonical_names(self) -> None:
+        self.assertEqual(canonical_name(b"etag"), b"ETag")
+        self.assertEqual(canonical_name(b"x-request-id"), b"X-Request-Id")
+        headers = GatewayHeaders()
+        headers.setRawHeaders(b"etag", [b'"1"'])
+        self.assertEqual(list(headers.getAllRawHeaders()), [(b"ETag", [b'"1"'])])
+
+    def test_beyond_the_name_cache(self) -> None:
+        self.patch(fast_headers, "_MAX_NAMES", 0)
+        self.patch(fast_headers, "_canonical", {})
+        headers = GatewayHeaders()
+        headers.setRawHeaders(b"x-new", [b"1"])
+        self.assertEqual(headers.getRawHeaders(b"X-NEW"), [b"1"])
+        self.assertEqual(fast_headers._canonical, {})
+
+    def test_requests_use_them(self) -> None:
+        request = GatewayRequest(DummyChannel())  # type: ignore[arg-type]
+        self.assertIsInstance(request.requestHeaders, GatewayHeaders)
+        self.assertIsInstance(request.responseHeaders, ResponseHeaders)
+        self.assertIsInstance(request.responseHeaders, GatewayHeaders)
