@@ -49,7 +49,16 @@ class SameAsHeadersTests(SynchronousTestCase):
             plain, fast = Headers(), GatewayHeaders()
             for _ in range(12):
                 name = chooser.choice(_NAMES)
-                if chooser.random() < 0.5:
+                roll = chooser.random()
+                if roll < 0.1:
+                    self.assertEqual(
+                        _outcome(fast.hasHeader, name), _outcome(plain.hasHeader, name)
+                    )
+                elif roll < 0.2:
+                    self.assertEqual(
+                        _outcome(fast.removeHeader, name), _outcome(plain.removeHeader, name)
+                    )
+                elif roll < 0.6:
                     values = chooser.sample(_VALUES, chooser.randint(0, 3))
                     self.assertEqual(
                         _outcome(fast.setRawHeaders, name, values),
@@ -67,6 +76,8 @@ class SameAsHeadersTests(SynchronousTestCase):
     def test_invalid_names_refused_as_twisted_refuses_them(self) -> None:
         for name in (b"bad name", b"", b"a:b", b"a\x00"):
             self.assertRaises(InvalidHeaderName, GatewayHeaders().getRawHeaders, name)
+            self.assertRaises(InvalidHeaderName, GatewayHeaders().hasHeader, name)
+            self.assertRaises(InvalidHeaderName, GatewayHeaders().removeHeader, name)
             self.assertRaises(InvalidHeaderName, GatewayHeaders().setRawHeaders, name, [b"v"])
             self.assertRaises(InvalidHeaderName, Headers().getRawHeaders, name)
 

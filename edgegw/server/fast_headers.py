@@ -55,11 +55,22 @@ if _raw_dict_works():
 
     class GatewayHeaders(Headers):
         """
-        L{Headers} with look-ups and sets of C{bytes} names that skip the name encoder
-        (~0.1 µs a look-up, ~0.3 µs a set).
+        L{Headers} with look-ups, sets and removals of C{bytes} names that skip the
+        name encoder (~0.1 µs a look-up, ~0.3 µs a set).
         """
 
         __slots__ = ()
+
+        def hasHeader(self, name: Any) -> bool:
+            if type(name) is bytes:
+                return (_canonical.get(name) or canonical_name(name)) in self._rawHeaders
+            return Headers.hasHeader(self, name)
+
+        def removeHeader(self, name: Any) -> None:
+            if type(name) is bytes:
+                self._rawHeaders.pop(_canonical.get(name) or canonical_name(name), None)
+            else:
+                Headers.removeHeader(self, name)
 
         def getRawHeaders(self, name: Any, default: Any = None) -> Any:
             if type(name) is bytes:
