@@ -18,16 +18,23 @@ from twisted.internet.address import IPv4Address
 from twisted.internet.defer import CancelledError, Deferred
 from twisted.internet.error import ConnectionDone, ConnectionLost
 from twisted.internet.error import TimeoutError as ConnectionTimedOut
-from twisted.internet.interfaces import IConsumer, IDelayedCall, IPushProducer, IReactorTime
+from twisted.internet.interfaces import (
+    IConsumer,
+    IDelayedCall,
+    IPushProducer,
+    IReactorTime,
+    ISSLTransport,
+)
 from twisted.internet.protocol import ClientFactory, Protocol, connectionDone
 from twisted.internet.task import Clock
 from twisted.internet.testing import StringTransport
 from twisted.python.failure import Failure
 from twisted.trial.unittest import SynchronousTestCase, TestCase
+from twisted.web.http import HTTPChannel
 from twisted.web.iweb import UNKNOWN_LENGTH
 from twisted.web.resource import Resource
 from twisted.web.server import NOT_DONE_YET, Site
-from zope.interface import implementer
+from zope.interface import alsoProvides, implementer
 
 from edgegw.server.request import (
     BUFFER_LIMIT,
@@ -217,6 +224,35 @@ class WithoutBodyTests(Fixture):
         self.assertEqual([r.status for r in connection.responses()], [200, 200])
         self.assertEqual([r.getHost() for r in handler.requests], [ask(), ask()])
         self.assertEqual(len(asked), 1)
+
+    def test_tls_asked_of_the_transport_once(self) -> None:
+        """
+        Whether the connection is secure is asked of its transport once (an interface
+        adaptation each time otherwise), and again only if the transport changes.
+        """
+        asked = []
+        original = HTTPChannel.isSecure
+
+        def counted(channel: HTTPChannel) -> bool:
+            asked.append(channel)
+            return bool(original(channel))
+
+        self.patch(HTTPChannel, "isSecure", counted)
+        seen = []
+
+        def answer(request: GatewayRequest) -> bytes:
+            seen.append(request.isSecure())
+            return b"ok"
+
+        connection, _ = self.connect(answer)
+        connection.send(head("GET", "/a") + head("GET", "/b"))
+        self.assertEqual((seen, len(asked)), ([False, False], 1))
+
+        secure = StringTransport()
+        alsoProvides(secure, ISSLTransport)
+        connection.channel.transport = secure
+        self.assertTrue(connection.channel.isSecure())
+        self.assertEqual(len(asked), 2)
 
     def test_get(self) -> None:
         conn, handler = self.connect(ok)

@@ -728,6 +728,8 @@ class GatewayChannel(HTTPChannel):
     """
     _sendCall: IDelayedCall | None = None
     _host: IAddress | None = None
+    _secureTransport: object = None
+    _secure = False
     # The connection's timeout (TimeoutMixin's, kept lazily): when it is due, and the one
     # timer that fires at or before then.
     _deadline: float | None = None
@@ -757,6 +759,18 @@ class GatewayChannel(HTTPChannel):
         if host is None:
             host = self._host = HTTPChannel.getHost(self)
         return host
+
+    def isSecure(self) -> bool:
+        """
+        Whether the connection is TLS, asked of its transport once: Twisted adapts the
+        transport to C{ISSLTransport} each time (~0.7 µs), and the proxy asks with every
+        request that has no C{X-Forwarded-Proto}.
+        """
+        transport = self.transport
+        if transport is not self._secureTransport:
+            self._secureTransport = transport
+            self._secure = HTTPChannel.isSecure(self)
+        return self._secure
 
     def connectionMade(self) -> None:
         # The site's idle timeout: the period between requests.
