@@ -10,6 +10,7 @@ import socket
 import struct
 from collections.abc import Callable
 from hashlib import sha256
+from io import BytesIO
 from typing import Any
 
 from twisted.internet import reactor as _reactor
@@ -206,10 +207,11 @@ class WithoutBodyTests(Fixture):
     Requests without a body take Twisted's path unchanged.
     """
 
-    def test_local_address_asked_of_the_socket_once(self) -> None:
+    def test_addresses_asked_of_the_transport_once(self) -> None:
         """
-        Every request on a connection has its local address, read from the transport
-        once for the connection rather than once per request (a system call each).
+        Every request on a connection has its local and peer addresses, asked of the
+        transport once for the connection rather than once per request (a system call
+        and a new address, or a new address).
         """
         connection, handler = self.connect(ok)
         asked = []
@@ -220,10 +222,20 @@ class WithoutBodyTests(Fixture):
             return ask()
 
         connection.transport.getHost = counted  # type: ignore[method-assign]
+        peers = []
+        ask_peer = connection.transport.getPeer
+
+        def counted_peer() -> Any:
+            peers.append(True)
+            return ask_peer()
+
+        connection.transport.getPeer = counted_peer  # type: ignore[method-assign]
         connection.send(head("GET", "/a") + head("GET", "/b"))
         self.assertEqual([r.status for r in connection.responses()], [200, 200])
         self.assertEqual([r.getHost() for r in handler.requests], [ask(), ask()])
         self.assertEqual(len(asked), 1)
+        self.assertEqual([r.getClientAddress() for r in handler.requests], [ask_peer()] * 2)
+        self.assertEqual(len(peers), 1)
 
     def test_tls_asked_of_the_transport_once(self) -> None:
         """
@@ -276,6 +288,15 @@ class WithoutBodyTests(Fixture):
         assert request.content is not None
         self.assertEqual(request.content.read(), b"")
         self.assertIs(request.body, EMPTY_BODY)
+
+    def test_content_file_from_the_site(self) -> None:
+        # As Twisted's Request.gotLength: a site's getContentFile makes the file.
+        conn, handler = self.connect()
+        made = BytesIO(b"from the site")
+        self.site.getContentFile = lambda length: made  # type: ignore[attr-defined]
+        conn.send(head("GET"))
+        [request] = handler.requests
+        self.assertIs(request.content, made)
 
     def test_empty_body_produces_nothing(self) -> None:
         collector = Collector()

@@ -555,7 +555,12 @@ class GatewayRequest(Request):
             L{GatewayChannel}.
         """
         if length == 0:
-            Request.gotLength(self, length)
+            # What Twisted's gotLength does, without its try/except: it looks for the
+            # site's getContentFile, which sites rarely have, and catches the
+            # AttributeError (~1 µs a request).
+            site = getattr(self.channel, "site", None)
+            get_content_file = getattr(site, "getContentFile", None)
+            self.content = get_content_file(0) if get_content_file is not None else BytesIO()
             return
         channel = self.channel
         if not isinstance(channel, GatewayChannel):
@@ -728,6 +733,7 @@ class GatewayChannel(HTTPChannel):
     """
     _sendCall: IDelayedCall | None = None
     _host: IAddress | None = None
+    _peer: IAddress | None = None
     _secureTransport: object = None
     _secure = False
     # The connection's timeout (TimeoutMixin's, kept lazily): when it is due, and the one
@@ -759,6 +765,16 @@ class GatewayChannel(HTTPChannel):
         if host is None:
             host = self._host = HTTPChannel.getHost(self)
         return host
+
+    def getPeer(self) -> IAddress:
+        """
+        The client's address, made once: Twisted's Request asks for it with every
+        request, and the transport makes a new address object each time (~0.5 µs).
+        """
+        peer = self._peer
+        if peer is None:
+            peer = self._peer = HTTPChannel.getPeer(self)
+        return peer
 
     def isSecure(self) -> bool:
         """
