@@ -5,7 +5,7 @@ Tests for L{GatewayHeaders}: the same answers as Twisted's L{Headers}, faster.
 from __future__ import annotations
 
 import random
-from typing import Any
+from typing import Any, cast
 
 from twisted.trial.unittest import SynchronousTestCase
 from twisted.web.http_headers import Headers, InvalidHeaderName
@@ -95,6 +95,27 @@ class SameAsHeadersTests(SynchronousTestCase):
         headers.setRawHeaders(b"x-new", [b"1"])
         self.assertEqual(headers.getRawHeaders(b"X-NEW"), [b"1"])
         self.assertEqual(fast_headers._canonical, {})
+
+    def test_values_from_an_iterator(self) -> None:
+        # Review finding: checking the values read an iterator that Headers then got
+        # empty.
+        cases: list[list[Any]] = [[b" a b ", b"\r", b"ba"], [b"x", "y"], [b"ok"]]
+        for values in cases:
+            plain, fast = Headers(), GatewayHeaders()
+            plain.setRawHeaders(b"x-it", cast(Any, iter(values)))
+            fast.setRawHeaders(b"x-it", cast(Any, iter(values)))
+            self.assertEqual(fast, plain)
+            self.assertEqual(len(fast.getRawHeaders(b"x-it") or []), len(values))
+
+    def test_long_names_not_remembered(self) -> None:
+        # Names a client or upstream makes up cannot fill the cache with long strings.
+        long_name = b"x-" + b"a" * 100
+        headers = GatewayHeaders()
+        headers.setRawHeaders(long_name, [b"v"])
+        self.assertEqual(headers.getRawHeaders(long_name), [b"v"])
+        self.assertNotIn(long_name, fast_headers._canonical)
+        headers.setRawHeaders(b"x-short", [b"v"])
+        self.assertIn(b"x-short", fast_headers._canonical)
 
     def test_requests_use_them(self) -> None:
         request = GatewayRequest(DummyChannel())  # type: ignore[arg-type]

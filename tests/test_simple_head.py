@@ -13,6 +13,7 @@ from typing import Any
 from twisted.internet.task import Clock
 from twisted.trial.unittest import SynchronousTestCase
 
+from edgegw.server import request as request_module
 from edgegw.server.head import parse_simple_head
 from edgegw.server.request import GatewayChannel, GatewayRequest
 from tests.test_request import Connection, Handler, gateway_site, ok
@@ -195,3 +196,83 @@ class ChannelTests(SynchronousTestCase):
         # Enough of both kinds to mean something.
         self.assertGreater(fast_taken, 300)
         self.assertLess(fast_taken, 2700)
+
+    def test_a_head_cut_short_after_a_pipelined_answer(self) -> None:
+        """
+        A read holding a whole request and the start of the next, answered within that
+        read: the next read goes on with Twisted's parser, never starts over in one
+        pass (review finding: a line Twisted refuses would have been served, and the
+        connection left answering for good).
+        """
+        connection, handler = self.connect()
+        connection.send(b"GET /a HTTP/1.1\r\nHost: gateway.test\r\n\r\nGET /b HTTP/1.1\r\n")
+        connection.send(b"GET /c HTTP/1.1\r\nHost: gateway.test\r\n\r\n")
+        # "GET /c HTTP/1.1" is a header line without a colon to Twisted: 400, closed.
+        self.assertEqual([r.status for r in connection.responses()], [200, 400])
+        self.assertEqual([r.uri for r in handler.requests], [b"/a"])
+        self.assertTrue(connection.transport.disconnecting)
+
+    def test_not_while_closing(self) -> None:
+        # TLS goes on delivering after loseConnection: Twisted parses one line and stops.
+        connection, handler = self.connect()
+        connection.transport.disconnecting = True
+        connection.send(PLAIN)
+        self.assertEqual(handler.requests, [])
+
+    def test_same_as_the_line_parser_across_reads(self) -> None:
+        """
+        Streams of one to three heads, cut into reads at random (at head boundaries,
+        inside heads), go the same way with the one-pass parse as without it.
+        """
+        chooser = random.Random(1127)
+        plain_heads = [
+            PLAIN,
+            b"GET / HTTP/1.1\r\nHost: gateway.test\r\n\r\n",
+            b"GET /x HTTP/1.0\r\nHost: gateway.test\r\nConnection: keep-alive\r\n\r\n",
+            b"POST /p HTTP/1.1\r\nHost: gateway.test\r\nContent-Length: 3\r\n\r\nabc",
+            b"GET /b HTTP/1.1\r\nHost: gateway.test\r\nX\r\n\r\n",
+            b"GET /c HTTP/1.1\r\nHost: gateway.test\r\nConnection: close\r\n\r\n",
+            b"GET /d HTTP/1.1\r\nHost: gateway.test\r\n folded\r\n\r\n",
+            b"\r\nGET /e HTTP/1.1\r\nHost: gateway.test\r\n\r\n",
+        ]
+        # Pieces of heads too: a client may start a new request line in the middle of
+        # a head, so that a read looks like a whole head to the one-pass parse.
+        pieces = [*plain_heads, b"GET /f HTTP/1.1\r\n", b"Host: gateway.test\r\n", b"\r\n"]
+        fragments = pieces[len(plain_heads) :]
+        for n in range(2000):
+            parts = chooser.choices(pieces, k=chooser.randint(1, 4))
+            mode = chooser.random()
+            if mode < 0.3:
+                # A head and the start of another in one read, then whole heads.
+                reads = [
+                    chooser.choice(plain_heads) + chooser.choice(fragments),
+                    *chooser.choices(plain_heads, k=chooser.randint(1, 2)),
+                ]
+            elif mode < 0.65:
+                # Reads of whole pieces, grouped at random: a whole head may come in one
+                # read, after one that ended in the middle of a head.
+                reads = [parts[0]]
+                for part in parts[1:]:
+                    if chooser.random() < 0.5:
+                        reads[-1] += part
+                    else:
+                        reads.append(part)
+            else:
+                stream = b"".join(parts)
+                cuts = sorted(set(chooser.sample(range(1, len(stream)), min(2, len(stream) - 1))))
+                bounds = zip([0, *cuts], [*cuts, len(stream)], strict=True)
+                reads = [stream[a:b] for a, b in bounds]
+            one, one_handler = self.connect()
+            for data in reads:
+                if one.transport.disconnecting:
+                    break  # as a TCP transport stops reading
+                one.send(data)
+            with_fast = _state(one, one_handler)
+            self.patch(request_module, "parse_simple_head", lambda data, limit: None)
+            two, two_handler = self.connect()
+            for data in reads:
+                if two.transport.disconnecting:
+                    break  # as a TCP transport stops reading
+                two.send(data)
+            self.patch(request_module, "parse_simple_head", parse_simple_head)
+            self.assertEqual(with_fast, _state(two, two_handler), (n, reads))

@@ -25,6 +25,10 @@ from twisted.web.http_headers import Headers
 _MAX_NAMES = 10_000
 """Canonical names remembered (as Twisted's encoder bounds its own cache)."""
 
+_MAX_NAME_LENGTH = 64
+"""Longer names are not remembered: a client or upstream sending 10,000 names of 16 KB
+would otherwise hold 160 MB here (Twisted's own cache has no such bound)."""
+
 _canonical: dict[bytes, bytes] = {}
 
 
@@ -39,7 +43,7 @@ def canonical_name(name: bytes) -> bytes:
         probe = Headers()
         probe.setRawHeaders(name, [b""])
         canonical = next(probe.getAllRawHeaders())[0]
-        if len(_canonical) < _MAX_NAMES:
+        if len(_canonical) < _MAX_NAMES and len(name) <= _MAX_NAME_LENGTH:
             _canonical[name] = canonical
     return canonical
 
@@ -79,7 +83,9 @@ if _raw_dict_works():
             return Headers.getRawHeaders(self, name, default)
 
         def setRawHeaders(self, name: Any, values: Sequence[Any]) -> None:
-            if type(name) is bytes:
+            # A list only: the check below reads the values once, and an iterator handed
+            # on to Headers after it would have lost them.
+            if type(name) is bytes and type(values) is list:
                 canonical = _canonical.get(name) or canonical_name(name)
                 kept = []
                 for value in values:
