@@ -800,6 +800,17 @@ class ChannelTimerTests(Fixture, SynchronousTestCase):
         self.assertTrue(conn.transport.disconnecting)
         self.assertEqual(conn.transport.value().count(b"HTTP/1.1 408 "), 1)
 
+    def test_a_head_begun_with_an_answered_one_has_its_deadline(self) -> None:
+        # The start of a pipelined head, read with a request answered within the same
+        # read: its deadline starts with that read, not with the next one.
+        conn, _ = self.connect_limited()
+        conn.send(head("GET") + b"GET /b HTTP/1.1\r\n")
+        self.clock.advance(59.9)
+        self.assertFalse(conn.transport.disconnecting)
+        self.clock.advance(0.1)
+        self.assertTrue(conn.transport.disconnecting)
+        self.assertEqual(conn.transport.value().count(b"HTTP/1.1 408 "), 1)
+
     def test_a_closed_connection_leaves_no_timer(self) -> None:
         conn, _ = self.connect_limited()
         conn.send(head("GET"))
