@@ -58,6 +58,12 @@ class SameAsHeadersTests(SynchronousTestCase):
                     self.assertEqual(
                         _outcome(fast.removeHeader, name), _outcome(plain.removeHeader, name)
                     )
+                elif roll < 0.35:
+                    value = chooser.choice(_VALUES)
+                    self.assertEqual(
+                        _outcome(fast.addRawHeader, name, value),
+                        _outcome(plain.addRawHeader, name, value),
+                    )
                 elif roll < 0.6:
                     values = chooser.sample(_VALUES, chooser.randint(0, 3))
                     self.assertEqual(
@@ -78,6 +84,7 @@ class SameAsHeadersTests(SynchronousTestCase):
             self.assertRaises(InvalidHeaderName, GatewayHeaders().getRawHeaders, name)
             self.assertRaises(InvalidHeaderName, GatewayHeaders().hasHeader, name)
             self.assertRaises(InvalidHeaderName, GatewayHeaders().removeHeader, name)
+            self.assertRaises(InvalidHeaderName, GatewayHeaders().addRawHeader, name, b"v")
             self.assertRaises(InvalidHeaderName, GatewayHeaders().setRawHeaders, name, [b"v"])
             self.assertRaises(InvalidHeaderName, Headers().getRawHeaders, name)
 

@@ -59,8 +59,8 @@ if _raw_dict_works():
 
     class GatewayHeaders(Headers):
         """
-        L{Headers} with look-ups, sets and removals of C{bytes} names that skip the
-        name encoder (~0.1 µs a look-up, ~0.3 µs a set).
+        L{Headers} with look-ups, sets, additions and removals of C{bytes} names that
+        skip the name encoder (~0.1 µs a look-up, ~0.3 µs a set).
         """
 
         __slots__ = ()
@@ -75,6 +75,18 @@ if _raw_dict_works():
                 self._rawHeaders.pop(_canonical.get(name) or canonical_name(name), None)
             else:
                 Headers.removeHeader(self, name)
+
+        def addRawHeader(self, name: Any, value: Any) -> None:
+            # Every field of a request head comes this way (~0.3 µs a field saved).
+            if type(name) is bytes and type(value) is bytes and 10 not in value and 13 not in value:
+                canonical = _canonical.get(name) or canonical_name(name)
+                values = self._rawHeaders.get(canonical)
+                if values is None:
+                    self._rawHeaders[canonical] = [value]
+                else:
+                    values.append(value)
+                return
+            Headers.addRawHeader(self, name, value)
 
         def getRawHeaders(self, name: Any, default: Any = None) -> Any:
             if type(name) is bytes:
