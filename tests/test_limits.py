@@ -811,6 +811,19 @@ class ChannelTimerTests(Fixture, SynchronousTestCase):
         self.assertTrue(conn.transport.disconnecting)
         self.assertEqual(conn.transport.value().count(b"HTTP/1.1 408 "), 1)
 
+    def test_an_empty_line_between_requests_leaves_the_connection_idle(self) -> None:
+        # RFC 9112 section 2.2: ignored, whether it comes with the request before it or
+        # in a read of its own: no head deadline (no 408), and a shutdown closes at once.
+        for reads in ([head("GET") + b"\r\n"], [head("GET"), b"\r\n"]):
+            conn, _ = self.connect_limited()
+            for data in reads:
+                conn.send(data)
+            self.clock.advance(60)
+            self.assertFalse(conn.transport.disconnecting, reads)
+            conn.channel.shutDown()
+            self.assertTrue(conn.transport.disconnecting, reads)
+            self.assertEqual(conn.transport.value().count(b" 408 "), 0)
+
     def test_a_closed_connection_leaves_no_timer(self) -> None:
         conn, _ = self.connect_limited()
         conn.send(head("GET"))

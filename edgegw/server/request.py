@@ -856,6 +856,11 @@ class GatewayChannel(HTTPChannel):
         """
         phase = self._phase
         if phase == _AWAITING:
+            if data == b"\r\n":
+                # RFC 9112 section 2.2: an empty line before a request line is ignored
+                # (Twisted eats one): still idle, no head deadline.
+                LineReceiver.dataReceived(self, data)
+                return
             self._startHead()
             transport = self.transport
             if (
@@ -930,9 +935,10 @@ class GatewayChannel(HTTPChannel):
             LineReceiver.dataReceived(self, b"")
 
     def lineReceived(self, line: bytes) -> None:
-        if self._phase == _AWAITING:
+        if self._phase == _AWAITING and line:
             # A pipelined head read along with a request answered meanwhile (inside the
-            # same read): its deadline starts now, not with the next read.
+            # same read): its deadline starts now, not with the next read. An empty line
+            # there is ignored (RFC 9112 section 2.2): still idle.
             self._startHead()
         first = line[:1]
         if first in _FOLD_START:
