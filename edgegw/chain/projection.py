@@ -13,10 +13,10 @@ from collections.abc import Mapping
 from urllib.parse import quote
 
 from twisted.logger import Logger
-from twisted.web.http_headers import Headers
 
 from edgegw.chain.exchange import Exchange
 from edgegw.chain.pipeline import Handler, Stage
+from edgegw.header_names import RAW_DICT_WRITABLE, canonical_name
 from edgegw.identity.principal import ClaimValue, Principal
 
 USER_PREFIX = b"x-user-"
@@ -32,31 +32,11 @@ _HEADER_NAME = re.compile(rb"[!#$%&'*+.^_`|~0-9A-Za-z-]+")
 _log = Logger(namespace="edgegw.projection")
 
 
-def _canonical_name(name: bytes) -> bytes:
-    """
-    The name as Twisted's C{Headers} stores it (its canonical capitalisation).
-    """
-    probe = Headers()
-    probe.setRawHeaders(name, [b""])
-    return next(probe.getAllRawHeaders())[0]
-
-
-def _direct_writes_work() -> bool:
-    """
-    Whether C{Headers._rawHeaders} is still the plain dict of canonical name -> list of
-    values that L{project} writes into (the fast path below checks itself at import).
-    """
-    headers = Headers()
-    headers.setRawHeaders(b"x-user-probe", [b"v"])
-    raw = getattr(headers, "_rawHeaders", None)
-    return isinstance(raw, dict) and raw == {_canonical_name(b"x-user-probe"): [b"v"]}
-
-
 # Setting the projected headers straight into the request's header dict (names in
 # Twisted's canonical form and values already safe: see encode_value) saves
 # Headers.setRawHeaders' per-value sanitising, about a microsecond a request; a Twisted
 # whose Headers is built otherwise gets setRawHeaders.
-_DIRECT = _direct_writes_work()
+_DIRECT = RAW_DICT_WRITABLE
 
 
 def header_case(name: str) -> str:
@@ -173,7 +153,7 @@ def projection(
                 continue
             headers.append((header, rendered.encode("ascii")))
         if _DIRECT:
-            return [(_canonical_name(name), value) for name, value in headers]
+            return [(canonical_name(name), value) for name, value in headers]
         return headers
 
     # The key in Principal.memo: one session's headers are rendered once per projection

@@ -22,40 +22,10 @@ from typing import Any
 
 from twisted.web.http_headers import Headers
 
-_MAX_NAMES = 10_000
-"""Canonical names remembered (as Twisted's encoder bounds its own cache)."""
+from edgegw.header_names import RAW_DICT_WRITABLE, canonical_name
+from edgegw.header_names import canonical_names as _canonical
 
-_MAX_NAME_LENGTH = 64
-"""Longer names are not remembered: a client or upstream sending 10,000 names of 16 KB
-would otherwise hold 160 MB here (Twisted's own cache has no such bound)."""
-
-_canonical: dict[bytes, bytes] = {}
-
-
-def canonical_name(name: bytes) -> bytes:
-    """
-    C{name} as L{Headers} stores it (its canonical capitalisation), remembered.
-
-    @raise twisted.web.http_headers.InvalidHeaderName: C{name} is not a token.
-    """
-    canonical = _canonical.get(name)
-    if canonical is None:
-        probe = Headers()
-        probe.setRawHeaders(name, [b""])
-        canonical = next(probe.getAllRawHeaders())[0]
-        if len(_canonical) < _MAX_NAMES and len(name) <= _MAX_NAME_LENGTH:
-            _canonical[name] = canonical
-    return canonical
-
-
-def _raw_dict_works() -> bool:
-    headers = Headers()
-    headers.setRawHeaders(b"x-probe-name", [b"v"])
-    raw = getattr(headers, "_rawHeaders", None)
-    return isinstance(raw, dict) and raw == {canonical_name(b"x-probe-name"): [b"v"]}
-
-
-if _raw_dict_works():
+if RAW_DICT_WRITABLE:
 
     class GatewayHeaders(Headers):
         """
