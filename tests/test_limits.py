@@ -758,6 +758,15 @@ class ChannelTimerTests(Fixture, SynchronousTestCase):
         conn.channel.bodyTimeout = 30
         return conn, handler
 
+    def closes_after(self, conn: Any, seconds: float) -> None:
+        """
+        Assert that C{conn} stays open for C{seconds} less 0.1, then closes.
+        """
+        self.clock.advance(seconds - 0.1)
+        self.assertFalse(conn.transport.disconnecting)
+        self.clock.advance(0.1)
+        self.assertTrue(conn.transport.disconnecting)
+
     def test_keep_alive_requests_share_one_timer(self) -> None:
         """
         The timer is not stopped and started again for each request (two C{callLater}s
@@ -782,10 +791,7 @@ class ChannelTimerTests(Fixture, SynchronousTestCase):
         # not two a request (200).
         self.assertLessEqual(len(made), 3)
         # Idle since the last response (at 99 s): closed 75 s after it, not before.
-        self.clock.advance(73.9)
-        self.assertFalse(conn.transport.disconnecting)
-        self.clock.advance(0.1)
-        self.assertTrue(conn.transport.disconnecting)
+        self.closes_after(conn, 74)
         self.assertEqual(conn.transport.value().count(b" 408 "), 0)
 
     def test_a_sooner_deadline_replaces_the_pending_timer(self) -> None:
@@ -794,10 +800,7 @@ class ChannelTimerTests(Fixture, SynchronousTestCase):
         # Idle (75 s), then a head's first byte: its deadline, 5 s on, comes first.
         self.clock.advance(10)
         conn.send(b"GET / HTTP/1.1\r\n")
-        self.clock.advance(4.9)
-        self.assertFalse(conn.transport.disconnecting)
-        self.clock.advance(0.1)
-        self.assertTrue(conn.transport.disconnecting)
+        self.closes_after(conn, 5)
         self.assertEqual(conn.transport.value().count(b"HTTP/1.1 408 "), 1)
 
     def test_a_head_begun_with_an_answered_one_has_its_deadline(self) -> None:
@@ -805,10 +808,7 @@ class ChannelTimerTests(Fixture, SynchronousTestCase):
         # read: its deadline starts with that read, not with the next one.
         conn, _ = self.connect_limited()
         conn.send(head("GET") + b"GET /b HTTP/1.1\r\n")
-        self.clock.advance(59.9)
-        self.assertFalse(conn.transport.disconnecting)
-        self.clock.advance(0.1)
-        self.assertTrue(conn.transport.disconnecting)
+        self.closes_after(conn, 60)
         self.assertEqual(conn.transport.value().count(b"HTTP/1.1 408 "), 1)
 
     def test_an_empty_line_between_requests_leaves_the_connection_idle(self) -> None:

@@ -202,6 +202,22 @@ class Fixture(SynchronousTestCase):
         return Connection(self.site), handler
 
 
+def _counted(target: Any, name: str) -> list[object]:
+    """
+    Replace the method C{name} of C{target} with one that records each call in the
+    returned list, then calls the original.
+    """
+    calls: list[object] = []
+    original = getattr(target, name)
+
+    def counted(*args: Any) -> Any:
+        calls.append(args)
+        return original(*args)
+
+    setattr(target, name, counted)
+    return calls
+
+
 class WithoutBodyTests(Fixture):
     """
     Requests without a body take Twisted's path unchanged.
@@ -214,22 +230,10 @@ class WithoutBodyTests(Fixture):
         and a new address, or a new address).
         """
         connection, handler = self.connect(ok)
-        asked = []
         ask = connection.transport.getHost
-
-        def counted() -> Any:
-            asked.append(True)
-            return ask()
-
-        connection.transport.getHost = counted  # type: ignore[method-assign]
-        peers = []
         ask_peer = connection.transport.getPeer
-
-        def counted_peer() -> Any:
-            peers.append(True)
-            return ask_peer()
-
-        connection.transport.getPeer = counted_peer  # type: ignore[method-assign]
+        asked = _counted(connection.transport, "getHost")
+        peers = _counted(connection.transport, "getPeer")
         connection.send(head("GET", "/a") + head("GET", "/b"))
         self.assertEqual([r.status for r in connection.responses()], [200, 200])
         self.assertEqual([r.getHost() for r in handler.requests], [ask(), ask()])

@@ -69,14 +69,21 @@ class WorkerTests(TestCase):
 
     timeout = 60
 
-    async def test_two_workers_share_one_socket(self) -> None:
+    def packaged_setup(self) -> tuple[socket.socket, int, str]:
+        """
+        A shared listening socket (closed when the test ends), its port, and a copy of
+        the packaged configuration.
+        """
         listener = shared_listener()
         self.addCleanup(listener.close)
-        port = listener.getsockname()[1]
         config = write_tree(
             self.mktemp(),
             {name: _read(os.path.join(PACKAGED, name)) for name in os.listdir(PACKAGED)},
         )
+        return listener, listener.getsockname()[1], config
+
+    async def test_two_workers_share_one_socket(self) -> None:
+        listener, port, config = self.packaged_setup()
         workers = [worker(self, listener, config) for _ in range(2)]
         for each in workers:
             await each.listening
@@ -104,13 +111,7 @@ class WorkerTests(TestCase):
         connection made while no process serves it waits in the backlog, and the next
         process answers it.
         """
-        listener = shared_listener()
-        self.addCleanup(listener.close)
-        port = listener.getsockname()[1]
-        config = write_tree(
-            self.mktemp(),
-            {name: _read(os.path.join(PACKAGED, name)) for name in os.listdir(PACKAGED)},
-        )
+        listener, port, config = self.packaged_setup()
         first = worker(self, listener, config)
         await first.listening
         assert first.transport is not None
@@ -158,13 +159,7 @@ class WorkerTests(TestCase):
         Connections that are all pending when the workers wake (a load generator's, or
         a restart's backlog) go to both, not all to the one that woke first.
         """
-        listener = shared_listener()
-        self.addCleanup(listener.close)
-        port = listener.getsockname()[1]
-        config = write_tree(
-            self.mktemp(),
-            {name: _read(os.path.join(PACKAGED, name)) for name in os.listdir(PACKAGED)},
-        )
+        listener, port, config = self.packaged_setup()
         workers = [worker(self, listener, config) for _ in range(2)]
         for each in workers:
             await each.listening
