@@ -84,8 +84,17 @@ def _measured(directory: Path, settings: Settings, tree: Path, profile: bool = F
 
 def run(settings: Settings) -> int:
     """
-    Measure, print the figures (and, with C{before}, the change), return 0.
+    Measure, print the figures (and, with C{before}, the change), return 0; on a
+    revision that is no commit, or a gateway that does not answer, say why and return 1.
     """
+    try:
+        return _run(settings)
+    except StartupError as e:
+        print(f"bench: {e}", file=sys.stderr)
+        return 1
+
+
+def _run(settings: Settings) -> int:
     with tempfile.TemporaryDirectory(prefix="edgegw-bench-chain-") as tmp:
         directory = gateway.write_config(
             Path(tmp) / "config",
