@@ -37,6 +37,21 @@ class ParseTests(SynchronousTestCase):
             ),
         )
 
+    def test_values_stripped(self) -> None:
+        """
+        A value's trailing spaces and tabs go, as Twisted strips them, whichever field
+        has them; a head without any keeps its values as they are.
+        """
+        head = b"GET / HTTP/1.1\r\nA: 1\r\nB: 2\t\r\nC: 3 \t \r\nD:  \t\r\nE: 5\r\n\r\n"
+        parsed = parse_simple_head(head, 100)
+        assert parsed is not None
+        self.assertEqual(
+            parsed[3], [(b"A", b"1"), (b"B", b"2"), (b"C", b"3"), (b"D", b""), (b"E", b"5")]
+        )
+        parsed = parse_simple_head(b"GET / HTTP/1.1\r\nA: 1\r\nB: x y\r\n\r\n", 100)
+        assert parsed is not None
+        self.assertEqual(parsed[3], [(b"A", b"1"), (b"B", b"x y")])
+
     def test_no_fields(self) -> None:
         self.assertEqual(
             parse_simple_head(b"GET / HTTP/1.0\r\n\r\n", 100), (b"GET", b"/", b"HTTP/1.0", [])
@@ -49,6 +64,11 @@ class ParseTests(SynchronousTestCase):
             b"GET / HTTP/1.1\r\nHost: x\r\n",  # not whole
             b"GET / HTTP/1.1\r\nHost: x\r\n\r\nGET / HTTP/1.1\r\n\r\n",  # pipelined
             b"GET / HTTP/1.1\r\nHost: x\r\n\r\nbody",  # bytes after the head
+            # Two heads, or a head and bytes that end like one: an empty line inside.
+            b"GET / HTTP/1.1\r\nHost: x\r\n\r\nGET / HTTP/1.1\r\nHost: y\r\n\r\n",
+            b"GET / HTTP/1.1\r\n\r\nHost: x\r\n\r\n",
+            b"GET / HTTP/1.1\r\nHost: x\r\n\r\nX: y\r\n\r\n",
+            b"GET / HTTP/1.1\r\n\r\n\r\n",
             b"\r\nGET / HTTP/1.1\r\nHost: x\r\n\r\n",  # a blank line first
             b"GET  / HTTP/1.1\r\n\r\n",
             b"GET / HTTP/2.0\r\n\r\n",

@@ -33,6 +33,9 @@ _FIELD_LINE: Final = re.compile(
 # channel's own checks (body framing, the number of Content-Length digits).
 _FRAMING: Final = frozenset({b"content-length", b"transfer-encoding"})
 
+_PADDING: Final = (32, 9)
+"""A space and a tab, as the ints that indexing a C{bytes} value gives."""
+
 SimpleHead = tuple[bytes, bytes, bytes, list[tuple[bytes, bytes]]]
 """The method, the request-target, the version and the fields (name, value) in order."""
 
@@ -46,7 +49,9 @@ def parse_simple_head(data: bytes, max_fields: int) -> SimpleHead | None:
     names are as sent.
     """
     end = len(data) - 2
-    if end < 2 or data.find(b"\r\n\r\n") != end - 2:
+    # An earlier empty line (a body, a second head) is a line no field matches: the
+    # count below declines it, without a search of the whole head here.
+    if end < 2 or not data.endswith(b"\r\n\r\n"):
         return None
     line = _REQUEST_LINE.match(data)
     if line is None:
@@ -57,10 +62,15 @@ def parse_simple_head(data: bytes, max_fields: int) -> SimpleHead | None:
     fields: list[tuple[bytes, bytes]] = _FIELD_LINE.findall(data, start, end)
     if len(fields) != data.count(b"\n", start, end) or len(fields) > max_fields:
         return None
-    for name, _ in fields:
+    padded = False
+    for name, value in fields:
         size = len(name)
         if (size == 14 or size == 17) and name.lower() in _FRAMING:
             return None
-    if data.find(b" \r\n", start, end) >= 0 or data.find(b"\t\r\n", start, end) >= 0:
+        # Per field rather than two searches of the whole head for a space or tab
+        # before CRLF (-1.2 µs with a 900-byte Bearer token).
+        if value and value[-1] in _PADDING:
+            padded = True
+    if padded:
         fields = [(name, value.rstrip(b" \t")) for name, value in fields]
     return line[1], line[2], line[3], fields
