@@ -7,8 +7,9 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import random
 import textwrap
-from typing import Any
+from typing import Any, cast
 
 from twisted.internet import reactor
 from twisted.internet.defer import ensureDeferred
@@ -17,9 +18,10 @@ from twisted.internet.protocol import Factory, Protocol
 from twisted.internet.ssl import Certificate, PrivateCertificate
 from twisted.internet.task import deferLater
 from twisted.python.failure import Failure
-from twisted.trial.unittest import TestCase
+from twisted.trial.unittest import SynchronousTestCase, TestCase
 from twisted.web.resource import Resource
 from twisted.web.server import NOT_DONE_YET, Request, Site
+from twisted.web.test.requesthelper import DummyRequest
 from wsproto import ConnectionType, WSConnection
 from wsproto.events import (
     AcceptConnection,
@@ -34,8 +36,14 @@ from wsproto.events import (
 )
 from zope.interface import implementer
 
+from edgegw.config.model import ProxyHandlerSpec
 from edgegw.config.parse import load_config
 from edgegw.gateway import Gateway, build_gateway
+from edgegw.handlers import proxy as proxy_module
+from edgegw.handlers.headers import HOP_BY_HOP
+from edgegw.handlers.proxy import ProxyHandler
+from edgegw.server.response_head import ResponseHeaders
+from edgegw.upstream.http11 import UpstreamResponse
 from edgegw.upstream.pool import UpstreamClient
 from tests.support.configs import GATEWAY, write_tree
 from tests.support.gateways import serve_yaml
@@ -980,3 +988,86 @@ class ConnectionTokenTests(ProxyTestCase):
         self.assertEqual(self.backend.header(0, "x-user-groups"), ["admins"])
         self.assertEqual(self.backend.header(0, "x-mail"), ["u1@corp"])
         self.assertEqual(self.backend.header(0, "x-custom"), [])
+
+
+class RelayHeadTests(SynchronousTestCase):
+    """
+    L{ProxyHandler.relay_head} against a plain model of what it relays: random upstream
+    heads, names in any case, repeated, skipped, named by C{Connection}, the gateway's
+    own cookie among others.
+    """
+
+    POOL = [
+        (b"Content-Type", b"application/json"),
+        (b"content-type", b"text/plain"),
+        (b"X-A", b"1"),
+        (b"x-a", b"2"),
+        (b"X-B", b"3"),
+        (b"ETag", b'"e"'),
+        (b"etag", b'"f"'),
+        (b"Set-Cookie", b"app=1; Path=/"),
+        (b"set-cookie", b"gw_session=evil"),
+        (b"SET-COOKIE", b"other=2"),
+        (b"Server", b"nginx"),
+        (b"Date", b"yesterday"),
+        (b"Keep-Alive", b"timeout=5"),
+        (b"Transfer-Encoding", b"chunked"),
+        (b"Content-Length", b"12"),
+        (b"X-Frame-Options", b"ALLOW"),
+        (b"Connection", b"keep-alive"),
+        (b"Connection", b"X-B, x-a"),
+        (b"connection", b"close, X-Request-Id"),
+        (b"X-Request-Id", b"upstream-id"),
+        (b"WWW-Authenticate", b"Basic"),
+    ]
+
+    @staticmethod
+    def model(
+        headers: list[tuple[bytes, bytes]], before: dict[bytes, list[bytes]], code: int
+    ) -> list[tuple[bytes, list[bytes]]]:
+        skip = HOP_BY_HOP | {b"x-frame-options", b"server", b"date", b"content-length"}
+        named: set[bytes] = set()
+        for name, value in headers:
+            if name.lower() == b"connection":
+                named |= {t.strip().lower() for t in value.split(b",") if t.strip()}
+        out = {name.lower(): values for name, values in before.items()}
+        grouped: dict[bytes, list[bytes]] = {}
+        for name, value in headers:
+            lower = name.lower()
+            if lower in skip or lower in named:
+                continue
+            if lower == b"set-cookie" and value.startswith(b"gw_session="):
+                continue
+            grouped.setdefault(lower, []).append(value)
+        for lower, values in grouped.items():
+            out[lower] = values
+        if code not in (204, 304):
+            out[b"content-length"] = [b"12"]
+        return list(out.items())
+
+    def test_same_as_the_model(self) -> None:
+        handler = ProxyHandler(
+            ProxyHandlerSpec(upstream="http://127.0.0.1:1"),
+            UpstreamClient(reactor),
+            reactor,
+            gateway_headers=frozenset({b"x-frame-options"}),
+            own_cookie=lambda name: name == b"gw_session",
+        )
+        self.patch(proxy_module._log, "warn", lambda *a, **k: None)
+        rng = random.Random(19)
+        for _ in range(2_000):
+            headers = [rng.choice(self.POOL) for _ in range(rng.randrange(0, 12))]
+            code = rng.choice([200, 200, 204, 304, 404])
+            request = DummyRequest([b""])
+            request.responseHeaders = ResponseHeaders()
+            before = {b"X-Request-Id": [b"gateway-id"], b"Vary": [b"Origin"]}
+            for name, values in before.items():
+                request.responseHeaders.setRawHeaders(name, values)
+            response = UpstreamResponse(None, b"HTTP/1.1", code, b"X", headers, 12, True)
+            handler.relay_head(cast(Request, request), response)
+            got = [
+                (name.lower(), values)
+                for name, values in request.responseHeaders.getAllRawHeaders()
+            ]
+            self.assertEqual(got, self.model(headers, before, code), headers)
+            self.assertEqual(request.responseCode, code)

@@ -30,6 +30,7 @@ from edgegw.chain.terminal import TerminalResource
 from edgegw.config.model import ProxyHandlerSpec
 from edgegw.handlers.headers import HOP_BY_HOP, connection_tokens, is_websocket_upgrade
 from edgegw.handlers.tunnel import Tunnel
+from edgegw.header_names import MAX_NAME_LENGTH, RAW_DICT_WRITABLE, canonical_name
 from edgegw.identity.assertion import AssertionIssuer
 from edgegw.identity.cookies import set_cookie_name, without_cookies
 from edgegw.metrics.gateway import NO_METRICS, IMetrics
@@ -39,6 +40,16 @@ from edgegw.upstream.pool import Upstream, UpstreamClient, UpstreamUnavailableEr
 from edgegw.upstream.shared import join_path
 
 _log = Logger()
+
+_DIRECT = RAW_DICT_WRITABLE
+
+# What relay_head does with a response header.
+_RELAY, _SKIP, _CONNECTION, _COOKIE = 0, 1, 2, 3
+
+_MAX_PLANS = 1_000
+"""Response header names a proxy route remembers what to do with."""
+
+_CONTENT_LENGTH = canonical_name(b"content-length")
 
 BODYLESS_METHODS = frozenset({b"GET", b"HEAD", b"DELETE", b"OPTIONS", b"TRACE", b"CONNECT"})
 # Headers the gateway itself sets on every request it forwards, or frames itself.
@@ -140,6 +151,8 @@ class ProxyHandler(TerminalResource):
         # The gateway writes its own Server and Date with every response head, and one
         # Content-Length of its own reading (relay_head).
         self.skip_response = HOP_BY_HOP | gateway_headers | {b"server", b"date", b"content-length"}
+        # Response header name as sent -> (canonical name, what relay_head does with it).
+        self._response_plans: dict[bytes, tuple[bytes, int]] = {}
 
     def describe(self) -> str:
         """
@@ -293,37 +306,71 @@ class ProxyHandler(TerminalResource):
         # Relay the upstream's headers as they are: no Content-Type of Twisted's own
         # (text/html) on a response that had none.
         request.defaultContentType = None
-        skip = self.skip_response
+        plans = self._response_plans
         own = self.own_cookie
         named: frozenset[bytes] = frozenset()
-        grouped: dict[bytes, list[bytes]] = {}
+        relayed: dict[bytes, list[bytes]] = {}
         for name, value in response.headers:
-            lower = name.lower()
-            if lower == b"connection":
-                named = named | connection_tokens([value])
-                continue
-            if lower in skip:
-                continue
-            if own is not None and lower == b"set-cookie" and own(set_cookie_name(value)):
-                # A backend never sets (or clears) the gateway's session or login
-                # cookies: it could swap a visitor's session for another one.
-                _log.warn(
-                    "dropped a Set-Cookie for the gateway's own cookie from {upstream}",
-                    upstream=self.spec.upstream,
-                )
-                continue
-            values = grouped.get(lower)
+            plan = plans.get(name)
+            if plan is None:
+                plan = self._plan(name)
+            canonical, kind = plan
+            if kind:
+                if kind == _SKIP:
+                    continue
+                if kind == _CONNECTION:
+                    named = named | connection_tokens([value])
+                    continue
+                if own is not None and own(set_cookie_name(value)):
+                    # A backend never sets (or clears) the gateway's session or login
+                    # cookies: it could swap a visitor's session for another one.
+                    _log.warn(
+                        "dropped a Set-Cookie for the gateway's own cookie from {upstream}",
+                        upstream=self.spec.upstream,
+                    )
+                    continue
+            values = relayed.get(canonical)
             if values is None:
-                grouped[lower] = [value]
+                relayed[canonical] = [value]
             else:
                 values.append(value)
-        set_header = request.responseHeaders.setRawHeaders
-        for lower, values in grouped.items():
-            if lower not in named:
-                set_header(lower, values)
+        if named:
+            relayed = {
+                canonical: values
+                for canonical, values in relayed.items()
+                if canonical.lower() not in named
+            }
         code = response.code
         if response.length is not None and code != 204 and code != 304:
-            set_header(b"content-length", [b"%d" % response.length])
+            relayed[_CONTENT_LENGTH] = [b"%d" % response.length]
+        headers = request.responseHeaders
+        if _DIRECT:
+            # Names canonical already, values from the upstream parser (no CR or LF):
+            # into Twisted's dict at once (-1.5 µs a small proxied response of 8 fields).
+            headers._rawHeaders.update(relayed)
+        else:
+            for canonical, values in relayed.items():
+                headers.setRawHeaders(canonical, values)
+
+    def _plan(self, name: bytes) -> tuple[bytes, int]:
+        """
+        What L{relay_head} does with a response header named C{name} (as sent): its
+        canonical name and whether it is relayed, skipped, a C{Connection} header or a
+        C{Set-Cookie} to check; remembered for names up to 64 bytes, 1,000 names.
+        """
+        lower = name.lower()
+        if lower == b"connection":
+            kind = _CONNECTION
+        elif lower in self.skip_response:
+            kind = _SKIP
+        elif lower == b"set-cookie":
+            kind = _COOKIE
+        else:
+            kind = _RELAY
+        plan = (canonical_name(name), kind)
+        if len(name) <= MAX_NAME_LENGTH and len(self._response_plans) < _MAX_PLANS:
+            self._response_plans[name] = plan
+        return plan
 
     # -- the terminal ----------------------------------------------------------------------
 
