@@ -69,6 +69,22 @@ class ForwardedTests(SynchronousTestCase):
     def test_untrusted_by_default(self) -> None:
         self.assertEqual(self.forwarded_seen((), "10.1.2.3"), set())
 
+    def test_each_removed_alone_in_any_case(self) -> None:
+        """
+        From an untrusted peer each forwarding header goes, sent alone and in any case,
+        and nothing else does.
+        """
+        for name, value in FORWARDED.items():
+            for spelling in (name, name.lower(), name.upper()):
+                recorder = Recorder()
+                site = edge_site(GatewaySpec(), recorder, Clock())
+                MemoryClient(site, peer="10.1.2.3").request(
+                    "GET", "/", {spelling: value, "X-Other": "kept"}
+                )
+                seen = recorder.seen[0]
+                self.assertNotIn(name.lower().encode("ascii"), seen)
+                self.assertEqual(seen[b"x-other"], [b"kept"])
+
     def test_trusted_cidr_and_ip(self) -> None:
         self.assertEqual(self.forwarded_seen(("10.0.0.0/8",), "10.1.2.3"), SIX_FORWARDING_HEADERS)
         self.assertEqual(self.forwarded_seen(("192.0.2.7",), "192.0.2.7"), SIX_FORWARDING_HEADERS)
