@@ -319,7 +319,11 @@ class ProxyHandler(TerminalResource):
                 if kind == _SKIP:
                     continue
                 if kind == _CONNECTION:
-                    named = named | connection_tokens([value])
+                    # Hop-by-hop names (keep-alive) are skipped anyway: nothing to filter
+                    # for nginx's "Connection: keep-alive" (-0.5 µs).
+                    listed = connection_tokens([value]) - self.skip_response
+                    if listed:
+                        named = named | listed
                     continue
                 if own is not None and own(set_cookie_name(value)):
                     # A backend never sets (or clears) the gateway's session or login
