@@ -882,3 +882,91 @@ class LookupCostTests(SynchronousTestCase):
 
     def test_same_work_for_10_and_10000_routes(self) -> None:
         self.assertEqual(self.nodes_visited(10), self.nodes_visited(10_000))
+
+
+class _Everything:
+    """A set holding every depth: the slash-redirect look-up is never skipped."""
+
+    def __contains__(self, item: object) -> bool:
+        return True
+
+    def add(self, item: object) -> None:
+        pass
+
+
+class ShortcutTests(SynchronousTestCase):
+    """
+    The mux's shortcuts (the slash-redirect look-up only at depths where a pattern can
+    match a slash path exactly; request hosts' keys remembered) decide as the full
+    look-up does.
+    """
+
+    PATTERNS = [
+        "/",
+        "/a",
+        "/a/",
+        "/a/b",
+        "/a/b/",
+        "/a/{x}",
+        "/a/{x}/",
+        "/a/{x}/c",
+        "/b/{$}",
+        "/b/{y...}",
+        "/c/{z}/{$}",
+        "GET /d/",
+        "POST /d/e",
+        "example.com/a/",
+        "example.com/f/{w}/",
+        "/g/{v...}",
+    ]
+    PATHS = [
+        "/",
+        "/a",
+        "/a/",
+        "/a/b",
+        "/a/b/",
+        "/a/q",
+        "/a/q/",
+        "/a/q/c",
+        "/a/q/c/",
+        "/b",
+        "/b/",
+        "/b/x",
+        "/b/x/",
+        "/c/1",
+        "/c/1/",
+        "/c",
+        "/d",
+        "/d/e",
+        "/d/e/",
+        "/f/1",
+        "/f/1/",
+        "/g",
+        "/g/",
+        "/g/1/2",
+        "/h",
+        "/a//b",
+        "/a/./b",
+        "/a/%2F",
+    ]
+    HOSTS = ["", "example.com", "EXAMPLE.com:8080", "example.com.", "other:1", "[::1]:80"]
+
+    def test_same_as_the_full_look_up(self) -> None:
+        rng = random.Random(19)
+        for _ in range(300):
+            fast: Mux[int] = Mux()
+            full: Mux[int] = Mux()
+            full._slash_depths = _Everything()  # type: ignore[assignment]
+            for index, pattern in enumerate(rng.sample(self.PATTERNS, rng.randrange(1, 8))):
+                with contextlib.suppress(ConflictError):
+                    fast.register(pattern, index)
+                    full.register(pattern, index)
+            for _ in range(30):
+                method = rng.choice(["GET", "HEAD", "POST"])
+                host = rng.choice(self.HOSTS)
+                path = rng.choice(self.PATHS)
+                self.assertEqual(
+                    fast.route(method, host, path, "q=1"),
+                    full.route(method, host, path, "q=1"),
+                    (fast.patterns(), method, host, path),
+                )

@@ -109,6 +109,10 @@ What L{Mux.route} decides for one request.
 _NOT_FOUND = NotFound()
 
 
+_MAX_HOST_KEYS = 4096
+"""Request hosts whose key a mux remembers (emptied when full: hosts are the client's)."""
+
+
 def _strip_port(host: str) -> str:
     """
     C{host} without a trailing C{:port}, following Go's C{net.SplitHostPort}: brackets
@@ -268,6 +272,12 @@ class Mux(Generic[T]):
         self._by_host: dict[str, list[Pattern]] = {}
         self._hosts: dict[str, _Methods[T]] = {}
         self._hostless: _Methods[T] = _Methods()
+        # Path depths (segments before the last) of the patterns that can match a path
+        # ending in a slash exactly (a subtree root, {$}): only a path that deep can be
+        # redirected to its slash form, so other paths skip that second look-up.
+        self._slash_depths: set[int] = set()
+        # Request host (maybe with a port) -> the spelling host patterns are keyed by.
+        self._host_keys: dict[str, str] = {}
 
     def patterns(self) -> list[Pattern]:
         """
@@ -314,8 +324,10 @@ class Mux(Generic[T]):
             node = self._child(node, seg)
         if last.kind == "multi":
             slot = "multi"
+            self._slash_depths.add(len(parsed.segments) - 1)
         elif last.kind == "dollar":
             slot = "slash"
+            self._slash_depths.add(len(parsed.segments) - 1)
         else:
             node = self._child(node, last)
             slot = "leaf"
@@ -421,10 +433,14 @@ class Mux(Generic[T]):
         """
         if method == "CONNECT":
             return self._route_connect(method, host, target_path, query, target_host)
-        if ":" in host:
-            host = _strip_port(host)
         if host:
-            host = host_key(host)
+            keyed = self._host_keys.get(host)
+            if keyed is None:
+                keyed = host_key(_strip_port(host)) if ":" in host else host_key(host)
+                if len(self._host_keys) >= _MAX_HOST_KEYS:
+                    self._host_keys.clear()
+                self._host_keys[host] = keyed
+            host = keyed
         path = target_path
         if path[:1] == "/" and "//" not in path and "/." not in path:
             clean = path
@@ -440,6 +456,7 @@ class Mux(Generic[T]):
         if (
             (found is None or not found[1])
             and not trailing
+            and len(segs) in self._slash_depths
             and self._slash_redirect(host, method, segs, raw)
         ):
             return Redirect(redirect_location(clean + "/", query))
