@@ -87,14 +87,16 @@ class UpstreamCall:
             "status": status,
             "ms": round(elapsed * 1000, 3),
         }
-        self.metrics.upstream(
-            self.origin,
-            self.method,
-            status,
-            elapsed,
-            error_class or (error_type(error) if error is not None else None),
-            "" if self.name == "upstream" else self.name,
-        )
+        metrics = self.metrics
+        if metrics is not NO_METRICS:
+            metrics.upstream(
+                self.origin,
+                self.method,
+                status,
+                elapsed,
+                error_class or (error_type(error) if error is not None else None),
+                "" if self.name == "upstream" else self.name,
+            )
         if error is not None:
             record["error"] = error
         span = self.span
@@ -127,7 +129,7 @@ def start_call(
     @param tracer: The tracer for a call outside any request (a context brings its own).
     @param metrics: Counts the call when it ends.
     """
-    authority = upstream.authority.decode("ascii", "replace")
+    authority = upstream.name
     span = None
     parent_span = None
     if context is not None:
@@ -150,8 +152,9 @@ def start_call(
             },
         )
         inject_context(headers, set_span_in_context(span))
-    origin = f"{upstream.scheme}://{authority}"
-    return UpstreamCall(context, name, authority, monotonic(), span, False, method, origin, metrics)
+    return UpstreamCall(
+        context, name, authority, monotonic(), span, False, method, upstream.origin, metrics
+    )
 
 
 _ERROR_TYPES = {

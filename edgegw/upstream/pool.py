@@ -89,9 +89,15 @@ class Upstream:
     port: int
     verify_tls: bool = True
     _authority: bytes = attrs.field(init=False, eq=False, repr=False)
+    _name: str = attrs.field(init=False, eq=False, repr=False)
+    _origin: str = attrs.field(init=False, eq=False, repr=False)
 
     def __attrs_post_init__(self) -> None:
-        object.__setattr__(self, "_authority", _authority(self.scheme, self.host, self.port))
+        authority = _authority(self.scheme, self.host, self.port)
+        name = authority.decode("ascii")
+        object.__setattr__(self, "_authority", authority)
+        object.__setattr__(self, "_name", name)
+        object.__setattr__(self, "_origin", f"{self.scheme}://{name}")
 
     @classmethod
     def from_url(cls, url: str, verify_tls: bool = True) -> Upstream:
@@ -122,6 +128,20 @@ class Upstream:
         scheme's default, an IPv6 literal in brackets.
         """
         return self._authority
+
+    @property
+    def name(self) -> str:
+        """
+        L{authority} as text: how the upstream is named in access-log lines.
+        """
+        return self._name
+
+    @property
+    def origin(self) -> str:
+        """
+        C{scheme://authority}: how the upstream is named in metrics and spans.
+        """
+        return self._origin
 
 
 @implementer(IOpenSSLClientConnectionCreator)
