@@ -66,6 +66,11 @@ def build(directory: Path) -> Callable[[], bytes]:
 
         def __init__(self) -> None:
             self.connecting: list[Any] = []
+            # Bound here, not found through __getattr__ on each call: the pool asks for
+            # the time with every connection it takes back, which would otherwise cost
+            # the figure ~0.6 µs the real reactor does not.
+            self.seconds = reactor.seconds
+            self.callLater = reactor.callLater
 
         def connectTCP(
             self, host: str, port: int, factory: Any, timeout: float = 30, bindAddress: Any = None

@@ -46,6 +46,9 @@ _DIRECT = RAW_DICT_WRITABLE
 # What relay_head does with a response header.
 _RELAY, _SKIP, _CONNECTION, _COOKIE = 0, 1, 2, 3
 
+# Connection values that name no field to remove (as sent, in the usual spellings).
+_PLAIN_CONNECTION = frozenset({b"keep-alive", b"Keep-Alive", b"close", b"Close"})
+
 _MAX_PLANS = 1_000
 """Response header names a proxy route remembers what to do with."""
 
@@ -320,10 +323,11 @@ class ProxyHandler(TerminalResource):
                     continue
                 if kind == _CONNECTION:
                     # Hop-by-hop names (keep-alive) are skipped anyway: nothing to filter
-                    # for nginx's "Connection: keep-alive" (-0.5 µs).
-                    listed = connection_tokens([value]) - self.skip_response
-                    if listed:
-                        named = named | listed
+                    # for nginx's "Connection: keep-alive" (-0.5 µs), nor to parse.
+                    if value not in _PLAIN_CONNECTION:
+                        listed = connection_tokens([value]) - self.skip_response
+                        if listed:
+                            named = named | listed
                     continue
                 if own is not None and own(set_cookie_name(value)):
                     # A backend never sets (or clears) the gateway's session or login
