@@ -17,6 +17,7 @@ from twisted.trial.unittest import SynchronousTestCase
 from twisted.web.server import Request
 
 from edgegw.chain.access_log import AccessLog, _encode
+from edgegw.chain.access_writer import LineWriter
 from edgegw.chain.exchange import Exchange, exchange_of
 from edgegw.chain.pipeline import Handler, InFlight, RouteRunner, Stage, compose
 from edgegw.chain.projection import projection
@@ -249,6 +250,95 @@ class AccessLogTests(SynchronousTestCase):
         records = [e["access"] for e in events if e.get("log_namespace") == "edgegw.access"]
         self.assertEqual([(r["status"], r["error"]) for r in records], [(500, "internal")])
         self.flushLoggedErrors(ValueError)
+
+
+class LineCollector:
+    """
+    Stands for the access log's file writer: keeps the lines.
+    """
+
+    def __init__(self) -> None:
+        self.lines: list[bytes] = []
+
+    def write(self, line: bytes) -> None:
+        self.lines.append(line)
+
+
+class AccessFileLineTests(SynchronousTestCase):
+    """
+    Lines written to a file (or standard output): the standard fields, the upstream
+    calls and other notes; a cancelled chain stays cancelled.
+    """
+
+    def harness(self, terminal: Handler, **options: Any) -> tuple[LineCollector, Harness]:
+        writer = LineCollector()
+        access = AccessLog(writer=cast(LineWriter, writer), **options)
+        return writer, Harness(self, terminal, pattern="GET /items/{id}", stages=[access.stage])
+
+    def test_plain_line(self) -> None:
+        async def terminal(exchange: Exchange) -> None:
+            exchange.add_call({"name": "upstream", "upstream": "b:1", "status": 201, "ms": 0.5})
+            exchange.add_call(
+                {"name": "g", "upstream": "c", "status": None, "ms": 2.0, "error": "x"}
+            )
+            await ok_terminal(exchange)
+
+        writer, harness = self.harness(terminal)
+        harness.client.request("GET", "/items/%C3%A9?q=1")
+        (line,) = writer.lines
+        record = json.loads(line)
+        self.assertIsInstance(record.pop("duration_ms"), float)
+        self.assertIsInstance(record.pop("request_id"), str)
+        self.assertEqual(
+            record,
+            {
+                "method": "GET",
+                "path": "/items/%C3%A9",
+                "status": 200,
+                "bytes": 2,
+                "route": "GET /items/{id}",
+                "upstream_calls": [
+                    {"name": "upstream", "upstream": "b:1", "status": 201, "ms": 0.5},
+                    {"name": "g", "upstream": "c", "status": None, "ms": 2.0, "error": "x"},
+                ],
+            },
+        )
+
+    def test_other_notes_and_options(self) -> None:
+        async def terminal(exchange: Exchange) -> None:
+            exchange.note("auth", "none")
+            await ok_terminal(exchange)
+
+        writer, harness = self.harness(terminal, fields={"env": "test"})
+        harness.client.request("GET", "/items/1")
+        record = json.loads(writer.lines[0])
+        self.assertEqual((record["auth"], record["env"]), ("none", "test"))
+
+    def test_a_cancelled_chain_stays_cancelled(self) -> None:
+        """
+        A chain cancelled inside (a route timeout) still raises CancelledError out of
+        the access-log stage once its line is written.
+        """
+        waiting: Deferred[None] = Deferred()
+        seen: list[type[BaseException]] = []
+
+        async def terminal(exchange: Exchange) -> None:
+            await waiting
+
+        async def outer(exchange: Exchange, next: Handler) -> None:
+            try:
+                await next(exchange)
+            except BaseException as e:
+                seen.append(type(e))
+                raise
+
+        writer = LineCollector()
+        access = AccessLog(writer=cast(LineWriter, writer))
+        harness = Harness(self, terminal, stages=[outer, access.stage])
+        harness.client.send(b"GET / HTTP/1.1\r\nHost: a\r\n\r\n")
+        waiting.cancel()
+        self.assertEqual(seen, [CancelledError])
+        self.assertEqual(len(writer.lines), 1)
 
 
 class AccessLineEncodingTests(SynchronousTestCase):
