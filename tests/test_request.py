@@ -6,6 +6,7 @@ over real sockets for backpressure.
 
 from __future__ import annotations
 
+import random
 import socket
 import struct
 from collections.abc import Callable
@@ -37,6 +38,7 @@ from twisted.web.resource import Resource
 from twisted.web.server import NOT_DONE_YET, Site
 from zope.interface import alsoProvides, implementer
 
+from edgegw.server import response_head
 from edgegw.server.request import (
     BUFFER_LIMIT,
     DISCARD_LIMIT,
@@ -1252,3 +1254,73 @@ class RealSocketTests(TestCase):
         self.assertEqual((response.status, response.body), (413, b"refused\n"))
         self.assertEqual(response.header("connection"), "close")
         self.assertFalse(seen[0].body.complete)
+
+
+class WriteWholeTests(SynchronousTestCase):
+    """
+    L{GatewayRequest.write_whole} sends what C{write(body)} then C{finish()} send, in one
+    transport write where it can: random responses, methods, versions and settings.
+    """
+
+    @staticmethod
+    def exchange(
+        whole: bool, method: bytes, version: bytes, settings: dict[str, Any]
+    ) -> tuple[bytes, int, list[bytes]]:
+        def answer(request: GatewayRequest) -> int:
+            request.setResponseCode(settings["code"])
+            if settings["length"] is not None:
+                request.responseHeaders.setRawHeaders(b"content-length", [settings["length"]])
+            if settings["type"]:
+                request.responseHeaders.setRawHeaders(b"content-type", [b"text/x"])
+            request.defaultContentType = settings["default_type"]
+            if settings["etag"]:
+                request.setETag(b'"e"')
+            if settings["cookie"]:
+                request.addCookie(b"c", b"1")
+            if settings["started"]:
+                request.write(b"")
+            body = settings["body"]
+            if whole:
+                request.write_whole(body)
+            else:
+                request.write(body)
+                request.finish()
+            return NOT_DONE_YET
+
+        # A clock of its own: the connection timers must not be left on the reactor.
+        connection = Connection(gateway_site(Handler(answer), Clock()))
+        writes: list[bytes] = []
+        real = connection.transport.write
+
+        def write(data: bytes) -> None:
+            writes.append(data)
+            real(data)
+
+        connection.transport.write = write  # type: ignore[method-assign]
+        connection.send(method + b" /x " + version + b"\r\nHost: a\r\n\r\n")
+        return connection.transport.value(), len(writes), writes
+
+    def test_same_as_write_and_finish(self) -> None:
+        self.patch(response_head, "date_line", lambda: b"Date: now\r\n")
+        rng = random.Random(19)
+        whole_writes = 0
+        for _ in range(1_000):
+            settings = {
+                "code": rng.choice([200, 200, 204, 304, 404]),
+                "length": rng.choice([None, b"2", b"0"]),
+                "type": rng.random() < 0.5,
+                "default_type": rng.choice([None, None, b"text/html"]),
+                "etag": rng.random() < 0.1,
+                "cookie": rng.random() < 0.1,
+                "started": rng.random() < 0.1,
+                "body": rng.choice([b"ok", b""]),
+            }
+            method = rng.choice([b"GET", b"GET", b"HEAD", b"POST"])
+            version = rng.choice([b"HTTP/1.1", b"HTTP/1.1", b"HTTP/1.0"])
+            whole, count, _ = self.exchange(True, method, version, settings)
+            parts, parts_count, _ = self.exchange(False, method, version, settings)
+            self.assertEqual(whole, parts, (method, version, settings))
+            if count == 1 and parts_count == 2:
+                whole_writes += 1
+        # Head and body in one write is the usual case, not an accident of the draw.
+        self.assertGreater(whole_writes, 50)

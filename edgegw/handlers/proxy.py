@@ -25,7 +25,7 @@ from zope.interface import implementer
 
 from edgegw.chain.exchange import Exchange, exchange_of
 from edgegw.chain.projection import USER_PREFIX
-from edgegw.chain.respond import abort, write_text
+from edgegw.chain.respond import abort, write_text, write_whole
 from edgegw.chain.terminal import TerminalResource
 from edgegw.config.model import ProxyHandlerSpec
 from edgegw.handlers.headers import HOP_BY_HOP, connection_tokens, is_websocket_upgrade
@@ -458,8 +458,7 @@ class ProxyHandler(TerminalResource):
             # Read with the head: no producer, no second wait (with the pool side, ~6 µs).
             call.end(response.code)
             if not request._disconnected:
-                request.write(body)
-                request.finish()
+                write_whole(request, body)
             return
         relay = _Relay(request, response)
         request.registerProducer(relay, True)
