@@ -355,6 +355,28 @@ class ResponseTests(UpstreamTestCase):
         response, body = await self.fetch(self.client(), backend.upstream())
         self.assertEqual((response.code, response.phrase, body), (404, b"", b"no"))
 
+    async def test_status_lines_like_200_ok(self) -> None:
+        """
+        C{HTTP/1.1 200 OK} is read without the status-line expression; lines that only
+        start like it are read in full.
+        """
+        cases = [
+            (b"HTTP/1.1 200 OK", (200, b"OK", b"HTTP/1.1")),
+            (b"HTTP/1.1 200 OKAY", (200, b"OKAY", b"HTTP/1.1")),
+            (b"HTTP/1.1 200 OK ", (200, b"OK ", b"HTTP/1.1")),
+            (b"HTTP/1.0 200 OK", (200, b"OK", b"HTTP/1.0")),
+            (b"HTTP/1.1 200 ", (200, b"", b"HTTP/1.1")),
+        ]
+        for line, expected in cases:
+            backend = self.raw(scripted(line + b"\r\nContent-Length: 2\r\n\r\nok"))
+            response, body = await self.fetch(self.client(), backend.upstream())
+            self.assertEqual((response.code, response.phrase, response.version), expected)
+            self.assertEqual(body, b"ok")
+        # Without fields at all, the head ends right after the line.
+        backend = self.raw(scripted(b"HTTP/1.1 200 OK\r\n\r\n", close=True))
+        response, body = await self.fetch(self.client(), backend.upstream())
+        self.assertEqual((response.code, response.headers, body), (200, [], b""))
+
 
 MALFORMED = [
     # status lines

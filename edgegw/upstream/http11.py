@@ -56,6 +56,7 @@ _STATUS_LINE = re.compile(rb"HTTP/1\.([01]) ([1-5][0-9][0-9])(?: ([\t\x20-\x7e\x
 # One field line, anchored at a line start; a line it does not match (obs-fold, a space
 # before the colon, a bare CR or LF, NUL) makes findall's count fall short of the line
 # count, which is how the whole block is validated in two C calls.
+_OK_LINE = b"HTTP/1.1 200 OK\r\n"
 _FIELD_LINE = re.compile(rb"^(" + _TCHAR + rb"++):[ \t]*+([^\x00\r\n]*+)\r\n", re.MULTILINE)
 _CHUNK_SIZE = re.compile(rb"([0-9A-Fa-f]{1,15})[ \t]*+(?:;[^\x00\r\n]*+)?\r\n")
 _FIELD_FORMAT: Callable[[tuple[bytes, bytes]], bytes] = b"%s: %s\r\n".__mod__
@@ -631,11 +632,21 @@ class UpstreamConnection(TwistedProtocol):
             return -1
         if head_end - pos > MAX_HEAD_SIZE:
             raise UpstreamProtocolError("response head too large")
-        status = _STATUS_LINE.match(data, pos, head_end + 2)
-        if status is None:
-            line = data[pos : data.find(b"\r\n", pos)]
-            raise UpstreamProtocolError(f"invalid status line {line[:200]!r}")
-        block_start = status.end()
+        if data.startswith(_OK_LINE, pos):
+            # Most responses: no regular expression for their status line (-0.3 µs).
+            block_start = pos + len(_OK_LINE)
+            code = 200
+            http11 = True
+            phrase = b"OK"
+        else:
+            status = _STATUS_LINE.match(data, pos, head_end + 2)
+            if status is None:
+                line = data[pos : data.find(b"\r\n", pos)]
+                raise UpstreamProtocolError(f"invalid status line {line[:200]!r}")
+            block_start = status.end()
+            code = int(status[2])
+            http11 = status[1] == b"1"
+            phrase = status[3] or b""
         block_end = head_end + 2
         headers: list[tuple[bytes, bytes]]
         if block_start < block_end:
@@ -652,8 +663,6 @@ class UpstreamConnection(TwistedProtocol):
         else:
             headers = []
         pos = head_end + 4
-        code = int(status[2])
-        http11 = status[1] == b"1"
         reusable = http11 and not self._upgrade
         content_length: int | None = None
         chunked = False
@@ -681,13 +690,12 @@ class UpstreamConnection(TwistedProtocol):
                 raise UpstreamProtocolError("101 Switching Protocols without an upgrade")
             self._state = _UPGRADED
             response = self._response = UpstreamResponse(
-                self, status.group(0)[:8], code, status[3] or b"", headers, None, False
+                self, b"HTTP/1.1" if http11 else b"HTTP/1.0", code, phrase, headers, None, False
             )
             self._fire_head(response)
             return pos
 
         version = b"HTTP/1.1" if http11 else b"HTTP/1.0"
-        phrase = status[3] or b""
         has_body = True
         if self._is_head or code == 204 or code == 304:
             has_body = False
