@@ -89,8 +89,10 @@ def strip_user_headers(exchange: Exchange, projected: frozenset[bytes] = frozens
     (lowercased identity header names outside C{X-User-*} that some route projects).
     """
     headers = exchange.request.requestHeaders
+    # Twisted's dict of canonical names itself, not its generator (-0.2 µs).
+    names = headers._rawHeaders if _DIRECT else [name for name, _ in headers.getAllRawHeaders()]
     doomed = []
-    for name, _ in headers.getAllRawHeaders():
+    for name in names:
         lower = name.lower()
         if lower.startswith(USER_PREFIX) or lower in projected:
             doomed.append(name)

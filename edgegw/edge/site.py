@@ -22,6 +22,7 @@ from edgegw.chain.pipeline import IRouteTarget, close_after_response
 from edgegw.chain.respond import TEXT_PLAIN
 from edgegw.edge.forwarded import ForwardedFilter
 from edgegw.edge.security import SecurityLayer
+from edgegw.header_names import RAW_DICT_WRITABLE
 from edgegw.metrics.gateway import NO_METRICS, IMetrics
 from edgegw.routing.hosts import normalise_host
 from edgegw.routing.mux import Matched, MethodNotAllowed, Mux, Redirect
@@ -278,6 +279,13 @@ def drop_underscored_headers(headers: Headers) -> None:
     """
     # 95 is "_": an int's membership is a byte scan (~12 ns), a bytes object's a
     # substring search (~100 ns), for every header of every request.
+    if RAW_DICT_WRITABLE:
+        # Twisted's dict of canonical names itself, not its generator (-0.2 µs).
+        raw = headers._rawHeaders
+        doomed = [name for name in raw if 95 in name]
+        for name in doomed:
+            del raw[name]
+        return
     doomed = [name for name, _ in headers.getAllRawHeaders() if 95 in name]
     for name in doomed:
         headers.removeHeader(name)

