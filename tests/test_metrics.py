@@ -135,6 +135,35 @@ class InstrumentTests(SynchronousTestCase):
         counter.add(1, ("x",))  # the old gateway's request in flight
         self.assertEqual(carried.value(("x",)), 4)
 
+    def test_request_series_past_the_limit_and_after_a_raise(self) -> None:
+        """
+        The request histograms' series are found again for each request, one per
+        route, method and status class; past the limit a request goes to the overflow
+        series, and once a reload raises the limit it gets a series of its own.
+        """
+        old = Registry(limit=2)
+        metrics = GatewayMetrics(old)
+        for route in ("/a", "/b", "/a", "/c", "/c"):
+            metrics.request(route, b"GET", 200, 0.5, 1, 2)
+        duration = metrics.server_duration
+        counts = {values: point.count for _, values, point in duration.points()}  # type: ignore[attr-defined]
+        self.assertEqual(
+            counts,
+            {("/a", "GET", "2xx"): 2, ("/b", "GET", "2xx"): 1, (True,): 2},
+        )
+        new = Registry(limit=10, carry=old)
+        raised = GatewayMetrics(new)
+        raised.request("/c", b"GET", 200, 0.5, 1, 2)  # before the reload is adopted
+        new.adopt()
+        raised.request("/c", b"GET", 200, 0.5, 1, 2)
+        point = duration.point(("/c", "GET", "2xx"))
+        assert point is not None
+        self.assertEqual(point.count, 1)
+        for histogram in (raised.request_size, raised.response_size):
+            size = histogram.point(("/c", "GET", "2xx"))
+            assert size is not None
+            self.assertEqual(size.count, 1)
+
     def test_bounded_values(self) -> None:
         self.assertEqual(method_name(b"GET"), "GET")
         self.assertEqual(method_name(b"get"), "_OTHER")

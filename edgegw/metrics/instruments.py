@@ -159,6 +159,16 @@ class Histogram(Instrument):
             point = self._new(attributes)
         point.record(value)
 
+    def series(self, attributes: Attributes = ()) -> HistogramPoint:
+        """
+        The series C{attributes} records into (the overflow series past the limit),
+        made if need be: for a caller that records into it again without a look-up.
+        """
+        point = self._series.get(attributes)
+        if point is None:
+            point = self._new(attributes)
+        return point
+
     def point(self, attributes: Attributes = ()) -> HistogramPoint | None:
         """
         The series C{attributes}, or L{None} when it was never recorded.
