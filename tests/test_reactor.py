@@ -246,3 +246,87 @@ class WriteFlushTests(_ReactorTestCase):
         reactor.doPoll(30.0)
         self.assertEqual(_drain(theirs), b"chunk")
         self.assertEqual(asked, [0])
+
+
+class FlushWriterTests(_ReactorTestCase):
+    """
+    L{EdgeReactor.flushWriter}: one writer's bytes out at once, the others at the end
+    of the iteration as before.
+    """
+
+    def test_one_writer_now(self) -> None:
+        reactor = self.reactor()
+        ours, theirs = self.pair()
+        other_ours, other_theirs = self.pair()
+        writer = _Writer(ours, reactor)
+        other = _Writer(other_ours, reactor)
+        writer.write(b"response")
+        other.write(b"later")
+        reactor.flushWriter(writer)
+        self.assertEqual(_drain(theirs), b"response")
+        self.assertEqual(_drain(other_theirs), b"")
+        self.assertEqual(reactor.getWriters(), [other])
+        reactor.doPoll(0)
+        self.assertEqual(_drain(other_theirs), b"later")
+        self.assertEqual(reactor.getWriters(), [])
+        # Nothing due: nothing to do.
+        reactor.flushWriter(writer)
+        self.assertEqual(reactor.getWriters(), [])
+
+    def test_what_the_socket_cannot_take_waits_for_epollout(self) -> None:
+        reactor = self.reactor()
+        ours, theirs = self.pair()
+        ours.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
+        writer = _Writer(ours, reactor)
+        payload = bytes(range(256)) * 4096
+        writer.write(payload)
+        reactor.flushWriter(writer)
+        received = _drain(theirs)
+        self.assertLess(len(received), len(payload))
+        # Still due, then registered at the end of the iteration.
+        self.assertEqual(reactor.getWriters(), [writer])
+        for _ in range(10_000):
+            reactor.doPoll(0)
+            received += _drain(theirs)
+            if len(received) == len(payload):
+                break
+        self.assertEqual(received, payload)
+        reactor.doPoll(0)
+        self.assertEqual(reactor.getWriters(), [])
+
+    def test_a_close_after_the_write(self) -> None:
+        reactor = self.reactor()
+        ours, theirs = self.pair()
+        writer = _Writer(ours, reactor)
+        writer.startReading()
+        writer.write(b"last words")
+        writer.loseConnection()
+        reactor.flushWriter(writer)
+        self.assertEqual(_drain(theirs), b"last words")
+        self.assertEqual(len(writer.lost), 1)
+        self.assertEqual(reactor.getWriters(), [])
+        ours.close()
+
+    def test_not_while_the_iteration_flushes(self) -> None:
+        """
+        Asked while the end-of-iteration flush runs (a protocol reacting to its own
+        write), it leaves the writer to that flush.
+        """
+        reactor = self.reactor()
+        ours, theirs = self.pair()
+        other_ours, other_theirs = self.pair()
+        other = _Writer(other_ours, reactor)
+
+        class Eager(_Writer):
+            def doWrite(self) -> Any:
+                other.write(b"more")
+                reactor.flushWriter(other)
+                return super().doWrite()
+
+        writer = Eager(ours, reactor)
+        writer.write(b"first")
+        reactor.doPoll(0)
+        self.assertEqual(_drain(theirs), b"first")
+        reactor.doPoll(0)
+        self.assertEqual(_drain(other_theirs), b"more")
+        self.assertEqual(reactor.getWriters(), [])

@@ -8,7 +8,9 @@ of bytes split at every position and the pool's timers are also driven in memory
 
 from __future__ import annotations
 
+import contextlib
 import os
+import socket
 from io import BytesIO
 from typing import Any
 
@@ -1422,3 +1424,50 @@ class BareLineFeedTests(UpstreamTestCase):
         self.assertIn("CRLF", str(raised.exception))
         # The client dropped the connection: the backend sees it close.
         await backend.all_lost()
+
+
+class EagerSendTests(UpstreamTestCase):
+    async def test_a_pooled_request_leaves_at_once(self) -> None:
+        """
+        On the daemon's reactor, a bodiless request on a pooled connection is on its
+        way to the upstream when C{request} returns, not at the end of the reactor
+        iteration; on another reactor it leaves then.
+        """
+        server = socket.socket()
+        self.addCleanup(server.close)
+        server.bind(("127.0.0.1", 0))
+        server.listen()
+        server.setblocking(False)
+        upstream = Upstream("http", "127.0.0.1", server.getsockname()[1])
+        client = self.client()
+        first = client.request(upstream, b"GET", b"/one", [(b"Host", b"x")])
+        accepted: socket.socket | None = None
+        for _ in range(500):
+            try:
+                accepted, _ = server.accept()
+                break
+            except BlockingIOError:
+                await deferLater(_reactor, 0.01, lambda: None)
+        assert accepted is not None
+        self.addCleanup(accepted.close)
+        received = b""
+        for _ in range(500):
+            with contextlib.suppress(BlockingIOError):
+                received += accepted.recv(65536, socket.MSG_DONTWAIT)
+            if received.endswith(b"\r\n\r\n"):
+                break
+            await deferLater(_reactor, 0.01, lambda: None)
+        self.assertTrue(received.startswith(b"GET /one "))
+        accepted.sendall(OK)
+        response = await first
+        await response.deliver(Collect())
+        self.assertEqual(client.idle_connections(upstream), 1)
+        second = client.request(upstream, b"GET", b"/two", [(b"Host", b"x")])
+        try:
+            now = accepted.recv(65536, socket.MSG_DONTWAIT)
+        except BlockingIOError:
+            now = b""
+        self.assertEqual(now.startswith(b"GET /two "), hasattr(_reactor, "flushWriter"), now)
+        accepted.sendall(OK)
+        response = await second
+        await response.deliver(Collect())

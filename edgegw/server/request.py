@@ -67,6 +67,7 @@ from twisted.web.server import Request
 from zope.interface import implementer
 
 from edgegw.chain.response_filter import IResponseFilter
+from edgegw.reactor import flush_now
 from edgegw.server.fast_headers import GatewayHeaders
 from edgegw.server.head import parse_simple_head
 from edgegw.server.response_head import ResponseHeaders, serialize_head
@@ -541,7 +542,11 @@ class GatewayRequest(Request):
             self.clientproto, b"%d" % self.code, self.code_message, self.responseHeaders, body
         )
         self.sentLength += len(body)
+        transport = channel.transport
         self.finish()
+        # The whole response is written: out now, not after the rest of this event's
+        # work (the access-log line and the chain's bookkeeping run after this).
+        flush_now(transport)
 
     def finish(self) -> None:
         """

@@ -46,6 +46,7 @@ from twisted.python.failure import Failure
 from twisted.web.iweb import IBodyProducer
 from zope.interface import implementer
 
+from edgegw.reactor import flush_now
 from edgegw.upstream.http11 import UpstreamConnection, UpstreamResponse, encode_request
 
 __all__ = ["Upstream", "UpstreamClient", "UpstreamUnavailableError"]
@@ -517,6 +518,10 @@ class UpstreamClient:
         d = connection.send(head, head_request, body, length, False)
         if retryable:
             d.addErrback(self._retry_stale, connection, upstream, head, head_request, rehead)
+        if body is None:
+            # The whole request is written: to the upstream now, while the rest of this
+            # event's work runs (a connection found closed fails d here, retried above).
+            flush_now(connection.transport)
         return d
 
     def _connect(
