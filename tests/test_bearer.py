@@ -22,14 +22,20 @@ from typing import Any, cast
 
 from twisted.internet import reactor as _reactor
 from twisted.internet.defer import Deferred, gatherResults
+from twisted.internet.task import Clock
 from twisted.logger import ILogObserver, globalLogPublisher
 from twisted.trial.unittest import SynchronousTestCase, TestCase
 
+from edgegw.config.model import BearerSpec, IdentitySpec, IdpSpec
 from edgegw.config.parse import load_config
 from edgegw.gateway import build_gateway
 from edgegw.identity import bearer as bearer_module
-from edgegw.identity.bearer import REFUSAL_SECONDS
+from edgegw.identity.bearer import REFUSAL_SECONDS, BearerVerifier
+from edgegw.identity.groups import GroupRenderer
+from edgegw.identity.principal import Principal
+from edgegw.identity.provider import IdentityProvider
 from edgegw.identity.tokens import verify_jwt as real_verify_jwt
+from edgegw.upstream.agent import UpstreamAgent
 from edgegw.upstream.pool import UpstreamClient
 from tests.support.backends import SiteBackend, answer
 from tests.support.browser import Browser, BrowserResponse
@@ -985,6 +991,33 @@ class CacheTests(BearerTestCase):
         self.assertEqual(checked, [first, second])
         await self.assert_accepted(w, first)
         self.assertEqual(checked, [first, second, first])
+
+    def test_a_token_verified_again_replaces_its_entry(self) -> None:
+        """
+        A token whose entry lapsed and which is verified and cached again replaces its
+        entry: the cache's byte count holds that entry once, however often it happens
+        (it grew with each, and the cache then pushed out live entries for room).
+        """
+        clock = Clock()
+        spec = IdpSpec(
+            name="idp",
+            issuer="https://idp.test",
+            client_id="gw",
+            verification_only=True,
+            bearer=BearerSpec(cache_ttl=30.0),
+        )
+        provider = IdentityProvider(spec, cast(UpstreamAgent, None), clock)
+        identity = IdentitySpec()
+        verifier = BearerVerifier(provider, identity, GroupRenderer(identity.groups), clock)
+        principal = Principal(subject="user-1", access_token="t" * 900)
+        token = b"t" * 900
+        for _ in range(5):
+            verifier._cache(token, principal, None)
+            self.assertIs(verifier.cached(token), principal)
+            clock.advance(31)
+            self.assertIsNone(verifier.cached(token))
+        self.assertEqual(len(verifier._verified), 1)
+        self.assertEqual(verifier._bytes, 900 + 900 + len("user-1"))
 
     async def test_the_cache_ttl(self) -> None:
         w = await bearer_world(self, idp_spec="  bearer: {cacheTTL: 30s}\n")

@@ -85,6 +85,20 @@ class ForwardedTests(SynchronousTestCase):
                 self.assertNotIn(name.lower().encode("ascii"), seen)
                 self.assertEqual(seen[b"x-other"], [b"kept"])
 
+    def test_long_hosts_are_not_remembered(self) -> None:
+        """
+        The edge remembers the hosts it has checked, but not hosts longer than any
+        real one: thousands of kilobyte hosts must not stay in memory.
+        """
+        recorder = Recorder()
+        site = edge_site(GatewaySpec(), recorder, Clock())
+        long_host = "a" * 400 + ".example"
+        MemoryClient(site).request("GET", "/", host=long_host)
+        MemoryClient(site).request("GET", "/", host="short.example")
+        self.assertEqual(len(recorder.seen), 2)
+        hosts = site.resource._hosts
+        self.assertEqual(list(hosts), [b"short.example"])
+
     def test_trusted_cidr_and_ip(self) -> None:
         self.assertEqual(self.forwarded_seen(("10.0.0.0/8",), "10.1.2.3"), SIX_FORWARDING_HEADERS)
         self.assertEqual(self.forwarded_seen(("192.0.2.7",), "192.0.2.7"), SIX_FORWARDING_HEADERS)

@@ -970,3 +970,23 @@ class ShortcutTests(SynchronousTestCase):
                     full.route(method, host, path, "q=1"),
                     (fast.patterns(), method, host, path),
                 )
+
+
+class HostMemoryTests(SynchronousTestCase):
+    def test_long_hosts_are_routed_not_remembered(self) -> None:
+        """
+        A request host longer than any real one is routed as any other, but the mux
+        does not keep it (thousands of 16 KB hosts would otherwise stay in memory).
+        """
+        mux: Mux[int] = Mux()
+        mux.register("example.com/a", 1)
+        mux.register("/a", 2)
+        long_host = "x" * 16_000 + ".example"
+        result = mux.route("GET", long_host + ":8080", "/a")
+        assert isinstance(result, Matched)
+        self.assertEqual(result.target, 2)
+        self.assertNotIn(long_host + ":8080", mux._host_keys)
+        result = mux.route("GET", "EXAMPLE.com:8080", "/a")
+        assert isinstance(result, Matched)
+        self.assertEqual(result.target, 1)
+        self.assertEqual(mux._host_keys, {"EXAMPLE.com:8080": "example.com"})

@@ -8,6 +8,7 @@ import hashlib
 import json
 import os
 import random
+import socket
 import textwrap
 from typing import Any, cast
 
@@ -36,6 +37,7 @@ from wsproto.events import (
 )
 from zope.interface import implementer
 
+from edgegw.chain.access_log import AccessLog
 from edgegw.config.model import ProxyHandlerSpec
 from edgegw.config.parse import load_config
 from edgegw.gateway import Gateway, build_gateway
@@ -1019,6 +1021,10 @@ class RelayHeadTests(SynchronousTestCase):
         (b"connection", b"close, X-Request-Id"),
         (b"X-Request-Id", b"upstream-id"),
         (b"WWW-Authenticate", b"Basic"),
+        (b"Connection", b"close"),
+        (b"Connection", b"Close"),
+        (b"Close", b"hop"),
+        (b"Keep-Alive", b"max=5"),
     ]
 
     @staticmethod
@@ -1071,3 +1077,34 @@ class RelayHeadTests(SynchronousTestCase):
             ]
             self.assertEqual(got, self.model(headers, before, code), headers)
             self.assertEqual(request.responseCode, code)
+
+
+class EagerFlushTests(ProxyTestCase):
+    async def test_the_response_leaves_before_the_access_log_line(self) -> None:
+        """
+        On the daemon's reactor, a small proxied response is on its way to the client
+        before the access-log line is made (the rest of the event's work does not delay
+        it); on another reactor it leaves at the end of the iteration.
+        """
+        port = self.gateway()
+        client = socket.create_connection(("127.0.0.1", port))
+        self.addCleanup(client.close)
+        seen: list[bytes] = []
+        real = AccessLog.emit
+
+        def emit(log: AccessLog, record: dict[str, Any]) -> None:
+            try:
+                seen.append(client.recv(65536, socket.MSG_DONTWAIT))
+            except BlockingIOError:
+                seen.append(b"")
+            real(log, record)
+
+        self.patch(AccessLog, "emit", emit)
+        client.sendall(b"GET /x HTTP/1.1\r\nHost: gateway.test\r\n\r\n")
+        for _ in range(200):
+            if seen:
+                break
+            await deferLater(reactor, 0.01, lambda: None)
+        eager = hasattr(reactor, "flushWriter")
+        self.assertEqual(len(seen), 1)
+        self.assertEqual(seen[0].startswith(b"HTTP/1.1 200 "), eager, seen)

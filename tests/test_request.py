@@ -1268,8 +1268,11 @@ class WriteWholeTests(SynchronousTestCase):
     ) -> tuple[bytes, int, list[bytes]]:
         def answer(request: GatewayRequest) -> int:
             request.setResponseCode(settings["code"])
-            if settings["length"] is not None:
-                request.responseHeaders.setRawHeaders(b"content-length", [settings["length"]])
+            length = settings["length"]
+            if length is not None:
+                # An empty list of values: no Content-Length to Twisted, which chunks.
+                values = [] if length == b"empty" else [length]
+                request.responseHeaders.setRawHeaders(b"content-length", values)
             if settings["type"]:
                 request.responseHeaders.setRawHeaders(b"content-type", [b"text/x"])
             request.defaultContentType = settings["default_type"]
@@ -1307,7 +1310,7 @@ class WriteWholeTests(SynchronousTestCase):
         for _ in range(1_000):
             settings = {
                 "code": rng.choice([200, 200, 204, 304, 404]),
-                "length": rng.choice([None, b"2", b"0"]),
+                "length": rng.choice([None, b"2", b"0", b"empty"]),
                 "type": rng.random() < 0.5,
                 "default_type": rng.choice([None, None, b"text/html"]),
                 "etag": rng.random() < 0.1,

@@ -24,7 +24,7 @@ from edgegw.edge.forwarded import ForwardedFilter
 from edgegw.edge.security import SecurityLayer
 from edgegw.header_names import RAW_DICT_WRITABLE
 from edgegw.metrics.gateway import NO_METRICS, IMetrics
-from edgegw.routing.hosts import normalise_host
+from edgegw.routing.hosts import MAX_REMEMBERED_HOST, normalise_host
 from edgegw.routing.mux import Matched, MethodNotAllowed, Mux, Redirect
 from edgegw.routing.paths import to_bytes, vet_path
 from edgegw.server.response_head import ResponseHeaders
@@ -239,6 +239,8 @@ class EdgeResource(Resource):
         if normal is None:
             return None
         known = (normal.decode("ascii"), None if normal == value else normal)
+        if len(value) > MAX_REMEMBERED_HOST:
+            return known
         if len(self._hosts) >= _HOST_CACHE_SIZE:
             # Start over rather than stop learning: a client cannot fill it for good.
             self._hosts.clear()

@@ -46,8 +46,9 @@ _DIRECT = RAW_DICT_WRITABLE
 # What relay_head does with a response header.
 _RELAY, _SKIP, _CONNECTION, _COOKIE = 0, 1, 2, 3
 
-# Connection values that name no field to remove (as sent, in the usual spellings).
-_PLAIN_CONNECTION = frozenset({b"keep-alive", b"Keep-Alive", b"close", b"Close"})
+# Connection values that name no field to remove (as sent, in the usual spellings; not
+# "close": a field named Close is hop-by-hop then).
+_PLAIN_CONNECTION = frozenset({b"keep-alive", b"Keep-Alive"})
 
 _MAX_PLANS = 1_000
 """Response header names a proxy route remembers what to do with."""

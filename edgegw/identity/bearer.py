@@ -263,6 +263,10 @@ class BearerVerifier:
         if size > MAX_CACHED_ENTRY:
             return  # verified again next time rather than held
         verified = self._verified
+        # A token verified again (its entry had lapsed) replaces its entry and its size.
+        replaced = verified.pop(token, None)
+        if replaced is not None:
+            self._bytes -= replaced[2]
         while verified and (len(verified) >= MAX_CACHED or self._bytes + size > MAX_CACHED_BYTES):
             _, (_, _, dropped) = verified.popitem(last=False)
             self._bytes -= dropped

@@ -75,6 +75,11 @@ def _is_ip_literal(literal: bytes) -> bool:
     return True
 
 
+MAX_REMEMBERED_HOST = 300
+"""Longest request host (a name of at most 253 bytes, a port) a cache keeps: the edge's
+checks let through hosts of kilobytes, which thousands of entries must not hold."""
+
+
 def host_key(host: str) -> str:
     """
     The spelling of a host name (no port) that host patterns are registered and looked up

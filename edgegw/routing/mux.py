@@ -14,7 +14,7 @@ from typing import Generic, TypeAlias, TypeVar
 import attrs
 
 from edgegw.routing.goquote import go_quote
-from edgegw.routing.hosts import host_key
+from edgegw.routing.hosts import MAX_REMEMBERED_HOST, host_key
 from edgegw.routing.paths import clean_path, redirect_location, split_path, unescape
 from edgegw.routing.pattern import (
     Pattern,
@@ -437,9 +437,10 @@ class Mux(Generic[T]):
             keyed = self._host_keys.get(host)
             if keyed is None:
                 keyed = host_key(_strip_port(host)) if ":" in host else host_key(host)
-                if len(self._host_keys) >= _MAX_HOST_KEYS:
-                    self._host_keys.clear()
-                self._host_keys[host] = keyed
+                if len(host) <= MAX_REMEMBERED_HOST:
+                    if len(self._host_keys) >= _MAX_HOST_KEYS:
+                        self._host_keys.clear()
+                    self._host_keys[host] = keyed
             host = keyed
         path = target_path
         if path[:1] == "/" and "//" not in path and "/." not in path:

@@ -530,7 +530,9 @@ class GatewayRequest(Request):
             or self._inFakeHead
             or self._encoder is not None
             or not isinstance(channel, GatewayChannel)
-            or not self.responseHeaders.hasHeader(b"content-length")
+            # As Twisted decides whether to frame the body itself (an empty list of
+            # values would have it chunk the body).
+            or not self.responseHeaders.getRawHeaders(b"content-length")
         ):
             self.write(body)
             self.finish()
