@@ -330,3 +330,22 @@ class FlushWriterTests(_ReactorTestCase):
         reactor.doPoll(0)
         self.assertEqual(_drain(other_theirs), b"more")
         self.assertEqual(reactor.getWriters(), [])
+
+
+class HoldFlushesTests(_ReactorTestCase):
+    def test_held_writers_wait_for_the_end_of_the_iteration(self) -> None:
+        reactor = self.reactor()
+        ours, theirs = self.pair()
+        writer = _Writer(ours, reactor)
+        writer.write(b"pipelined request")
+        reactor.holdFlushes()
+        reactor.flushWriter(writer)
+        self.assertEqual(_drain(theirs), b"")
+        reactor.releaseFlushes()
+        self.assertEqual(reactor.getWriters(), [writer])
+        reactor.doPoll(0)
+        self.assertEqual(_drain(theirs), b"pipelined request")
+        # Released: at once again.
+        writer.write(b"next")
+        reactor.flushWriter(writer)
+        self.assertEqual(_drain(theirs), b"next")

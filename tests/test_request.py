@@ -38,6 +38,7 @@ from twisted.web.resource import Resource
 from twisted.web.server import NOT_DONE_YET, Site
 from zope.interface import alsoProvides, implementer
 
+from edgegw.reactor import flush_now
 from edgegw.server import response_head
 from edgegw.server.request import (
     BUFFER_LIMIT,
@@ -1327,3 +1328,57 @@ class WriteWholeTests(SynchronousTestCase):
                 whole_writes += 1
         # Head and body in one write is the usual case, not an accident of the draw.
         self.assertGreater(whole_writes, 50)
+
+
+class _RecordingReactor:
+    """
+    Stands for the daemon's reactor under a transport: records what is flushed at once,
+    and whether flushes were held then.
+    """
+
+    def __init__(self) -> None:
+        self.held = 0
+        self.flushes: list[tuple[object, bool]] = []
+
+    def flushWriter(self, writer: object) -> None:
+        self.flushes.append((writer, self.held > 0))
+
+    def holdFlushes(self) -> None:
+        self.held += 1
+
+    def releaseFlushes(self) -> None:
+        self.held -= 1
+
+
+class WriteWholeFlushTests(SynchronousTestCase):
+    def test_a_pipelined_request_sends_nothing_before_the_response_ahead(self) -> None:
+        """
+        The response is flushed once it is finished; what a pipelined request started
+        by that finish asks to flush (its upstream request) is held until then, so
+        that it cannot leave before the response ahead of it.
+        """
+        recording = _RecordingReactor()
+        upstream = StringTransport()
+        upstream.reactor = recording  # type: ignore[attr-defined]
+        first: list[GatewayRequest] = []
+
+        def answer(request: GatewayRequest) -> int:
+            request.responseHeaders.setRawHeaders(b"content-length", [b"2"])
+            request.defaultContentType = None
+            if request.uri == b"/1":
+                first.append(request)  # answered later, as by an upstream's response
+            else:
+                flush_now(upstream)
+                request.write_whole(b"ok")
+            return NOT_DONE_YET
+
+        connection = Connection(gateway_site(Handler(answer), Clock()))
+        connection.transport.reactor = recording  # type: ignore[attr-defined]
+        connection.send(b"GET /1 HTTP/1.1\r\nHost: a\r\n\r\nGET /2 HTTP/1.1\r\nHost: a\r\n\r\n")
+        self.assertEqual(recording.flushes, [])
+        first[0].write_whole(b"ok")
+        self.assertEqual([r.status for r in connection.responses()], [200, 200])
+        self.assertEqual(
+            recording.flushes,
+            [(upstream, True), (connection.transport, True), (connection.transport, False)],
+        )

@@ -67,7 +67,6 @@ from twisted.web.server import Request
 from zope.interface import implementer
 
 from edgegw.chain.response_filter import IResponseFilter
-from edgegw.reactor import flush_now
 from edgegw.server.fast_headers import GatewayHeaders
 from edgegw.server.head import parse_simple_head
 from edgegw.server.response_head import ResponseHeaders, serialize_head
@@ -545,10 +544,21 @@ class GatewayRequest(Request):
         )
         self.sentLength += len(body)
         transport = channel.transport
-        self.finish()
+        reactor: Any = getattr(transport, "reactor", None)
+        flush = getattr(reactor, "flushWriter", None)
+        if flush is None:
+            self.finish()
+            return
+        # A pipelined request that finish() starts sends nothing upstream before this
+        # response is out (and its client found still there).
+        reactor.holdFlushes()
+        try:
+            self.finish()
+        finally:
+            reactor.releaseFlushes()
         # The whole response is written: out now, not after the rest of this event's
         # work (the access-log line and the chain's bookkeeping run after this).
-        flush_now(transport)
+        flush(transport)
 
     def finish(self) -> None:
         """
