@@ -254,6 +254,51 @@ class FlushWriterTests(_ReactorTestCase):
     of the iteration as before.
     """
 
+    def reactor(self) -> Any:
+        reactor = super().reactor()
+        # As while an event that came alone from its poll is handled.
+        reactor._alone = True
+        return reactor
+
+    def test_at_once_only_for_an_event_alone(self) -> None:
+        """
+        Handling the one event of a poll, a flush happens at once; with other events in
+        the same poll, the writes wait for the end of the iteration.
+        """
+        reactor = super().reactor()
+        out_ours, out_theirs = self.pair()
+        writer = _Writer(out_ours, reactor)
+        seen: list[bytes] = []
+
+        class Replying(_Reader):
+            def doRead(self) -> None:
+                self.read.append(self.sock.recv(100))
+                writer.write(b"reply")
+                reactor.flushWriter(writer)
+                seen.append(_drain(out_theirs))
+
+        first_ours, first_theirs = self.pair()
+        second_ours, second_theirs = self.pair()
+        first = Replying(first_ours, reactor, fail=False)
+        second = Replying(second_ours, reactor, fail=False)
+        reactor.addReader(first)
+        reactor.addReader(second)
+        first_theirs.send(b"a")
+        reactor.doPoll(0)
+        self.assertEqual(seen, [b"reply"])
+        first_theirs.send(b"b")
+        second_theirs.send(b"c")
+        reactor.doPoll(0)
+        # Both events in one poll: nothing out while they are handled, all at the end.
+        self.assertEqual(seen, [b"reply", b"", b""])
+        self.assertEqual(_drain(out_theirs), b"replyreply")
+        # Outside any event (a timed call), the end of the iteration too.
+        writer.write(b"timed")
+        reactor.flushWriter(writer)
+        self.assertEqual(_drain(out_theirs), b"")
+        reactor.doPoll(0)
+        self.assertEqual(_drain(out_theirs), b"timed")
+
     def test_one_writer_now(self) -> None:
         reactor = self.reactor()
         ours, theirs = self.pair()
@@ -335,6 +380,7 @@ class FlushWriterTests(_ReactorTestCase):
 class HoldFlushesTests(_ReactorTestCase):
     def test_held_writers_wait_for_the_end_of_the_iteration(self) -> None:
         reactor = self.reactor()
+        reactor._alone = True  # as while an event that came alone is handled
         ours, theirs = self.pair()
         writer = _Writer(ours, reactor)
         writer.write(b"pipelined request")
@@ -346,6 +392,7 @@ class HoldFlushesTests(_ReactorTestCase):
         reactor.doPoll(0)
         self.assertEqual(_drain(theirs), b"pipelined request")
         # Released: at once again.
+        reactor._alone = True
         writer.write(b"next")
         reactor.flushWriter(writer)
         self.assertEqual(_drain(theirs), b"next")
