@@ -506,7 +506,8 @@ class GatewayRequest(Request):
         """
         Write C{body} as the whole response body and finish: as C{write(body)} then
         C{finish()}, with the head and the body in one transport write when nothing
-        else has to happen on the way (-1.8 µs a small proxied response).
+        else has to happen on the way (-1.5 µs a small proxied response), sent at once
+        on the daemon's reactor (L{edgegw.reactor}, C{flushWriter}).
 
         That is when no response filter takes the body, nothing was written yet, the
         response has a C{Content-Length} field and a body (not C{HEAD}, 204 or 304),
