@@ -119,16 +119,8 @@ def _reactor_class() -> Any:
             self._flushing = flushing = set(writers)
             try:
                 for writer in writers:
-                    if writer not in flushing:
-                        continue
-                    try:
-                        self._doReadOrWrite(writer, writer.fileno(), _POLLOUT)
-                    except KeyboardInterrupt:
-                        raise
-                    except BaseException:
-                        # A protocol's connectionLost raising (after a failed or final
-                        # write): logged as the event loop does, the others still go out.
-                        _log.failure("error flushing writes for {writer!r}", writer=writer)
+                    if writer in flushing:
+                        self._write_out(writer)
             finally:
                 self._flushing = None
                 # Whatever could not write everything, or wrote again meanwhile, waits
@@ -138,6 +130,19 @@ def _reactor_class() -> Any:
                 for writer in flushing:
                     if writer.fileno() != -1:
                         EPollReactor.addWriter(self, writer)
+
+        def _write_out(self, writer: Any) -> None:
+            """
+            Have C{writer} write what it holds, as the event loop does on EPOLLOUT.
+            """
+            try:
+                self._doReadOrWrite(writer, writer.fileno(), _POLLOUT)
+            except KeyboardInterrupt:
+                raise
+            except BaseException:
+                # A protocol's connectionLost raising (after a failed or final write):
+                # logged as the event loop does, the other writers still go out.
+                _log.failure("error flushing writes for {writer!r}", writer=writer)
 
         def flushWriter(self, writer: Any) -> None:
             """
@@ -154,11 +159,7 @@ def _reactor_class() -> Any:
             del due[writer]
             self._flushing = flushing = {writer}
             try:
-                self._doReadOrWrite(writer, writer.fileno(), _POLLOUT)
-            except KeyboardInterrupt:
-                raise
-            except BaseException:
-                _log.failure("error flushing writes for {writer!r}", writer=writer)
+                self._write_out(writer)
             finally:
                 self._flushing = None
                 # Still holding bytes (or written to meanwhile): left for the end of the

@@ -61,6 +61,18 @@ class _ReactorTestCase(SynchronousTestCase):
         self.addCleanup(b.close)
         return a, b
 
+    def closing_writer(self) -> tuple[Any, socket.socket, socket.socket, _Writer]:
+        """
+        A writer that wrote its last words and asked to close.
+        """
+        reactor = self.reactor()
+        ours, theirs = self.pair()
+        writer = _Writer(ours, reactor)
+        writer.startReading()
+        writer.write(b"last words")
+        writer.loseConnection()
+        return reactor, ours, theirs, writer
+
 
 class EdgeReactorTests(_ReactorTestCase):
     def test_dispatches_without_the_log_context(self) -> None:
@@ -126,6 +138,18 @@ def _drain(sock: socket.socket) -> bytes:
         received += chunk
 
 
+def _pump(reactor: Any, theirs: socket.socket, received: bytes, size: int) -> bytes:
+    """
+    Poll and read until C{size} bytes have arrived (or give up after many polls).
+    """
+    for _ in range(10_000):
+        received += _drain(theirs)
+        if len(received) == size:
+            break
+        reactor.doPoll(0)
+    return received
+
+
 class WriteFlushTests(_ReactorTestCase):
     def test_writes_of_an_iteration_go_out_at_its_end(self) -> None:
         reactor = self.reactor()
@@ -151,23 +175,12 @@ class WriteFlushTests(_ReactorTestCase):
         # Registered, as Twisted's reactor registers every writer.
         self.assertEqual(reactor.getWriters(), [writer])
         self.assertEqual(reactor._writes, {ours.fileno()})
-        received = b""
-        for _ in range(10_000):
-            received += _drain(theirs)
-            if len(received) == len(payload):
-                break
-            reactor.doPoll(0)
-        self.assertEqual(received, payload)
+        self.assertEqual(_pump(reactor, theirs, b"", len(payload)), payload)
         reactor.doPoll(0)
         self.assertEqual(reactor.getWriters(), [])
 
     def test_lose_connection_after_a_write(self) -> None:
-        reactor = self.reactor()
-        ours, theirs = self.pair()
-        writer = _Writer(ours, reactor)
-        writer.startReading()
-        writer.write(b"last words")
-        writer.loseConnection()
+        reactor, ours, theirs, writer = self.closing_writer()
         reactor.doPoll(0)
         self.assertEqual(_drain(theirs), b"last words")
         self.assertEqual(len(writer.lost), 1)
@@ -330,22 +343,13 @@ class FlushWriterTests(_ReactorTestCase):
         self.assertLess(len(received), len(payload))
         # Still due, then registered at the end of the iteration.
         self.assertEqual(reactor.getWriters(), [writer])
-        for _ in range(10_000):
-            reactor.doPoll(0)
-            received += _drain(theirs)
-            if len(received) == len(payload):
-                break
-        self.assertEqual(received, payload)
+        reactor.doPoll(0)
+        self.assertEqual(_pump(reactor, theirs, received, len(payload)), payload)
         reactor.doPoll(0)
         self.assertEqual(reactor.getWriters(), [])
 
     def test_a_close_after_the_write(self) -> None:
-        reactor = self.reactor()
-        ours, theirs = self.pair()
-        writer = _Writer(ours, reactor)
-        writer.startReading()
-        writer.write(b"last words")
-        writer.loseConnection()
+        reactor, ours, theirs, writer = self.closing_writer()
         reactor.flushWriter(writer)
         self.assertEqual(_drain(theirs), b"last words")
         self.assertEqual(len(writer.lost), 1)
