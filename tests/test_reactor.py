@@ -9,7 +9,7 @@ import socket
 from typing import Any
 
 from twisted.internet.abstract import FileDescriptor
-from twisted.internet.interfaces import IPullProducer
+from twisted.internet.interfaces import IPullProducer, IPushProducer
 from twisted.python import context, log
 from twisted.python.failure import Failure
 from twisted.trial.unittest import SynchronousTestCase
@@ -348,13 +348,108 @@ class FlushWriterTests(_ReactorTestCase):
         reactor.doPoll(0)
         self.assertEqual(reactor.getWriters(), [])
 
-    def test_a_close_after_the_write(self) -> None:
+    def test_a_close_after_the_write_waits_for_the_end_of_the_iteration(self) -> None:
+        """
+        A writer asked to close once its bytes are out is left to the end of the
+        iteration, where that last write closes it: C{connectionLost} is never called
+        from C{flushWriter}, which runs in the middle of a protocol's own code.
+        """
         reactor, ours, theirs, writer = self.closing_writer()
         reactor.flushWriter(writer)
+        self.assertEqual((_drain(theirs), writer.lost), (b"", []))
+        reactor.doPoll(0)
         self.assertEqual(_drain(theirs), b"last words")
         self.assertEqual(len(writer.lost), 1)
         self.assertEqual(reactor.getWriters(), [])
         ours.close()
+
+    def test_a_failed_write_is_handled_at_the_end_of_the_iteration(self) -> None:
+        """
+        A write that fails (the peer gone) calls nothing back from C{flushWriter}: the
+        writer stays due, and the end of the iteration writes again and drops it as the
+        event loop does.
+        """
+        reactor = self.reactor()
+        ours, theirs = self.pair()
+        writer = _Writer(ours, reactor)
+        theirs.close()
+        writer.write(b"to nobody")
+        reactor.flushWriter(writer)
+        self.assertEqual(writer.lost, [])
+        self.assertEqual(reactor.getWriters(), [writer])
+        reactor.doPoll(0)
+        self.assertEqual(len(writer.lost), 1)
+        self.assertEqual(reactor.getWriters(), [])
+        ours.close()  # no longer the reactor's
+
+    def test_a_raising_write_is_handled_at_the_end_of_the_iteration(self) -> None:
+        """
+        A writer that raises is not a failure of C{flushWriter}'s caller: the end of
+        the iteration writes again, logs what it raises and drops the writer.
+        """
+        reactor = self.reactor()
+        ours, _ = self.pair()
+
+        class Broken(_Writer):
+            def writeSomeData(self, data: bytes) -> int:
+                raise RuntimeError("transport bug")
+
+        writer = Broken(ours, reactor)
+        writer.write(b"anything")
+        reactor.flushWriter(writer)
+        self.assertEqual((writer.lost, reactor.getWriters()), ([], [writer]))
+        reactor.doPoll(0)
+        self.assertEqual(len(writer.lost), 1)
+        self.assertEqual(len(self.flushLoggedErrors(RuntimeError)), 1)
+        ours.close()
+
+    def test_producers_are_called_at_the_end_of_the_iteration(self) -> None:
+        """
+        A write whose completion would resume a producer (a paused streaming one, or a
+        pull producer) is left to the end of the iteration: C{flushWriter} calls no
+        producer back.
+        """
+        reactor = self.reactor()
+        resumed: list[str] = []
+
+        @implementer(IPushProducer)
+        class Pushing:
+            def resumeProducing(self) -> None:
+                resumed.append("push")
+
+            def pauseProducing(self) -> None:
+                pass
+
+            def stopProducing(self) -> None:
+                pass
+
+        @implementer(IPullProducer)
+        class Pulling:
+            def resumeProducing(self) -> None:
+                resumed.append("pull")
+
+            def stopProducing(self) -> None:
+                pass
+
+        push_ours, push_theirs = self.pair()
+        pushed = _Writer(push_ours, reactor)
+        pushed.bufferSize = 4  # this write pauses its producer
+        pushed.registerProducer(Pushing(), True)
+        pushed.write(b"over four bytes")
+        self.assertTrue(pushed.producerPaused)
+        pull_ours, pull_theirs = self.pair()
+        pulled = _Writer(pull_ours, reactor)
+        pulled.registerProducer(Pulling(), False)
+        pulled.write(b"pulled")
+        del resumed[:]  # registering a pull producer asks it at once
+        reactor.flushWriter(pushed)
+        reactor.flushWriter(pulled)
+        self.assertEqual((_drain(push_theirs), _drain(pull_theirs), resumed), (b"", b"", []))
+        reactor.doPoll(0)
+        self.assertEqual(
+            (_drain(push_theirs), _drain(pull_theirs), sorted(resumed)),
+            (b"over four bytes", b"pulled", ["pull", "push"]),
+        )
 
     def test_not_while_the_iteration_flushes(self) -> None:
         """

@@ -28,7 +28,7 @@ from twisted.internet.interfaces import (
     ISSLTransport,
 )
 from twisted.internet.protocol import ClientFactory, Protocol, connectionDone
-from twisted.internet.task import Clock
+from twisted.internet.task import Clock, deferLater
 from twisted.internet.testing import StringTransport
 from twisted.python.failure import Failure
 from twisted.trial.unittest import SynchronousTestCase, TestCase
@@ -1256,6 +1256,35 @@ class RealSocketTests(TestCase):
         self.assertEqual(response.header("connection"), "close")
         self.assertFalse(seen[0].body.complete)
 
+    async def test_a_client_reset_under_a_whole_response(self) -> None:
+        """
+        A client gone (reset) just before its whole response is written: the response's
+        send at once fails, the request still finishes as usual (nothing is called back
+        from the middle of C{write_whole}), and the connection is dropped at the end of
+        the iteration.
+        """
+        sockets: list[socket.socket] = []
+        finished: list[object] = []
+
+        def answer(request: GatewayRequest) -> int:
+            client = sockets[0]
+            client.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            client.close()
+            request.responseHeaders.setRawHeaders(b"content-length", [b"2"])
+            request.defaultContentType = None
+            request.notifyFinish().addBoth(finished.append)
+            request.write_whole(b"ok")
+            return NOT_DONE_YET
+
+        port = self.serve(answer, GatewayRequest)
+        client = socket.create_connection(("127.0.0.1", port))
+        sockets.append(client)
+        client.sendall(b"GET / HTTP/1.1\r\nHost: a\r\n\r\n")
+        while not self.server_lost:
+            await deferLater(reactor, 0.01, lambda: None)
+        await self.server_lost[0]
+        self.assertEqual(finished, [None])
+
 
 class WriteWholeTests(SynchronousTestCase):
     """
@@ -1351,11 +1380,35 @@ class _RecordingReactor:
 
 
 class WriteWholeFlushTests(SynchronousTestCase):
+    def test_the_response_is_out_before_it_finishes(self) -> None:
+        """
+        C{write_whole} has the response written out before C{finish()} (the request's
+        notifications, and the chain's access-log line after them): the bytes leave
+        first.
+        """
+        recording = _RecordingReactor()
+        events: list[str] = []
+        recording.flushWriter = lambda writer: events.append("flushed")  # type: ignore[method-assign]
+
+        def answer(request: GatewayRequest) -> int:
+            request.responseHeaders.setRawHeaders(b"content-length", [b"2"])
+            request.defaultContentType = None
+            request.notifyFinish().addCallback(lambda _: events.append("finished"))
+            request.write_whole(b"ok")
+            return NOT_DONE_YET
+
+        connection = Connection(gateway_site(Handler(answer), Clock()))
+        connection.transport.reactor = recording  # type: ignore[attr-defined]
+        connection.send(b"GET / HTTP/1.1\r\nHost: a\r\n\r\n")
+        self.assertEqual([r.status for r in connection.responses()], [200])
+        self.assertEqual(events, ["flushed", "finished"])
+
     def test_a_pipelined_request_sends_nothing_before_the_response_ahead(self) -> None:
         """
-        The response is flushed once it is finished; what a pipelined request started
-        by that finish asks to flush (its upstream request) is held until then, so
-        that it cannot leave before the response ahead of it.
+        The response is flushed before it is finished; what a pipelined request started
+        by that finish asks to flush (its upstream request, its own response) is held
+        until the end of the iteration, so that it cannot leave before the response
+        ahead of it (which a failed send leaves there too).
         """
         recording = _RecordingReactor()
         upstream = StringTransport()
@@ -1378,7 +1431,9 @@ class WriteWholeFlushTests(SynchronousTestCase):
         self.assertEqual(recording.flushes, [])
         first[0].write_whole(b"ok")
         self.assertEqual([r.status for r in connection.responses()], [200, 200])
+        # /1's response out before its finish starts /2; /2's upstream request, and
+        # /2's response (both within that finish), held until the end of the iteration.
         self.assertEqual(
             recording.flushes,
-            [(upstream, True), (connection.transport, True), (connection.transport, False)],
+            [(connection.transport, False), (upstream, True), (connection.transport, True)],
         )

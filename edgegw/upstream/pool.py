@@ -520,7 +520,8 @@ class UpstreamClient:
             d.addErrback(self._retry_stale, connection, upstream, head, head_request, rehead)
         if body is None:
             # The whole request is written: to the upstream now, while the rest of this
-            # event's work runs (a connection found closed fails d here, retried above).
+            # event's work runs (a connection found closed fails d at the end of the
+            # iteration, retried above).
             flush_now(connection.transport)
         return d
 
