@@ -312,7 +312,13 @@ class FlushWriterTests(_ReactorTestCase):
         reactor.doPoll(0)
         self.assertEqual(_drain(out_theirs), b"timed")
 
-    def test_one_writer_now(self) -> None:
+    def test_one_writer_now_never_ahead_of_an_earlier_one(self) -> None:
+        """
+        One writer is written at once, the others at the end of the iteration; only
+        the writer asked for first in the iteration, so that bytes written later to
+        another socket (the upstream request of a pipelined request) never leave
+        before those written earlier (the response ahead of it).
+        """
         reactor = self.reactor()
         ours, theirs = self.pair()
         other_ours, other_theirs = self.pair()
@@ -320,6 +326,8 @@ class FlushWriterTests(_ReactorTestCase):
         other = _Writer(other_ours, reactor)
         writer.write(b"response")
         other.write(b"later")
+        reactor.flushWriter(other)
+        self.assertEqual((_drain(theirs), _drain(other_theirs)), (b"", b""))
         reactor.flushWriter(writer)
         self.assertEqual(_drain(theirs), b"response")
         self.assertEqual(_drain(other_theirs), b"")
@@ -450,6 +458,59 @@ class FlushWriterTests(_ReactorTestCase):
             (_drain(push_theirs), _drain(pull_theirs), sorted(resumed)),
             (b"over four bytes", b"pulled", ["pull", "push"]),
         )
+        push_ours.close()
+        pull_ours.close()
+
+    def test_a_half_close_or_a_connecting_writer_waits(self) -> None:
+        """
+        A writer whose write half is to close once its bytes are out, or that is not
+        connected yet (a client's first write event connects it), is left to the end
+        of the iteration.
+        """
+        reactor = self.reactor()
+        half_ours, half_theirs = self.pair()
+        half = _Writer(half_ours, reactor)
+        half.write(b"then half-closed")
+        half.loseWriteConnection()
+        connecting_ours, connecting_theirs = self.pair()
+        connecting = _Writer(connecting_ours, reactor)
+        connecting.write(b"once connected")
+        connecting.connected = 0
+        reactor.flushWriter(half)
+        del reactor._due[half]  # as if the connecting one were first
+        reactor.flushWriter(connecting)
+        reactor._due[half] = None
+        self.assertEqual((_drain(half_theirs), _drain(connecting_theirs)), (b"", b""))
+        reactor.doPoll(0)
+        self.assertEqual(_drain(half_theirs), b"then half-closed")
+        half_ours.close()
+        connecting_ours.close()
+
+    def test_nothing_more_at_once_after_a_failed_write(self) -> None:
+        """
+        Once a write at once has failed, nothing else is written at once in that
+        iteration: the end of the iteration handles the failure (and cancels what it
+        must) before anything written since leaves.
+        """
+        reactor = self.reactor()
+        gone_ours, gone_theirs = self.pair()
+        other_ours, other_theirs = self.pair()
+        gone = _Writer(gone_ours, reactor)
+        gone_theirs.close()
+        gone.write(b"to nobody")
+        reactor.flushWriter(gone)
+        other = _Writer(other_ours, reactor)
+        other.write(b"after")
+        # gone is still due (first): written again at the end of the iteration.
+        reactor._due.pop(gone)
+        reactor.flushWriter(other)
+        self.assertEqual(_drain(other_theirs), b"")
+        reactor._due[gone] = None
+        reactor.doPoll(0)
+        self.assertEqual(len(gone.lost), 1)
+        self.assertEqual(_drain(other_theirs), b"after")
+        gone_ours.close()
+        other_ours.close()
 
     def test_not_while_the_iteration_flushes(self) -> None:
         """

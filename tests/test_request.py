@@ -1276,6 +1276,17 @@ class RealSocketTests(TestCase):
             request.write_whole(b"ok")
             return NOT_DONE_YET
 
+        # On the daemon's reactor: the send at once was tried, failed, and left the
+        # transport due for the end of the iteration.
+        left_due: list[bool] = []
+        flush = getattr(reactor, "flushWriter", None)
+        if flush is not None:
+
+            def flushWriter(writer: Any) -> None:
+                flush(writer)
+                left_due.append(writer in reactor._due)
+
+            self.patch(reactor, "flushWriter", flushWriter)
         port = self.serve(answer, GatewayRequest)
         client = socket.create_connection(("127.0.0.1", port))
         sockets.append(client)
@@ -1284,6 +1295,66 @@ class RealSocketTests(TestCase):
             await deferLater(reactor, 0.01, lambda: None)
         await self.server_lost[0]
         self.assertEqual(finished, [None])
+        self.assertEqual(left_due, [True] if flush is not None else [])
+
+    async def test_a_pipelined_delete_from_a_reset_client_is_not_sent(self) -> None:
+        """
+        A client pipelines, in one packet, a request answered at once and a bodiless
+        DELETE that goes upstream, then resets: the response's failed send stays ahead
+        of the DELETE's upstream request, and the end of the iteration finds the client
+        gone and cancels the DELETE unsent (as the proxy does: its upstream connection
+        aborted).
+        """
+        server = socket.socket()
+        self.addCleanup(server.close)
+        server.bind(("127.0.0.1", 0))
+        server.listen(1)
+        connected: list[Protocol] = []
+
+        class Upstream(Protocol):
+            def connectionMade(self) -> None:
+                connected.append(self)
+
+        connector = reactor.connectTCP(
+            "127.0.0.1", server.getsockname()[1], ClientFactory.forProtocol(Upstream)
+        )
+        self.addCleanup(connector.disconnect)
+        while not connected:
+            await deferLater(reactor, 0.01, lambda: None)
+        upstream_side, _ = server.accept()
+        self.addCleanup(upstream_side.close)
+        upstream: Any = connected[0].transport
+
+        def abort(_: object) -> None:
+            upstream.abortConnection()
+
+        def answer(request: GatewayRequest) -> int:
+            request.responseHeaders.setRawHeaders(b"content-length", [b"2"])
+            request.defaultContentType = None
+            if request.uri == b"/1":
+                request.write_whole(b"ok")
+            else:
+                request.notifyFinish().addErrback(abort)
+                upstream.write(b"DELETE /2 HTTP/1.1\r\n\r\n")
+                flush_now(upstream)
+            return NOT_DONE_YET
+
+        port = self.serve(answer, GatewayRequest)
+        client = socket.create_connection(("127.0.0.1", port))
+        client.sendall(b"GET /1 HTTP/1.1\r\nHost: a\r\n\r\nDELETE /2 HTTP/1.1\r\nHost: a\r\n\r\n")
+        client.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        client.close()
+        while not self.server_lost:
+            await deferLater(reactor, 0.01, lambda: None)
+        await self.server_lost[0]
+        # The abort (a timed call) has run, and anything sent would have arrived.
+        await deferLater(reactor, 0.05, lambda: None)
+        upstream_side.setblocking(False)
+        try:
+            received = upstream_side.recv(1000)
+        except (BlockingIOError, ConnectionResetError):
+            received = b""
+        self.assertEqual(received, b"")
 
 
 class WriteWholeTests(SynchronousTestCase):
@@ -1405,10 +1476,10 @@ class WriteWholeFlushTests(SynchronousTestCase):
 
     def test_a_pipelined_request_sends_nothing_before_the_response_ahead(self) -> None:
         """
-        The response is flushed before it is finished; what a pipelined request started
-        by that finish asks to flush (its upstream request, its own response) is held
-        until the end of the iteration, so that it cannot leave before the response
-        ahead of it (which a failed send leaves there too).
+        A response with a pipelined request read behind it is not flushed at once: it
+        leaves at the end of the iteration, and what that request, started by its
+        finish, asks to flush (its upstream request, its own response) is held until
+        then, so that nothing leaves before the response ahead of it.
         """
         recording = _RecordingReactor()
         upstream = StringTransport()
@@ -1431,9 +1502,31 @@ class WriteWholeFlushTests(SynchronousTestCase):
         self.assertEqual(recording.flushes, [])
         first[0].write_whole(b"ok")
         self.assertEqual([r.status for r in connection.responses()], [200, 200])
-        # /1's response out before its finish starts /2; /2's upstream request, and
-        # /2's response (both within that finish), held until the end of the iteration.
-        self.assertEqual(
-            recording.flushes,
-            [(connection.transport, False), (upstream, True), (connection.transport, True)],
-        )
+        # /1's response not at once (/2 read behind it); /2's upstream request and /2's
+        # response, both within /1's finish, held until the end of the iteration.
+        self.assertEqual(recording.flushes, [(upstream, True), (connection.transport, True)])
+
+    def test_not_at_once_on_a_closing_connection(self) -> None:
+        """
+        A response after which the connection closes is not flushed at once: the end
+        of the iteration sends it and closes in one write.
+        """
+        for head in (
+            b"GET / HTTP/1.0\r\nHost: a\r\n\r\n",
+            b"GET / HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n",
+        ):
+            recording = _RecordingReactor()
+
+            def answer(request: GatewayRequest) -> int:
+                request.responseHeaders.setRawHeaders(b"content-length", [b"2"])
+                request.defaultContentType = None
+                request.write_whole(b"ok")
+                return NOT_DONE_YET
+
+            connection = Connection(gateway_site(Handler(answer), Clock()))
+            connection.transport.reactor = recording  # type: ignore[attr-defined]
+            connection.send(head)
+            [response] = connection.responses()
+            self.assertEqual((response.status, response.body), (200, b"ok"))
+            self.assertEqual(recording.flushes, [], head)
+            self.assertTrue(connection.transport.disconnecting, head)

@@ -506,8 +506,10 @@ class GatewayRequest(Request):
         """
         Write C{body} as the whole response body and finish: as C{write(body)} then
         C{finish()}, with the head and the body in one transport write when nothing
-        else has to happen on the way (-1.5 µs a small proxied response), sent at once
-        on the daemon's reactor (L{edgegw.reactor}, C{flushWriter}).
+        else has to happen on the way (-1.5 µs a small proxied response), sent at once,
+        before C{finish()}, on the daemon's reactor (L{edgegw.reactor}, C{flushWriter})
+        unless the connection closes after it or pipelined requests were read behind
+        it.
 
         That is when no response filter takes the body, nothing was written yet, the
         response has a C{Content-Length} field and a body (not C{HEAD}, 204 or 304),
@@ -550,10 +552,18 @@ class GatewayRequest(Request):
         if flush is None:
             self.finish()
             return
-        # The whole response is written: out now, before finish() and the rest of this
-        # event's work (-8 µs p50 at one connection, finish alone; flushWriter calls
-        # nothing back).
-        flush(transport)
+        if (
+            channel.persistent
+            # Nothing pipelined read behind it: otherwise their responses, or their
+            # upstream requests, go with it at the end of the iteration.
+            and not channel._dataBuffer
+            and not channel._buffer
+        ):
+            # The whole response is written: out now, before finish() and the rest of
+            # this event's work (-14 µs p50 at one connection; flushWriter calls nothing
+            # back). A connection closing after it is left to the end of the iteration,
+            # where one write sends it and closes.
+            flush(transport)
         # A pipelined request that finish() starts sends nothing upstream before this
         # response is out, where it could not go yet (and its client is found still
         # there).
