@@ -536,6 +536,76 @@ class FlushWriterTests(_ReactorTestCase):
         self.assertEqual(_drain(other_theirs), b"more")
         self.assertEqual(reactor.getWriters(), [])
 
+    def test_a_close_ahead_holds_nothing_back(self) -> None:
+        """
+        A writer asked for earlier that only closes (an upstream connection not reused,
+        its bytes all sent) has nothing to overtake: the eager write goes out.
+        """
+        reactor = self.reactor()
+        closing_ours, _ = self.pair()
+        closing = _Writer(closing_ours, reactor)
+        closing.startReading()
+        closing.loseConnection()
+        ours, theirs = self.pair()
+        writer = _Writer(ours, reactor)
+        writer.write(b"response")
+        self.assertEqual(reactor.getWriters(), [closing, writer])
+        reactor.flushWriter(writer)
+        self.assertEqual(_drain(theirs), b"response")
+        reactor.doPoll(0)
+        self.assertEqual(len(closing.lost), 1)
+        ours.close()
+
+    def test_only_file_descriptors(self) -> None:
+        """
+        A writer that is not a Twisted C{FileDescriptor} (whose C{doWrite} might do
+        anything) is left to the end of the iteration.
+        """
+        reactor = self.reactor()
+        ours, _ = self.pair()
+        written: list[str] = []
+
+        class Plain:
+            def fileno(self) -> int:
+                return ours.fileno()
+
+            def doWrite(self) -> None:
+                written.append("doWrite")
+                reactor.removeWriter(self)
+
+            def connectionLost(self, reason: Failure) -> None:
+                pass
+
+            def logPrefix(self) -> str:
+                return "plain"
+
+        plain = Plain()
+        reactor.addWriter(plain)
+        reactor.flushWriter(plain)
+        self.assertEqual(written, [])
+        reactor.doPoll(0)
+        self.assertEqual(written, ["doWrite"])
+        ours.close()
+
+
+class AloneTests(_ReactorTestCase):
+    def test_not_alone_after_an_interrupt(self) -> None:
+        """
+        A C{KeyboardInterrupt} out of an event (which Twisted's main loop swallows)
+        leaves no event taken as alone for a later timed call.
+        """
+        reactor = self.reactor()
+        ours, theirs = self.pair()
+        reactor.addReader(_Reader(ours, reactor, fail=False))
+
+        def interrupted(selectable: Any, fd: int, event: int) -> None:
+            raise KeyboardInterrupt()
+
+        self.patch(reactor, "_doReadOrWrite", interrupted)
+        theirs.send(b"x")
+        self.assertRaises(KeyboardInterrupt, reactor.doPoll, 0)
+        self.assertFalse(reactor._alone)
+
 
 class HoldFlushesTests(_ReactorTestCase):
     def test_held_writers_wait_for_the_end_of_the_iteration(self) -> None:

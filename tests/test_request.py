@@ -1283,8 +1283,20 @@ class RealSocketTests(TestCase):
         if flush is not None:
 
             def flushWriter(writer: Any) -> None:
-                flush(writer)
-                left_due.append(writer in reactor._due)
+                sends: list[int] = []
+                send = writer.writeSomeData
+
+                def counted(data: bytes) -> Any:
+                    sends.append(len(data))
+                    return send(data)
+
+                writer.writeSomeData = counted
+                try:
+                    flush(writer)
+                finally:
+                    del writer.writeSomeData
+                # Tried (one send), failed, still due.
+                left_due.append(len(sends) == 1 and writer in reactor._due)
 
             self.patch(reactor, "flushWriter", flushWriter)
         port = self.serve(answer, GatewayRequest)
@@ -1450,6 +1462,25 @@ class _RecordingReactor:
         self.held -= 1
 
 
+def _answered_at_once(data: bytes) -> tuple[Connection, _RecordingReactor]:
+    """
+    Send C{data} to a gateway whose every request is answered at once with a whole
+    C{ok}, on a transport whose reactor records the flushes asked for.
+    """
+    recording = _RecordingReactor()
+
+    def answer(request: GatewayRequest) -> int:
+        request.responseHeaders.setRawHeaders(b"content-length", [b"2"])
+        request.defaultContentType = None
+        request.write_whole(b"ok")
+        return NOT_DONE_YET
+
+    connection = Connection(gateway_site(Handler(answer), Clock()))
+    connection.transport.reactor = recording  # type: ignore[attr-defined]
+    connection.send(data)
+    return connection, recording
+
+
 class WriteWholeFlushTests(SynchronousTestCase):
     def test_the_response_is_out_before_it_finishes(self) -> None:
         """
@@ -1506,6 +1537,18 @@ class WriteWholeFlushTests(SynchronousTestCase):
         # response, both within /1's finish, held until the end of the iteration.
         self.assertEqual(recording.flushes, [(upstream, True), (connection.transport, True)])
 
+    def test_pipelined_responses_answered_at_once_leave_together(self) -> None:
+        """
+        Requests pipelined in one read and answered at once: a response with another
+        request read behind it waits for the end of the iteration, so that the
+        responses leave in one write; the last one is flushed at once.
+        """
+        connection, recording = _answered_at_once(
+            b"GET /1 HTTP/1.1\r\nHost: a\r\n\r\nGET /2 HTTP/1.1\r\nHost: a\r\n\r\n"
+        )
+        self.assertEqual([r.status for r in connection.responses()], [200, 200])
+        self.assertEqual(recording.flushes, [(connection.transport, False)])
+
     def test_not_at_once_on_a_closing_connection(self) -> None:
         """
         A response after which the connection closes is not flushed at once: the end
@@ -1515,17 +1558,7 @@ class WriteWholeFlushTests(SynchronousTestCase):
             b"GET / HTTP/1.0\r\nHost: a\r\n\r\n",
             b"GET / HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n",
         ):
-            recording = _RecordingReactor()
-
-            def answer(request: GatewayRequest) -> int:
-                request.responseHeaders.setRawHeaders(b"content-length", [b"2"])
-                request.defaultContentType = None
-                request.write_whole(b"ok")
-                return NOT_DONE_YET
-
-            connection = Connection(gateway_site(Handler(answer), Clock()))
-            connection.transport.reactor = recording  # type: ignore[attr-defined]
-            connection.send(head)
+            connection, recording = _answered_at_once(head)
             [response] = connection.responses()
             self.assertEqual((response.status, response.body), (200, b"ok"))
             self.assertEqual(recording.flushes, [], head)

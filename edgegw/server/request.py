@@ -555,8 +555,9 @@ class GatewayRequest(Request):
         if (
             channel.persistent
             # Nothing pipelined read behind it: otherwise their responses, or their
-            # upstream requests, go with it at the end of the iteration.
-            and not channel._dataBuffer
+            # upstream requests, go with it at the end of the iteration. (Twisted leaves
+            # an empty b"" there after each request body.)
+            and not any(channel._dataBuffer)
             and not channel._buffer
         ):
             # The whole response is written: out now, before finish() and the rest of
