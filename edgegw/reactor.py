@@ -36,8 +36,8 @@ before the rest of the event's work: -20 to -30 µs of latency at one connection
 poll: under load (several events a poll) writing each message at once cost +27 % CPU
 per request at 50 connections (the same bench), and the writes of the iteration leave
 together at its end as before. It never writes ahead of bytes written earlier in the
-iteration, and calls nothing back (no C{connectionLost}, no
-producer): what would is left to the end of the iteration.
+iteration, and calls nothing back (no C{connectionLost}, no producer): what would is
+left to the end of the iteration.
 
 C{twistd edgegw} installs it when no reactor was chosen (C{twistd --reactor=NAME
 edgegw} keeps NAME), on Linux only (epoll); C{--reactor=edgegw} names it (a
