@@ -349,12 +349,34 @@ class FlushWriterTests(_ReactorTestCase):
         reactor.flushWriter(writer)
         received = _drain(theirs)
         self.assertLess(len(received), len(payload))
-        # Still due, then registered at the end of the iteration.
+        # Still due, then registered at the end of the iteration; meanwhile, its rest
+        # holds back an eager write asked for after it.
         self.assertEqual(reactor.getWriters(), [writer])
+        later_ours, later_theirs = self.pair()
+        later = _Writer(later_ours, reactor)
+        later.write(b"later")
+        reactor.flushWriter(later)
+        self.assertEqual(_drain(later_theirs), b"")
         reactor.doPoll(0)
+        self.assertEqual(_drain(later_theirs), b"later")
+        # Registered for EPOLLOUT, no longer due: not written at once either.
+        self.assertNotIn(writer, reactor._due)
+        tried: list[int] = []
+        write = writer.doWrite
+
+        def counted() -> Any:
+            tried.append(1)
+            return write()
+
+        writer.doWrite = counted  # type: ignore[method-assign]
+        reactor._alone = True
+        reactor.flushWriter(writer)
+        self.assertEqual(tried, [])
+        del writer.doWrite
         self.assertEqual(_pump(reactor, theirs, received, len(payload)), payload)
         reactor.doPoll(0)
         self.assertEqual(reactor.getWriters(), [])
+        later_ours.close()
 
     def test_a_close_after_the_write_waits_for_the_end_of_the_iteration(self) -> None:
         """
@@ -559,18 +581,19 @@ class FlushWriterTests(_ReactorTestCase):
     def test_only_file_descriptors(self) -> None:
         """
         A writer that is not a Twisted C{FileDescriptor} (whose C{doWrite} might do
-        anything) is left to the end of the iteration.
+        anything, and whose buffer cannot be read) is left to the end of the
+        iteration, and holds back an eager write asked for after it.
         """
         reactor = self.reactor()
-        ours, _ = self.pair()
-        written: list[str] = []
+        plain_ours, _ = self.pair()
+        done: list[str] = []
 
         class Plain:
             def fileno(self) -> int:
-                return ours.fileno()
+                return plain_ours.fileno()
 
             def doWrite(self) -> None:
-                written.append("doWrite")
+                done.append("doWrite")
                 reactor.removeWriter(self)
 
             def connectionLost(self, reason: Failure) -> None:
@@ -582,9 +605,14 @@ class FlushWriterTests(_ReactorTestCase):
         plain = Plain()
         reactor.addWriter(plain)
         reactor.flushWriter(plain)
-        self.assertEqual(written, [])
+        ours, theirs = self.pair()
+        writer = _Writer(ours, reactor)
+        writer.write(b"later")
+        reactor.flushWriter(writer)
+        self.assertEqual((_drain(theirs), done), (b"", []))
         reactor.doPoll(0)
-        self.assertEqual(written, ["doWrite"])
+        self.assertEqual((_drain(theirs), done), (b"later", ["doWrite"]))
+        plain_ours.close()
         ours.close()
 
 
