@@ -69,8 +69,7 @@ from edgegw.plugins.messages import Protected
 from edgegw.plugins.registry import ConfiguredPlugins, configure_plugins
 from edgegw.plugins.stages import request_plugins_stage, response_plugins_stage
 from edgegw.routing.mux import Mux
-from edgegw.server.limits import LimitedSite
-from edgegw.server.request import GatewayChannel, GatewayRequest
+from edgegw.server.limits import GatewaySite
 from edgegw.sessions.server import ServerSessions
 from edgegw.state.measured import MeasuredStore
 from edgegw.state.providers import UnknownProviderError, find_provider
@@ -475,23 +474,6 @@ def edge_site(
         # A counter, not a reading of this site's counts: it is carried over a reload.
         site.connections.on_refused = metrics.connections_refused()
     return site
-
-
-class GatewaySite(LimitedSite):
-    """
-    A Site without Twisted's own combined-format access log (edgegw logs every request
-    once, as structured JSON: L{AccessLog}), whose requests stream their bodies
-    (L{GatewayRequest}), with C{Gateway.spec.limits} on every connection.
-    """
-
-    requestFactory = GatewayRequest  # type: ignore[assignment]
-    # Counts what the channels refuse themselves (400, 408, 414, 431), with metrics on.
-    metrics: IMetrics | None = None
-    # Plain HTTP/1.1 channels: the gateway negotiates no HTTP/2.
-    protocol = GatewayChannel  # type: ignore[assignment]
-
-    def log(self, request: object) -> None:
-        pass
 
 
 def projected_header_names(routes: Sequence[EffectiveRoute], groups_as: str) -> frozenset[bytes]:

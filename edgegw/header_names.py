@@ -1,12 +1,10 @@
 """
-Header names as Twisted's L{Headers} stores them, and whether its storage can be written
-directly.
+Header names as Twisted's L{Headers} stores them: the canonical form of each name
+(C{Content-Type}, C{ETag}), learned through Twisted's public methods and remembered.
 
-Twisted keeps a request's or response's headers in C{Headers._rawHeaders}, a private
-dict of canonical name (C{Content-Type}, C{ETag}) to a list of values. Writing it
-directly skips Twisted's per-call name encoding and value sanitising; the projection
-stage and L{edgegw.server.fast_headers.GatewayHeaders} do, when L{RAW_DICT_WRITABLE}
-(checked once, at import) says the dict is still there and shaped so.
+Writing Twisted's dict of canonical names to values directly
+(L{edgegw.seam.raw_fields}) skips its per-call name encoding and value sanitising; the
+names written there must be in this form.
 """
 
 from __future__ import annotations
@@ -39,14 +37,3 @@ def canonical_name(name: bytes) -> bytes:
         if len(canonical_names) < MAX_NAMES and len(name) <= MAX_NAME_LENGTH:
             canonical_names[name] = canonical
     return canonical
-
-
-def _raw_dict_writable() -> bool:
-    headers = Headers()
-    headers.setRawHeaders(b"x-probe-name", [b"v"])
-    raw = getattr(headers, "_rawHeaders", None)
-    return isinstance(raw, dict) and raw == {canonical_name(b"x-probe-name"): [b"v"]}
-
-
-RAW_DICT_WRITABLE = _raw_dict_writable()
-"""Whether C{Headers._rawHeaders} is the dict of canonical name -> values this Twisted."""

@@ -54,17 +54,49 @@ from typing import Any
 
 from twisted.internet.abstract import FileDescriptor
 from twisted.logger import Logger
+from zope.interface import Interface, implementer
 
-__all__ = ["flush_now", "install", "install_if_unchosen"]
+__all__ = ["IEagerSends", "eager_sends", "flush_now", "install", "install_if_unchosen"]
 
 _log = Logger(namespace="edgegw.reactor")
 
 _POLLOUT = select.EPOLLOUT if hasattr(select, "EPOLLOUT") else 4
 
 
+class IEagerSends(Interface):
+    """
+    What the daemon's reactor offers the HTTP/1.1 protocols (the server channel, the
+    upstream connection) for sending a complete message at once.
+    """
+
+    def flushWriter(writer: Any) -> None:
+        """
+        Write out what C{writer} was given in this iteration now, where the rule of the
+        module docstring allows.
+        """
+
+    def holdFlushes() -> None:
+        """
+        Leave the writers asked for meanwhile to the end of the iteration, until
+        L{releaseFlushes}.
+        """
+
+    def releaseFlushes() -> None:
+        """
+        End one L{holdFlushes}.
+        """
+
+
+_edge_reactor: type | None = None
+
+
 def _reactor_class() -> Any:
+    global _edge_reactor
+    if _edge_reactor is not None:
+        return _edge_reactor
     from twisted.internet.epollreactor import EPollReactor
 
+    @implementer(IEagerSends)
     class EdgeReactor(EPollReactor):
         """
         An L{EPollReactor} that dispatches I/O events without the legacy log context,
@@ -275,7 +307,17 @@ def _reactor_class() -> Any:
 
         doIteration = doPoll
 
+    _edge_reactor = EdgeReactor
     return EdgeReactor
+
+
+def eager_sends(transport: Any) -> IEagerSends | None:
+    """
+    The daemon's reactor under C{transport}, which can send its bytes at once; L{None}
+    on another reactor, or for a transport it does not write directly (TLS).
+    """
+    reactor = getattr(transport, "reactor", None)
+    return reactor if IEagerSends.providedBy(reactor) else None
 
 
 def flush_now(transport: Any) -> None:
@@ -283,9 +325,9 @@ def flush_now(transport: Any) -> None:
     Have C{transport}'s bytes of this iteration written now, when it runs on the
     daemon's reactor (L{EdgeReactor.flushWriter}); elsewhere, at the reactor's own pace.
     """
-    flush = getattr(getattr(transport, "reactor", None), "flushWriter", None)
-    if flush is not None:
-        flush(transport)
+    sends = eager_sends(transport)
+    if sends is not None:
+        sends.flushWriter(transport)
 
 
 def install() -> None:

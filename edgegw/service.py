@@ -54,6 +54,7 @@ from edgegw.gateway import Gateway, build_gateway
 from edgegw.metrics.otlp import MetricsExportService
 from edgegw.metrics.serve import ScrapeListener, export_service, scrape_root
 from edgegw.notify import SystemdNotifier
+from edgegw.seam import endpoint_tls_context
 from edgegw.server.limits import LimitedSite
 from edgegw.server.listen import (
     ReloadableContext,
@@ -161,7 +162,7 @@ class ListenerService(StreamServerEndpointService):
         assert self._recording is not None
         endpoint = self._recording.endpoint
         assert isinstance(endpoint, SSL4ServerEndpoint)
-        reloadable = endpoint._sslContextFactory
+        reloadable = endpoint_tls_context(endpoint)
         assert isinstance(reloadable, ReloadableContext)
         reloadable.current = context
 

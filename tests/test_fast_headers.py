@@ -13,9 +13,9 @@ from twisted.web.test.requesthelper import DummyChannel
 
 from edgegw import header_names
 from edgegw.header_names import canonical_name, canonical_names
-from edgegw.server.fast_headers import GatewayHeaders
+from edgegw.seam import GatewayHeaders
 from edgegw.server.request import GatewayRequest
-from edgegw.server.response_head import ResponseHeaders
+from edgegw.stream.headers import ResponseHeaders
 
 _NAMES: list[Any] = [
     b"host",

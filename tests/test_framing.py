@@ -10,7 +10,7 @@ from twisted.internet.defer import ensureDeferred
 from twisted.internet.task import Clock
 from twisted.trial.unittest import SynchronousTestCase, TestCase
 
-from edgegw.server.request import MAX_CONTENT_LENGTH_DIGITS
+from edgegw.server.channel import MAX_CONTENT_LENGTH_DIGITS
 from tests.support.backends import RawBackend
 from tests.support.gateways import answer_ok, start_gateway
 from tests.support.memory import parse_responses

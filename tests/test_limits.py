@@ -29,6 +29,7 @@ from wsproto.events import Request as WSRequest
 from edgegw.config.model import LimitsSpec
 from edgegw.config.parse import load_config
 from edgegw.gateway import Gateway
+from edgegw.server.channel import GatewayChannel
 from edgegw.server.limits import (
     DESCRIPTOR_RESERVE,
     REFUSAL_LOG_INTERVAL,
@@ -36,7 +37,6 @@ from edgegw.server.limits import (
     LimitedSite,
     fit_descriptor_limit,
 )
-from edgegw.server.request import GatewayChannel
 from edgegw.service import build_service
 from edgegw.upstream.pool import Upstream, UpstreamClient, UpstreamUnavailableError
 from tests.support.backends import RawBackend, RawConnection, RawRequest

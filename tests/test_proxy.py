@@ -44,7 +44,7 @@ from edgegw.gateway import Gateway, build_gateway
 from edgegw.handlers import proxy as proxy_module
 from edgegw.handlers.headers import HOP_BY_HOP
 from edgegw.handlers.proxy import ProxyHandler
-from edgegw.server.response_head import ResponseHeaders
+from edgegw.stream.headers import ResponseHeaders
 from edgegw.upstream.http11 import UpstreamResponse
 from edgegw.upstream.pool import UpstreamClient
 from tests.support.configs import GATEWAY, write_tree

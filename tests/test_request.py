@@ -38,18 +38,17 @@ from twisted.web.resource import Resource
 from twisted.web.server import NOT_DONE_YET, Site
 from zope.interface import alsoProvides, implementer
 
-from edgegw.reactor import flush_now
+from edgegw.reactor import IEagerSends, flush_now
 from edgegw.server import response_head
-from edgegw.server.request import (
+from edgegw.server.body import (
     BUFFER_LIMIT,
     DISCARD_LIMIT,
     EMPTY_BODY,
-    LINGER_SECONDS,
     BodyDiscardedError,
-    GatewayChannel,
-    GatewayRequest,
     RequestBody,
 )
+from edgegw.server.channel import LINGER_SECONDS, GatewayChannel
+from edgegw.server.request import GatewayRequest
 from tests.support.memory import Response, parse_responses
 
 reactor: Any = _reactor
@@ -1442,6 +1441,7 @@ class WriteWholeTests(SynchronousTestCase):
         self.assertGreater(whole_writes, 50)
 
 
+@implementer(IEagerSends)
 class _RecordingReactor:
     """
     Stands for the daemon's reactor under a transport: records what is flushed at once,

@@ -13,9 +13,10 @@ from typing import Any
 from twisted.internet.task import Clock
 from twisted.trial.unittest import SynchronousTestCase
 
-from edgegw.server import request as request_module
+from edgegw.server import channel as channel_module
+from edgegw.server.channel import GatewayChannel
 from edgegw.server.head import parse_simple_head
-from edgegw.server.request import GatewayChannel, GatewayRequest
+from edgegw.server.request import GatewayRequest
 from tests.test_request import Connection, Handler, gateway_site, ok
 
 PLAIN = b"GET /a/b?c=d HTTP/1.1\r\nHost: gateway.test\r\nAccept:  */*  \r\nX-Empty:\r\n\r\n"
@@ -288,11 +289,11 @@ class ChannelTests(SynchronousTestCase):
                     break  # as a TCP transport stops reading
                 one.send(data)
             with_fast = _state(one, one_handler)
-            self.patch(request_module, "parse_simple_head", lambda data, limit: None)
+            self.patch(channel_module, "parse_simple_head", lambda data, limit: None)
             two, two_handler = self.connect()
             for data in reads:
                 if two.transport.disconnecting:
                     break  # as a TCP transport stops reading
                 two.send(data)
-            self.patch(request_module, "parse_simple_head", parse_simple_head)
+            self.patch(channel_module, "parse_simple_head", parse_simple_head)
             self.assertEqual(with_fast, _state(two, two_handler), (n, reads))

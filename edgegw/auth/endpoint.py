@@ -15,6 +15,7 @@ from twisted.web.resource import Resource
 from twisted.web.server import Request
 
 from edgegw.chain.respond import write_text
+from edgegw.stream.boundary import client_gone
 
 __all__ = [
     "NO_STORE",
@@ -74,7 +75,7 @@ def answer_json(request: Request, status: int, document: Any) -> None:
     """
     A JSON answer that no cache keeps.
     """
-    if request.finished or request._disconnected:
+    if request.finished or client_gone(request):
         return
     body = json.dumps(document, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
     request.setResponseCode(status)
@@ -94,7 +95,7 @@ def answer_failures(request: Request, answering: Deferred[Any]) -> None:
 
     def failed(failure: Failure) -> None:
         _log.failure("{path} failed", failure=failure, path=request.path)
-        if not request.finished and not request._disconnected:
+        if not request.finished and not client_gone(request):
             answer_text(request, 500, b"internal server error\n")
 
     answering.addErrback(failed)

@@ -21,6 +21,7 @@ from edgegw.chain.access_writer import LineWriter
 from edgegw.chain.exchange import Exchange
 from edgegw.chain.pipeline import Handler
 from edgegw.metrics.gateway import IMetrics
+from edgegw.stream.boundary import client_gone
 from edgegw.telemetry import IRequestTrace
 
 LEVELS = {
@@ -148,7 +149,7 @@ class AccessLog:
                 request.sentLength,
             )
         record = _record(request, status, elapsed, "", route)
-        if request._disconnected and not request.finished:
+        if client_gone(request) and not request.finished:
             record["client_gone"] = True
         self._extend(record, request)
         self.emit(record)
@@ -183,7 +184,7 @@ class AccessLog:
                     pattern, method, status, elapsed, _received(request), request.sentLength
                 )
             record = _record(request, status, elapsed, exchange.request_id, pattern)
-            if request._disconnected and not request.finished:
+            if client_gone(request) and not request.finished:
                 record["client_gone"] = True
             if failed:
                 record["error"] = "internal"
@@ -203,7 +204,7 @@ def _status(request: Request, failed: bool) -> int | None:
         return int(request.code)
     if failed:
         return 500
-    if request._disconnected:
+    if client_gone(request):
         return None
     return int(request.code)
 

@@ -22,6 +22,7 @@ from zope.interface import Attribute, Interface, implementer
 from edgegw.chain.exchange import Exchange, IExchange
 from edgegw.chain.respond import abort
 from edgegw.chain.route import CompiledRoute
+from edgegw.stream.boundary import client_gone, close_after_response
 
 Handler = Callable[[Exchange], Awaitable[None]]
 """The rest of the chain, from some stage inward to the terminal."""
@@ -168,7 +169,7 @@ class RouteRunner:
     async def _run(self, exchange: Exchange) -> None:
         await self._handler(exchange)
         request = exchange.request
-        if not request.finished and not request._disconnected:
+        if not request.finished and not client_gone(request):
             if not request.startedWriting:
                 _log.error(
                     "route {route} produced no response",
@@ -176,17 +177,6 @@ class RouteRunner:
                 )
                 request.setResponseCode(500)
             request.finish()
-
-
-def close_after_response(request: Request) -> None:
-    """
-    Make C{request}'s connection close once its response is complete.
-    """
-    if not request.startedWriting:
-        request.responseHeaders.setRawHeaders(b"connection", [b"close"])
-    channel = request.channel
-    if channel is not None and hasattr(channel, "persistent"):
-        channel.persistent = False
 
 
 def _request_done(
@@ -206,7 +196,7 @@ def _unhandled(failure: Failure, exchange: Exchange) -> None:
         return
     _log.failure("unhandled error in route {route}", failure=failure, route=exchange.route.pattern)
     request = exchange.request
-    if not request.finished and not request._disconnected:
+    if not request.finished and not client_gone(request):
         if request.startedWriting:
             abort(request)
         else:

@@ -16,8 +16,9 @@ from twisted.logger import Logger
 
 from edgegw.chain.exchange import Exchange
 from edgegw.chain.pipeline import Handler, Stage
-from edgegw.header_names import RAW_DICT_WRITABLE, canonical_name
+from edgegw.header_names import canonical_name
 from edgegw.identity.principal import ClaimValue, Principal
+from edgegw.seam import RAW_DICT_WRITABLE, raw_fields
 
 USER_PREFIX = b"x-user-"
 SUBJECT_HEADER = b"X-User-Id"
@@ -90,7 +91,7 @@ def strip_user_headers(exchange: Exchange, projected: frozenset[bytes] = frozens
     """
     headers = exchange.request.requestHeaders
     # Twisted's dict of canonical names itself, not its generator (-0.2 µs).
-    names = headers._rawHeaders if _DIRECT else [name for name, _ in headers.getAllRawHeaders()]
+    names = raw_fields(headers) if _DIRECT else [name for name, _ in headers.getAllRawHeaders()]
     doomed = []
     for name in names:
         lower = name.lower()
@@ -170,7 +171,7 @@ def projection(
             if headers is None:
                 headers = principal.memo[key] = render(principal)
             if _DIRECT:
-                raw = exchange.request.requestHeaders._rawHeaders
+                raw = raw_fields(exchange.request.requestHeaders)
                 for name, value in headers:
                     raw[name] = [value]
             else:

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from twisted.web.server import Request
 
+from edgegw.stream.boundary import abort_client, client_gone, write_whole
+
 TEXT_PLAIN = b"text/plain; charset=utf-8"
 
 
@@ -24,7 +26,7 @@ def write_text(
     Does nothing when the response has already started or the request is finished (a
     stage that fails late cannot change what the client has already seen).
     """
-    if request.startedWriting or request.finished or request._disconnected:
+    if request.startedWriting or request.finished or client_gone(request):
         return
     request.setResponseCode(status)
     set_header = request.responseHeaders.setRawHeaders
@@ -35,28 +37,12 @@ def write_text(
     write_whole(request, body)
 
 
-def write_whole(request: Request, body: bytes) -> None:
-    """
-    Write C{body} as the whole response body and finish the request: in one write with
-    the head where the request can (the gateway's own requests).
-    """
-    whole = getattr(request, "write_whole", None)
-    if whole is not None:
-        whole(body)
-    else:
-        request.write(body)
-        request.finish()
-
-
 def abort(request: Request) -> None:
     """
     Drop the client connection at once: used when a response has started and cannot be
     completed, so that the client sees a broken transfer rather than a short body.
     """
-    channel = request.channel
-    transport = channel.transport if channel is not None else None
-    if transport is not None:
-        getattr(transport, "abortConnection", transport.loseConnection)()
+    abort_client(request)
 
 
 def redirect(request: Request, status: int, location: bytes) -> None:

@@ -13,8 +13,9 @@ from collections.abc import Iterable
 from twisted.internet.address import IPv4Address, IPv6Address
 from twisted.web.server import Request
 
-from edgegw.header_names import RAW_DICT_WRITABLE, canonical_name
+from edgegw.header_names import canonical_name
 from edgegw.routing.hosts import normalise_host
+from edgegw.seam import RAW_DICT_WRITABLE, raw_fields
 
 FORWARDING_HEADERS = (
     b"x-forwarded-for",
@@ -82,7 +83,7 @@ class ForwardedFilter:
             if not (isinstance(peer, IPv4Address | IPv6Address) and self.is_trusted(peer.host)):
                 if _DIRECT:
                     # One C-level test that none is there, the usual case (-0.5 µs).
-                    raw = headers._rawHeaders
+                    raw = raw_fields(headers)
                     if not raw.keys().isdisjoint(_CANONICAL_FORWARDING):
                         for name in _CANONICAL_FORWARDING:
                             raw.pop(name, None)

@@ -18,16 +18,17 @@ from twisted.web.resource import Resource
 from twisted.web.server import NOT_DONE_YET, Request
 
 from edgegw.chain.access_log import AccessLog
-from edgegw.chain.pipeline import IRouteTarget, close_after_response
+from edgegw.chain.pipeline import IRouteTarget
 from edgegw.chain.respond import TEXT_PLAIN
 from edgegw.edge.forwarded import ForwardedFilter
 from edgegw.edge.security import SecurityLayer
-from edgegw.header_names import RAW_DICT_WRITABLE
 from edgegw.metrics.gateway import NO_METRICS, IMetrics
 from edgegw.routing.hosts import MAX_REMEMBERED_HOST, normalise_host
 from edgegw.routing.mux import Matched, MethodNotAllowed, Mux, Redirect
 from edgegw.routing.paths import to_bytes, vet_path
-from edgegw.server.response_head import ResponseHeaders
+from edgegw.seam import RAW_DICT_WRITABLE, raw_fields
+from edgegw.stream.boundary import close_after_response
+from edgegw.stream.headers import ResponseHeaders
 from edgegw.telemetry import IRequestTrace
 
 
@@ -283,7 +284,7 @@ def drop_underscored_headers(headers: Headers) -> None:
     # substring search (~100 ns), for every header of every request.
     if RAW_DICT_WRITABLE:
         # Twisted's dict of canonical names itself, not its generator (-0.2 µs).
-        raw = headers._rawHeaders
+        raw = raw_fields(headers)
         doomed = [name for name in raw if 95 in name]
         for name in doomed:
             del raw[name]

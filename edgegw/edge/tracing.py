@@ -20,6 +20,7 @@ from twisted.web.server import Request
 
 from edgegw.edge.forwarded import ForwardedFilter
 from edgegw.edge.site import Dispatcher
+from edgegw.stream.boundary import client_gone
 from edgegw.telemetry import (
     CorrelationTracer,
     IRequestTrace,
@@ -125,6 +126,6 @@ def _end_span(result: object, request: Request, trace: RequestTrace, method: str
     if status >= 500:
         span.set_attribute("error.type", str(status))
         span.set_status(Status(StatusCode.ERROR))
-    elif request._disconnected and not request.finished:
+    elif client_gone(request) and not request.finished:
         span.set_attribute("error.type", "client_disconnected")
     span.end()

@@ -39,6 +39,7 @@ from edgegw.config.model import ApiBackendSpec, ApiHandlerSpec
 from edgegw.identity.assertion import AssertionIssuer
 from edgegw.metrics.gateway import NO_METRICS, IMetrics
 from edgegw.routing.paths import has_dot_segment
+from edgegw.stream.boundary import client_gone
 from edgegw.upstream.agent import NullCookieJar, PreparedURL, UpstreamAgent
 from edgegw.upstream.calls import describe_error
 from edgegw.upstream.pool import Upstream
@@ -308,7 +309,7 @@ class ApiHandler(TerminalResource):
         self._answer(request, outcomes, route.pattern if route is not None else "")
 
     def _answer(self, request: Request, outcomes: Sequence[_Outcome | None], route: str) -> None:
-        if request._disconnected:
+        if client_gone(request):
             # The client went away while the last calls settled: nobody to answer.
             return
         merged: dict[str, Any] = {}

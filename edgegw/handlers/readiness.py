@@ -25,6 +25,7 @@ from twisted.web.server import NOT_DONE_YET, Request
 from edgegw.chain.respond import write_text
 from edgegw.identity.provider import IdentityProvider
 from edgegw.state.store import IStateStore, StoreError
+from edgegw.stream.boundary import client_gone
 
 _log = Logger(namespace="edgegw.readiness")
 
@@ -144,7 +145,7 @@ class ReadinessResource(Resource):
             waiter.callback(ok)
 
     def _answer(self, request: Request, reasons: list[str]) -> None:
-        if getattr(request, "_disconnected", False) or request.finished:
+        if client_gone(request) or request.finished:
             return
         body: dict[str, Any] = {"status": "ready"}
         if reasons:

@@ -20,6 +20,7 @@ from twisted.web.server import Request
 
 from edgegw.handlers.headers import HOP_BY_HOP, connection_tokens
 from edgegw.identity.cookies import set_cookie_name
+from edgegw.stream.boundary import take_connection
 from edgegw.upstream.http11 import UpstreamResponse
 
 
@@ -90,19 +91,16 @@ class Tunnel:
         closed.
         """
         request = self.request
-        channel = request.channel
-        client: Any = channel.transport
+        # The HTTP channel no longer owns the connection: it lets go of the transport
+        # and hands over anything it read ahead.
+        taken, pending = take_connection(request)
+        client: Any = taken
         client.write(self._head(extra_headers))
-        # The HTTP channel no longer owns the connection: unhook it as the transport's
-        # producer and its protocol, and hand over anything it read ahead.
-        client.unregisterProducer()
-        channel.transport = None
         if isinstance(client, ProtocolWrapper):
             client.wrappedProtocol = self.client_side
         else:
             client.protocol = self.client_side
         self.client_side.makeConnection(client)
-        pending = b"".join(getattr(channel, "_dataBuffer", ()))
 
         upstream: Any = self.response.detach(self.upstream_side)
         self.client_side.peer = upstream

@@ -26,6 +26,7 @@ from edgegw.chain.exchange import Exchange
 from edgegw.chain.respond import TEXT_PLAIN
 from edgegw.identity.principal import Principal
 from edgegw.routing.paths import clean_path, vet_path
+from edgegw.stream.boundary import client_gone
 
 __all__ = [
     "REQUEST_FRAMING",
@@ -363,7 +364,7 @@ class PluginRequest:
     def responded(self) -> bool:
         """Whether the response has started (or the client has gone)."""
         request = self._exchange.request
-        return bool(request.startedWriting or request.finished or request._disconnected)
+        return bool(request.startedWriting or request.finished or client_gone(request))
 
     def respond(self, reply: Reply) -> bool:
         """

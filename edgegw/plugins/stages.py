@@ -25,14 +25,15 @@ from zope.interface import implementer
 from edgegw.chain.exchange import Exchange
 from edgegw.chain.pipeline import Handler, Stage
 from edgegw.chain.respond import write_text
-from edgegw.chain.response_filter import (
+from edgegw.plugins.interfaces import IRequestHook, IResponseHook
+from edgegw.plugins.messages import PluginRequest, PluginResponse, Protected, Reply, write_reply
+from edgegw.stream.boundary import client_gone
+from edgegw.stream.response_filter import (
     IResponseFilter,
     install_response_filter,
     passthrough,
     remove_response_filter,
 )
-from edgegw.plugins.interfaces import IRequestHook, IResponseHook
-from edgegw.plugins.messages import PluginRequest, PluginResponse, Protected, Reply, write_reply
 
 __all__ = ["PluginError", "request_plugins_stage", "response_plugins_stage"]
 
@@ -70,7 +71,7 @@ def request_plugins_stage(hooks: Sequence[tuple[str, IRequestHook]], protected: 
                 if isawaitable(result):
                     result = await result
             except CancelledError as e:
-                if request._disconnected:
+                if client_gone(request):
                     raise  # the client went away: the runner cancelled the chain
                 raise PluginError("RequestPlugin", name, e) from e
             except Exception as e:
@@ -225,7 +226,7 @@ class _ResponseWatcher:
                 return
         elif state != _BUFFERING:
             return
-        if request._disconnected:
+        if client_gone(request):
             self._release()
             return
         body = b"".join(self._chunks)
@@ -347,7 +348,7 @@ class _ResponseWatcher:
     def _pull_next(self, producer: Any) -> None:
         if self._pull is not producer or self._state != _BUFFERING:
             return
-        if self._request()._disconnected:
+        if client_gone(self._request()):
             # The producer's own cleanup may not unregister it once the channel is gone.
             self._pull = None
             return
@@ -380,7 +381,7 @@ class _ResponseWatcher:
         request = self._request()
         if request.response_filter is self:
             remove_response_filter(request)
-        if self._state == _RELEASED or request.finished or request._disconnected:
+        if self._state == _RELEASED or request.finished or client_gone(request):
             return
         request.startedWriting = False
         code, message, headers = self._saved

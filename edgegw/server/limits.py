@@ -22,12 +22,15 @@ from twisted.web.resource import IResource
 from twisted.web.server import Site
 
 from edgegw.config.model import LimitsSpec
-from edgegw.server.request import GatewayChannel
+from edgegw.metrics.gateway import IMetrics
+from edgegw.server.channel import GatewayChannel
+from edgegw.server.request import GatewayRequest
 
 __all__ = [
     "DESCRIPTOR_RESERVE",
     "REFUSAL_LOG_INTERVAL",
     "ClientConnections",
+    "GatewaySite",
     "LimitedSite",
     "address_key",
     "fit_descriptor_limit",
@@ -323,3 +326,21 @@ def fit_descriptor_limit(max_connections: int) -> int:
     if soft == infinity or soft >= needed:
         return max_connections
     return max(1, (soft - DESCRIPTOR_RESERVE) // 2)
+
+
+class GatewaySite(LimitedSite):
+    """
+    The gateway's Site: without Twisted's own combined-format access log (edgegw logs
+    every request once, as structured JSON), whose requests stream their bodies
+    (L{GatewayRequest}) through L{GatewayChannel}s, with C{Gateway.spec.limits} on
+    every connection.
+    """
+
+    requestFactory = GatewayRequest  # type: ignore[assignment]
+    # Counts what the channels refuse themselves (400, 408, 414, 431), with metrics on.
+    metrics: IMetrics | None = None
+    # Plain HTTP/1.1 channels: the gateway negotiates no HTTP/2.
+    protocol = GatewayChannel  # type: ignore[assignment]
+
+    def log(self, request: object) -> None:
+        pass

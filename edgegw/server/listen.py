@@ -26,6 +26,7 @@ from twisted.internet.interfaces import (
 from zope.interface import implementer
 
 from edgegw.config.addresses import endpoint_description
+from edgegw.seam import adopt_listening_port, endpoint_tls_context, set_endpoint_tls_context
 
 __all__ = [
     "ReloadableContext",
@@ -63,15 +64,11 @@ class SharedSocketEndpoint(AdoptedStreamServerEndpoint):
     """
 
     def listen(self, factory: IProtocolFactory) -> defer.Deferred[IListeningPort]:
-        if self._used:
-            return defer.fail(AlreadyListenedError())
-        self._used = True
         try:
-            self._setNonBlocking(self.fileno)
             # What the reactor's adoptStreamPort does, with the port class ours.
-            port = _SharedSocketPort._fromListeningDescriptor(
-                self.reactor, self.fileno, self.addressFamily, factory
-            )
+            port = adopt_listening_port(self, _SharedSocketPort, factory)
+            if port is None:
+                return defer.fail(AlreadyListenedError())
             port.startListening()
             os.close(self.fileno)
         except BaseException:
@@ -114,7 +111,7 @@ def server_endpoint(reactor: Any, listen: str) -> IStreamServerEndpoint:
     if isinstance(endpoint, AdoptedStreamServerEndpoint):
         endpoint = SharedSocketEndpoint(endpoint.reactor, endpoint.fileno, endpoint.addressFamily)
     if isinstance(endpoint, SSL4ServerEndpoint):
-        factory = endpoint._sslContextFactory
+        factory = endpoint_tls_context(endpoint)
         try:
             # Built now, not at the first handshake: what only building it reads (a
             # dhParameters file, the ciphers) would otherwise fail every connection.
@@ -124,7 +121,7 @@ def server_endpoint(reactor: Any, listen: str) -> IStreamServerEndpoint:
         # Twisted keeps the context factory it parsed in a private attribute and asks
         # it for a context on every connection: putting ours in between is what lets a
         # reload take new certificate files without closing the socket.
-        endpoint._sslContextFactory = ReloadableContext(factory)
+        set_endpoint_tls_context(endpoint, ReloadableContext(factory))
     return endpoint
 
 
@@ -139,7 +136,7 @@ def tls_context(reactor: Any, listen: str) -> IOpenSSLContextFactory | None:
         return None
     endpoint = server_endpoint(reactor, listen)
     assert isinstance(endpoint, SSL4ServerEndpoint)
-    reloadable = endpoint._sslContextFactory
+    reloadable = endpoint_tls_context(endpoint)
     assert isinstance(reloadable, ReloadableContext)
     return reloadable.current
 

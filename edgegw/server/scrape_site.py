@@ -11,8 +11,9 @@ from typing import Any, Final
 from twisted.web.resource import IResource
 
 from edgegw.config.model import LimitsSpec
+from edgegw.server.channel import GatewayChannel
 from edgegw.server.limits import LimitedSite
-from edgegw.server.request import GatewayChannel, GatewayRequest
+from edgegw.server.request import GatewayRequest
 
 __all__ = ["SCRAPE_LIMITS", "ScrapeSite"]
 

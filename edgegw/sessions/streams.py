@@ -11,6 +11,8 @@ from typing import Any
 
 from twisted.web.server import Request
 
+from edgegw.stream.boundary import client_closer
+
 __all__ = ["OpenRequests"]
 
 
@@ -29,14 +31,14 @@ class OpenRequests:
         """
         Remember C{request} (its client connection) under C{session_id} until it finishes.
         """
-        # The transport, not the request: a WebSocket tunnel takes the connection over
-        # from the HTTP channel, and closing the transport closes either.
-        transport = request.transport
-        if transport is None:
+        # What closes the connection, not the request: a WebSocket tunnel takes the
+        # connection over from the HTTP channel, and this closes either.
+        closer = client_closer(request)
+        if closer is None:
             return
         open_ = self._by_session.setdefault(session_id, {})
         key = id(request)
-        open_[key] = transport
+        open_[key] = closer
 
         def finished(result: object) -> None:
             requests = self._by_session.get(session_id)
@@ -58,9 +60,9 @@ class OpenRequests:
             requests = self._by_session.pop(session_id, None)
             if not requests:
                 continue
-            for transport in requests.values():
+            for close in requests.values():
                 # Abort, not a graceful close: an SSE response or a tunnel never ends
                 # by itself, and nothing more of it may reach the logged-out browser.
-                transport.abortConnection()
+                close()
                 closed += 1
         return closed

@@ -26,7 +26,6 @@ from typing import Any, TypeVar
 import txredisapi  # type: ignore[import-untyped]
 from twisted.application.service import Service
 from twisted.internet import error as internet_error
-from twisted.internet._sslverify import IOpenSSLTrustRoot
 from twisted.internet.defer import (
     Deferred,
     TimeoutError,
@@ -45,6 +44,7 @@ from edgegw.config.errors import ConfigError, Location, Problem, Problems
 from edgegw.config.fields import Node
 from edgegw.config.model import KvStoreConfig
 from edgegw.config.state import read_kvstore
+from edgegw.seam import IOpenSSLTrustRoot, WholeRedisReplies
 from edgegw.state.providers import IStateProviderFactory
 from edgegw.state.store import IStateStore, MessageCallback, StoreError, StoreUnavailableError
 
@@ -194,38 +194,11 @@ class _Factory(txredisapi.RedisFactory):  # type: ignore[misc]
             self.store._connected(self, conn)
 
 
-class _WholeReads:
-    """
-    Parses every reply one read brings, at once.
-
-    txredisapi 1.6's line receiver, on finishing a bulk reply (a GET's value), pauses the
-    connection and parses the rest of what was read on a later reactor turn: under load,
-    one reply a turn. Here the rest is parsed in the same turn, iteratively (no
-    recursion however many replies arrive together).
-    """
-
-    _rest = b""
-
-    def setLineMode(self, extra: bytes | str = b"") -> None:
-        self.line_mode = 1
-        if extra:
-            self._rest += extra if isinstance(extra, bytes) else extra.encode()
-
-    def dataReceived(self, data: bytes, unpause: bool = False) -> None:
-        super().dataReceived(data, unpause)  # type: ignore[misc]
-        while self._rest and self.transport is not None and not self.transport.disconnecting:
-            rest, self._rest = self._rest, b""
-            super().dataReceived(rest)  # type: ignore[misc]
-
-    line_mode: int
-    transport: Any
-
-
-class _Protocol(_WholeReads, txredisapi.RedisProtocol):  # type: ignore[misc]
+class _Protocol(WholeRedisReplies, txredisapi.RedisProtocol):  # type: ignore[misc]
     """The command connection's protocol."""
 
 
-class _Subscriber(_WholeReads, txredisapi.SubscriberProtocol):  # type: ignore[misc]
+class _Subscriber(WholeRedisReplies, txredisapi.SubscriberProtocol):  # type: ignore[misc]
     """
     The pub/sub connection: hands every message to the store.
     """

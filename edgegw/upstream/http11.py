@@ -31,6 +31,8 @@ from twisted.python.failure import Failure
 from twisted.web.iweb import UNKNOWN_LENGTH, IBodyProducer
 from zope.interface import implementer
 
+from edgegw.reactor import flush_now
+
 __all__ = [
     "MAX_HEADERS",
     "MAX_HEAD_SIZE",
@@ -475,6 +477,14 @@ class UpstreamConnection(TwistedProtocol):
         else:
             self._start_request_body(body, length)
         return d
+
+    def send_now(self) -> None:
+        """
+        Have the request written so far sent at once, on the daemon's reactor
+        (L{edgegw.reactor.flush_now}), while the rest of this event's work runs; a
+        connection found closed then fails the response at the end of the iteration.
+        """
+        flush_now(self.transport)
 
     def close(self) -> Deferred[None]:
         """

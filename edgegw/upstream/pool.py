@@ -23,7 +23,6 @@ from urllib.parse import urlsplit
 
 import attrs
 from OpenSSL.SSL import Connection as TLSConnection
-from twisted.internet._sslverify import IOpenSSLTrustRoot
 from twisted.internet.abstract import isIPAddress, isIPv6Address
 from twisted.internet.defer import CancelledError, Deferred, fail, gatherResults
 from twisted.internet.endpoints import (
@@ -46,7 +45,7 @@ from twisted.python.failure import Failure
 from twisted.web.iweb import IBodyProducer
 from zope.interface import implementer
 
-from edgegw.reactor import flush_now
+from edgegw.seam import IOpenSSLTrustRoot
 from edgegw.upstream.http11 import UpstreamConnection, UpstreamResponse, encode_request
 
 __all__ = ["Upstream", "UpstreamClient", "UpstreamUnavailableError"]
@@ -522,7 +521,7 @@ class UpstreamClient:
             # The whole request is written: to the upstream now, while the rest of this
             # event's work runs (a connection found closed fails d at the end of the
             # iteration, retried above).
-            flush_now(connection.transport)
+            connection.send_now()
         return d
 
     def _connect(
