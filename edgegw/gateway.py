@@ -27,7 +27,6 @@ from edgegw.auth.logout import LogoutResource
 from edgegw.auth.session_view import SessionViewResource
 from edgegw.authz.policy import CompiledPolicy, RoutePolicies, compile_policies
 from edgegw.chain.access_log import AccessLog
-from edgegw.chain.access_writer import LineWriter
 from edgegw.chain.auth_gate import auth_gate, refusal
 from edgegw.chain.authz import authz
 from edgegw.chain.pipeline import InFlight, IRouteTarget, RouteRunner, Stage, compose
@@ -62,6 +61,7 @@ from edgegw.identity.groups import GroupRenderer
 from edgegw.identity.login_state import LoginStates
 from edgegw.identity.provider import CALL_TIMEOUT, IdentityProvider
 from edgegw.identity.session_cookie import SessionCookie
+from edgegw.line_writer import LineWriter
 from edgegw.metrics.gateway import NO_METRICS, GatewayMetrics, IMetrics
 from edgegw.metrics.instruments import Registry
 from edgegw.plugins.manifest import check_manifest

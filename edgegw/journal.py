@@ -10,7 +10,7 @@ status). When standard output is journald's stream
 error ... C{<7>} debug), which journald takes as the entry's priority and removes, so
 that C{journalctl -p warning} works.
 
-Lines go through the access log's L{LineWriter}: written in batches, never blocking the
+Lines go through a L{LineWriter} (the access log's kind): written in batches, never blocking the
 reactor. When journald falls behind and the pipe is full, up to 4 MiB waits and further
 lines are dropped, counted in one warning every 10 s, rather than stalling requests.
 """
@@ -26,7 +26,7 @@ from twisted.logger import ILogObserver, LogLevel, formatEvent
 from twisted.python.threadable import isInIOThread
 from zope.interface import implementer
 
-from edgegw.chain.access_writer import LineWriter
+from edgegw.line_writer import LineWriter
 
 __all__ = ["JsonLinesObserver", "observer"]
 

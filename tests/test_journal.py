@@ -212,7 +212,7 @@ class ReportRecursionTests(SynchronousTestCase):
         from twisted.internet.task import Clock
         from twisted.logger import globalLogPublisher
 
-        from edgegw.chain.access_writer import LineWriter
+        from edgegw.line_writer import LineWriter
 
         writer = LineWriter(Clock(), "/dev/null")
         # An output that takes nothing: every late line is dropped and reported.

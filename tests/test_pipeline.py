@@ -17,7 +17,6 @@ from twisted.trial.unittest import SynchronousTestCase
 from twisted.web.server import Request
 
 from edgegw.chain.access_log import AccessLog, _encode
-from edgegw.chain.access_writer import LineWriter
 from edgegw.chain.exchange import Exchange, exchange_of
 from edgegw.chain.pipeline import Handler, InFlight, RouteRunner, Stage, compose
 from edgegw.chain.projection import projection
@@ -29,6 +28,7 @@ from edgegw.config.model import GatewaySpec
 from edgegw.edge.site import MuxDispatcher
 from edgegw.gateway import edge_site, route_runner
 from edgegw.identity.principal import Principal
+from edgegw.line_writer import LineWriter
 from edgegw.routing.mux import Mux
 from tests.support.configs import load_text
 from tests.support.memory import MemoryClient

@@ -17,9 +17,9 @@ from twisted.internet.defer import CancelledError
 from twisted.logger import Logger, LogLevel
 from twisted.web.server import Request
 
-from edgegw.chain.access_writer import LineWriter
 from edgegw.chain.exchange import Exchange
 from edgegw.chain.pipeline import Handler
+from edgegw.line_writer import LineWriter
 from edgegw.metrics.gateway import IMetrics
 from edgegw.stream.boundary import client_gone
 from edgegw.telemetry import IRequestTrace

@@ -21,7 +21,8 @@ from __future__ import annotations
 
 import contextlib
 import secrets
-from typing import TYPE_CHECKING
+from collections.abc import Iterable
+from typing import Protocol
 
 import attrs
 from twisted.internet.defer import Deferred, succeed
@@ -43,12 +44,9 @@ from edgegw.identity.token_response import (
     usable_token,
 )
 from edgegw.metrics.gateway import NO_METRICS, IMetrics
-from edgegw.state.store import StoreError
+from edgegw.state.store import IStateStore, StoreError
 
-if TYPE_CHECKING:
-    from edgegw.sessions.server import ServerSessions
-
-__all__ = ["RETRY_AFTER_FAILURE", "WAIT", "Refresher"]
+__all__ = ["RETRY_AFTER_FAILURE", "WAIT", "Refresher", "SessionRecords"]
 
 _log = Logger(namespace="edgegw.sessions")
 
@@ -74,6 +72,51 @@ WAIT = CALL_TIMEOUT + 2.0
 """The longest a request waits for another process's refresh before going on."""
 
 
+class SessionRecords(Protocol):
+    """
+    What a refresh reads and writes of the sessions it refreshes: the store (for the
+    lock) and the session records in it. L{edgegw.sessions.server.ServerSessions}
+    provides it (it hands itself to its L{Refresher}, a call mypy checks).
+    """
+
+    @property
+    def store(self) -> IStateStore:
+        """
+        The state store the records and the refresh locks are kept in.
+        """
+
+    async def load(self, session_id: str) -> SessionRecord | None:
+        """
+        The record stored for C{session_id}, or L{None}.
+
+        @raise StoreError: The store cannot be read.
+        """
+
+    async def load_sealed(self, session_id: str) -> tuple[bytes, SessionRecord] | None:
+        """
+        Like L{load}, with the sealed value as stored (for L{replace}).
+
+        @raise StoreError: The store cannot be read.
+        """
+
+    async def replace(self, session_id: str, expected: bytes, record: SessionRecord) -> bool:
+        """
+        Store C{record} in place of the sealed value C{expected}, unless it was deleted
+        or changed meanwhile.
+
+        @return: Whether it was stored.
+        @raise StoreError: The store cannot be written.
+        """
+
+    async def end_sessions(self, session_ids: Iterable[str]) -> int:
+        """
+        End these sessions everywhere.
+
+        @return: How many records existed.
+        @raise StoreError: The store cannot be reached.
+        """
+
+
 @attrs.define
 class _Flight:
     """
@@ -91,7 +134,7 @@ class Refresher:
 
     def __init__(
         self,
-        sessions: ServerSessions,
+        sessions: SessionRecords,
         provider: IdentityProvider | None,
         skew: float,
         reactor: IReactorTime,

@@ -1,5 +1,6 @@
 """
-A buffered, non-blocking writer of access-log lines to standard output or a file.
+A buffered, non-blocking writer of lines to standard output or a file: the access log's
+(C{accessLog.output}) and the daemon's own journal log (L{edgegw.journal}).
 
 Writing one log event per request through twisted.logger costs tens of microseconds (event
 dictionaries, observers, per-line formatting and flushing); a gateway writes its access
@@ -47,13 +48,15 @@ _FILE_FLAGS = (
 
 _STDOUT_FLAGS = os.O_WRONLY | os.O_CLOEXEC | os.O_NONBLOCK | getattr(os, "O_NOCTTY", 0)
 
-_log = Logger()
+# The namespace its events had in edgegw/chain/access_writer.py: moving the module does
+# not change the log lines.
+_log = Logger(namespace="edgegw.chain.access_writer")
 
 
 class NotRegularFileError(OSError):
     """
-    The access-log output path names something other than a regular file (a FIFO, a
-    device, a socket): writing to it could block, or go nowhere a log should.
+    The output path names something other than a regular file (a FIFO, a device, a
+    socket): writing to it could block, or go nowhere a log should.
     """
 
     def __init__(self, path: str) -> None:

@@ -1,5 +1,6 @@
 """
-Tests for the buffered access-log writer and the C{accessLog.output} setting.
+Tests for the buffered line writer (the access log's and the journal's) and the
+C{accessLog.output} setting.
 """
 
 from __future__ import annotations
@@ -18,7 +19,8 @@ from twisted.logger import ILogObserver, LogEvent, globalLogPublisher
 from twisted.trial.unittest import SynchronousTestCase
 from zope.interface import provider
 
-from edgegw.chain.access_writer import (
+from edgegw.gateway import build_gateway
+from edgegw.line_writer import (
     DROP_REPORT_INTERVAL,
     FLUSH_BYTES,
     FLUSH_INTERVAL,
@@ -26,7 +28,6 @@ from edgegw.chain.access_writer import (
     LineWriter,
     NotRegularFileError,
 )
-from edgegw.gateway import build_gateway
 from tests.support.configs import load_text, problems_of
 from tests.support.memory import MemoryClient
 
