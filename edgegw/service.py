@@ -46,11 +46,11 @@ from twisted.logger import Logger
 from twisted.python.failure import Failure
 from zope.interface import implementer
 
+from edgegw.assembly.assemble import Gateway, build_gateway
 from edgegw.chain.access_log import AccessLog
 from edgegw.config.errors import ConfigError, Problem
 from edgegw.config.model import Config
 from edgegw.config.parse import load_config
-from edgegw.gateway import Gateway, build_gateway
 from edgegw.metrics.otlp import MetricsExportService
 from edgegw.metrics.serve import ScrapeListener, export_service, scrape_root
 from edgegw.notify import SystemdNotifier

@@ -18,6 +18,7 @@ from twisted.logger import ILogObserver, LogEvent, globalLogPublisher
 from twisted.trial.unittest import SynchronousTestCase
 from zope.interface import provider
 
+from edgegw.assembly.assemble import build_gateway
 from edgegw.chain.access_writer import (
     DROP_REPORT_INTERVAL,
     FLUSH_BYTES,
@@ -26,7 +27,6 @@ from edgegw.chain.access_writer import (
     LineWriter,
     NotRegularFileError,
 )
-from edgegw.gateway import build_gateway
 from tests.support.configs import load_text, problems_of
 from tests.support.memory import MemoryClient
 

@@ -25,9 +25,9 @@ from twisted.trial.unittest import SynchronousTestCase, TestCase
 from twisted.web.server import Request
 from zope.interface import provider
 
+from edgegw.assembly.assemble import build_gateway
 from edgegw.config.errors import ConfigError
 from edgegw.config.parse import load_config
-from edgegw.gateway import build_gateway
 from edgegw.identity.sealing import SESSION_RECORD_AAD, Sealer
 from edgegw.state.store import StoreUnavailableError
 from tests.support.backends import RecordedRequest, SiteBackend
