@@ -258,6 +258,31 @@ class ReloadCarryTests(TestCase):
         self.assertTrue(await service.reload())
         self.assertGreaterEqual(resource.getrlimit(resource.RLIMIT_NOFILE)[0], wanted)
 
+    async def test_a_reload_replaces_one_generation(self) -> None:
+        """
+        The tree holds the listener and one generation of services; a reload puts the
+        new generation in (running, each child once), and the one it replaces leaves the
+        tree and stops, its children with it.
+        """
+        service, root = self.serve({"a.yaml": GATEWAY + HEALTH})
+        old = service.generation
+        old_children = list(old)
+        self.assertEqual(list(service), [service.listener, old])
+        more = HEALTH.replace("{name: h}", "{name: m}").replace("/healthz", "/more")
+        write_tree(root, {"a.yaml": GATEWAY + HEALTH + more})
+        self.assertTrue(await service.reload())
+        new = service.generation
+        self.assertIsNot(new, old)
+        self.assertEqual(list(service), [service.listener, new])
+        self.assertIs(new.parent, service)
+        self.assertTrue(new.running)
+        self.assertTrue(all(child.running for child in new))
+        self.assertEqual([child.name for child in new], [child.name for child in old_children])
+        await service.retired()
+        self.assertIsNone(old.parent)
+        self.assertFalse(old.running)
+        self.assertFalse(any(child.running for child in old_children))
+
     async def test_swap_is_all_or_nothing(self) -> None:
         service, _ = self.serve({"a.yaml": GATEWAY + HEALTH})
         old = service.gateway
