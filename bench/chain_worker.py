@@ -10,6 +10,7 @@ imports edgegw and Twisted only, so that it runs against an older tree's edgegw 
 
 from __future__ import annotations
 
+import importlib
 import json
 import sys
 import time
@@ -45,8 +46,13 @@ def build(directory: Path) -> Callable[[], bytes]:
     from twisted.internet.testing import StringTransport
 
     from edgegw.config.parse import load_config
-    from edgegw.gateway import build_gateway
     from edgegw.upstream.pool import UpstreamClient
+
+    try:
+        from edgegw.assembly.assemble import build_gateway
+    except ImportError:
+        # A --before tree from before edgegw/gateway.py became the assembly package.
+        build_gateway = importlib.import_module("edgegw.gateway").build_gateway
 
     class Connector:
         def __init__(self, address: IPv4Address) -> None:

@@ -50,8 +50,9 @@ def makeService(options: Options | dict[str, Any]) -> IService:
     install_if_unchosen()
     from twisted.internet import reactor
 
+    from edgegw.generation import open_access_log
     from edgegw.notify import SystemdNotifier
-    from edgegw.service import build_service, open_access_log
+    from edgegw.service import build_service
 
     source = options["config"]
     if options.get("check"):

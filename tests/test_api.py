@@ -18,8 +18,8 @@ from twisted.web.resource import Resource
 from twisted.web.server import NOT_DONE_YET, Request
 from twisted.web.test.requesthelper import DummyChannel
 
+from edgegw.assembly.assemble import build_gateway
 from edgegw.chain.exchange import Exchange, IExchange
-from edgegw.gateway import build_gateway
 from edgegw.handlers.api import ApiHandler, UnsafeWildcardError, fill_path, parse_template
 from edgegw.identity.principal import Principal
 from edgegw.upstream.agent import UpstreamAgent

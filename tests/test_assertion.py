@@ -30,8 +30,8 @@ from twisted.internet import reactor as _reactor
 from twisted.internet.task import deferLater
 from twisted.trial.unittest import SynchronousTestCase, TestCase
 
+from edgegw.assembly.assemble import Gateway, build_gateway
 from edgegw.config.parse import load_config
-from edgegw.gateway import Gateway, build_gateway
 from edgegw.upstream.pool import UpstreamClient
 from tests.support.backends import RecordedRequest, SiteBackend, answer
 from tests.support.browser import Browser, BrowserResponse

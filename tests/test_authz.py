@@ -12,6 +12,7 @@ from typing import Any
 from twisted.internet.task import Clock
 from twisted.trial.unittest import SynchronousTestCase
 
+from edgegw.assembly.assemble import build_gateway
 from edgegw.authz import rego as rego_module
 from edgegw.authz.policy import REMEMBERED_DECISIONS, CompiledPolicy, RoutePolicies
 from edgegw.authz.rego import RegoLoadError, RegoPolicy
@@ -20,7 +21,6 @@ from edgegw.chain.exchange import Exchange
 from edgegw.config.effective import effective_routes
 from edgegw.config.errors import ConfigError
 from edgegw.config.model import LabelExpression, RequireSpec, Selector
-from edgegw.gateway import build_gateway
 from edgegw.identity.principal import Principal
 from tests.support.configs import load_text, write_tree
 from tests.support.memory import MemoryClient

@@ -26,9 +26,9 @@ from twisted.internet.task import Clock
 from twisted.logger import ILogObserver, globalLogPublisher
 from twisted.trial.unittest import SynchronousTestCase, TestCase
 
+from edgegw.assembly.assemble import build_gateway
 from edgegw.config.model import BearerSpec, IdentitySpec, IdpSpec
 from edgegw.config.parse import load_config
-from edgegw.gateway import build_gateway
 from edgegw.identity import bearer as bearer_module
 from edgegw.identity.bearer import REFUSAL_SECONDS, BearerVerifier
 from edgegw.identity.groups import GroupRenderer

@@ -480,7 +480,7 @@ class ServiceTreeTests(TestCase):
         root = write_config(self, "http://127.0.0.1:9", "1s")
         service = build_service(load_config(root, {}), reactor)
         events: list[str] = []
-        for child in service:
+        for child in [service.listener, *service.generation]:
             record_stop(child, events)
         await service.stopService()
         self.assertEqual(events, [])
@@ -493,7 +493,7 @@ class ServiceTreeTests(TestCase):
         service.startService()
         self.addCleanup(stop_if_running, service)
         events: list[str] = []
-        for child in service:
+        for child in [service.listener, *service.generation]:
             record_stop(child, events)
         arrived = backend.arrival()
         pending = raw_exchange(port_of(service), b"GET /slow HTTP/1.1\r\nHost: x\r\n\r\n")
@@ -525,7 +525,9 @@ class ServiceTreeTests(TestCase):
         assert isinstance(service, GatewayService)
         # The daemon creates its access log as it starts (edgegw check does not).
         self.assertTrue(os.path.isfile(access_log))
-        children = list(service)
+        # The listener, then the serving configuration's generation of services.
+        self.assertEqual(list(service), [service.listener, service.generation])
+        children = [service.listener, *service.generation]
         self.assertEqual(
             [child.name for child in children],
             ["listener", "access-log", "upstream-pool", "telemetry"],

@@ -75,7 +75,7 @@ class PackageTests(SynchronousTestCase):
             "usr/share/doc/edgegw/examples/edgegw/00-gateway.yaml",
             f"{VENV}/bin/twistd",
             f"{VENV}/bin/edgegw",
-            f"{SITE}/edgegw/gateway.py",
+            f"{SITE}/edgegw/assembly/assemble.py",
             f"{SITE}/twisted/plugins/edgegw_plugin.py",
             f"{SITE}/twisted/plugins/dropin.cache",
         ):

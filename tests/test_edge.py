@@ -13,6 +13,8 @@ from twisted.logger import ILogObserver, globalLogPublisher
 from twisted.trial.unittest import SynchronousTestCase
 from twisted.web.server import Request
 
+from edgegw.assembly.assemble import build_gateway
+from edgegw.assembly.edge_site import edge_site
 from edgegw.config.model import (
     CsrfSpec,
     GatewaySpec,
@@ -22,7 +24,6 @@ from edgegw.config.model import (
 )
 from edgegw.edge.forwarded import ForwardedFilter
 from edgegw.edge.security import security_headers
-from edgegw.gateway import build_gateway, edge_site
 from tests.support.configs import load_text
 from tests.support.memory import MemoryClient
 

@@ -26,9 +26,9 @@ from wsproto import ConnectionType, WSConnection
 from wsproto.events import CloseConnection
 from wsproto.events import Request as WSRequest
 
+from edgegw.assembly.assemble import Gateway
 from edgegw.config.model import LimitsSpec
 from edgegw.config.parse import load_config
-from edgegw.gateway import Gateway
 from edgegw.server.channel import GatewayChannel
 from edgegw.server.limits import (
     DESCRIPTOR_RESERVE,

@@ -19,7 +19,7 @@ from twisted.logger import ILogObserver, LogEvent, globalLogPublisher
 from twisted.trial.unittest import SynchronousTestCase
 from zope.interface import provider
 
-from edgegw.gateway import build_gateway
+from edgegw.assembly.assemble import build_gateway
 from edgegw.line_writer import (
     DROP_REPORT_INTERVAL,
     FLUSH_BYTES,

@@ -13,9 +13,9 @@ from twisted.trial.unittest import SynchronousTestCase, TestCase
 from twisted.web.client import Agent, BrowserLikePolicyForHTTPS, readBody
 from twisted.web.http_headers import Headers
 
+from edgegw.assembly.assemble import build_gateway
 from edgegw.config.addresses import endpoint_description
 from edgegw.config.parse import load_config
-from edgegw.gateway import build_gateway
 from edgegw.service import GatewayService
 from tests.support.configs import GATEWAY, write_tree
 from tests.support.processes import (

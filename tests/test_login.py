@@ -16,8 +16,8 @@ from twisted.trial.unittest import TestCase
 from twisted.web.server import Request
 from twisted.web.test.requesthelper import DummyChannel
 
+from edgegw.assembly.assemble import Gateway, build_gateway
 from edgegw.config.parse import load_config
-from edgegw.gateway import Gateway, build_gateway
 from edgegw.identity.session_cookie import SessionCookie
 from edgegw.upstream.pool import UpstreamClient
 from tests.support.backends import SiteBackend, answer

@@ -17,11 +17,11 @@ from twisted.trial.unittest import TestCase
 from twisted.web.resource import Resource
 from twisted.web.server import NOT_DONE_YET, Site
 
+from edgegw.assembly.assemble import Gateway, build_gateway
 from edgegw.chain.access_log import AccessLog
 from edgegw.chain.pipeline import InFlight
 from edgegw.chain.resource_target import ResourceTarget
 from edgegw.config.parse import load_config
-from edgegw.gateway import Gateway, build_gateway
 from edgegw.handlers.api import MAX_BACKEND_BODY
 from edgegw.metrics.gateway import GatewayMetrics
 from edgegw.metrics.instruments import Registry

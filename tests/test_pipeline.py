@@ -16,6 +16,8 @@ from twisted.logger import ILogObserver, LogLevel, globalLogPublisher
 from twisted.trial.unittest import SynchronousTestCase
 from twisted.web.server import Request
 
+from edgegw.assembly.edge_site import edge_site
+from edgegw.assembly.route_chains import RouteWiring, route_runner
 from edgegw.chain.access_log import AccessLog, _encode
 from edgegw.chain.exchange import Exchange, exchange_of
 from edgegw.chain.pipeline import Handler, InFlight, RouteRunner, Stage, compose
@@ -26,7 +28,6 @@ from edgegw.chain.terminal import TerminalResource, render_stage
 from edgegw.config.effective import effective_routes
 from edgegw.config.model import GatewaySpec
 from edgegw.edge.site import MuxDispatcher
-from edgegw.gateway import edge_site, route_runner
 from edgegw.identity.principal import Principal
 from edgegw.line_writer import LineWriter
 from edgegw.routing.mux import Mux
@@ -89,7 +90,9 @@ class Harness:
         mux: Mux[Any] = Mux()
         resource = FunctionTerminal(terminal)
         runner = (
-            route_runner(route, resource, self.inflight, AccessLog(level).stage, "groups")
+            route_runner(
+                route, resource, RouteWiring(self.inflight, AccessLog(level).stage, "groups")
+            )
             if stages is None
             else RouteRunner(route, compose(stages, render_stage(resource)), self.inflight)
         )

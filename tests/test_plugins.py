@@ -23,10 +23,10 @@ from wsproto import ConnectionType, WSConnection
 from wsproto.events import AcceptConnection, Message, TextMessage
 from wsproto.events import Request as WSRequest
 
+from edgegw.assembly.assemble import build_gateway
 from edgegw.check import check
 from edgegw.config.errors import ConfigError
 from edgegw.config.parse import load_config
-from edgegw.gateway import build_gateway
 from edgegw.plugins.manifest import same_version
 from edgegw.plugins.messages import Reply
 from edgegw.plugins.registry import describe_plugins, plugin_names

@@ -37,10 +37,10 @@ from wsproto.events import (
 )
 from zope.interface import implementer
 
+from edgegw.assembly.assemble import Gateway, build_gateway
 from edgegw.chain.access_log import AccessLog
 from edgegw.config.model import ProxyHandlerSpec
 from edgegw.config.parse import load_config
-from edgegw.gateway import Gateway, build_gateway
 from edgegw.handlers import proxy as proxy_module
 from edgegw.handlers.headers import HOP_BY_HOP
 from edgegw.handlers.proxy import ProxyHandler
@@ -957,7 +957,7 @@ class ConnectionTokenTests(ProxyTestCase):
         self.assertEqual(self.backend.header(1, "x-request-id"), [made])
 
     async def test_projected_identity_headers_survive(self) -> None:
-        import edgegw.gateway
+        import edgegw.assembly.route_chains
         from edgegw.chain.projection import projection as original
         from edgegw.identity.principal import Principal
 
@@ -973,7 +973,7 @@ class ConnectionTokenTests(ProxyTestCase):
 
             return stage
 
-        self.patch(edgegw.gateway, "projection", signed_in)
+        self.patch(edgegw.assembly.route_chains, "projection", signed_in)
         upstream = f"http://127.0.0.1:{port_of(self.backend_port)}"
         port = serve_yaml(
             self,

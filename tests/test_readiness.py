@@ -222,7 +222,7 @@ spec:
   match: /healthz
   handler: {{type: health}}
 """
-        from edgegw.gateway import build_gateway
+        from edgegw.assembly.assemble import build_gateway
 
         root = write_tree(self.mktemp(), {"a.yaml": text})
         gateway = build_gateway(

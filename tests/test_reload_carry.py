@@ -31,6 +31,7 @@ from twisted.trial.unittest import TestCase
 from twisted.web.server import NOT_DONE_YET
 
 from edgegw.config.parse import load_config
+from edgegw.generation import GenerationService
 from edgegw.metrics import serve as serve_module
 from edgegw.server.limits import DESCRIPTOR_RESERVE
 from edgegw.service import GatewayService, build_service
@@ -257,31 +258,60 @@ class ReloadCarryTests(TestCase):
         self.assertTrue(await service.reload())
         self.assertGreaterEqual(resource.getrlimit(resource.RLIMIT_NOFILE)[0], wanted)
 
+    async def test_a_reload_replaces_one_generation(self) -> None:
+        """
+        The tree holds the listener and one generation of services; a reload puts the
+        new generation in (running, each child once), and the one it replaces leaves the
+        tree and stops, its children with it.
+        """
+        service, root = self.serve({"a.yaml": GATEWAY + HEALTH})
+        old = service.generation
+        old_children = list(old)
+        self.assertEqual(list(service), [service.listener, old])
+        more = HEALTH.replace("{name: h}", "{name: m}").replace("/healthz", "/more")
+        write_tree(root, {"a.yaml": GATEWAY + HEALTH + more})
+        self.assertTrue(await service.reload())
+        new = service.generation
+        self.assertIsNot(new, old)
+        self.assertEqual(list(service), [service.listener, new])
+        self.assertIs(new.parent, service)
+        self.assertTrue(new.running)
+        self.assertTrue(all(child.running for child in new))
+        self.assertEqual([child.name for child in new], [child.name for child in old_children])
+        await service.retired()
+        self.assertIsNone(old.parent)
+        self.assertFalse(old.running)
+        self.assertFalse(any(child.running for child in old_children))
+
     async def test_swap_is_all_or_nothing(self) -> None:
         service, _ = self.serve({"a.yaml": GATEWAY + HEALTH})
         old = service.gateway
-        children = [child for child in service if child is not service.listener]
+        generation = service.generation
+        children = list(generation)
         self.assertTrue(all(child.running for child in children))
 
         class Broken(Service):
             def startService(self) -> None:
                 raise RuntimeError("cannot start")
 
-        building = service._children_of
+        building = service.generation_of
 
-        def with_broken(gateway: Any) -> list[Any]:
+        def with_broken(gateway: Any) -> GenerationService:
+            built = building(gateway)
             broken = Broken()
             broken.setName("broken")
-            return [*building(gateway), broken]
+            broken.setServiceParent(built)
+            return built
 
-        self.patch(service, "_children_of", with_broken)
+        self.patch(service, "generation_of", with_broken)
         self.assertFalse(await service.reload())
         self.assertEqual(len(self.flushLoggedErrors(RuntimeError)), 1)
         self.assertIs(service.gateway, old)
-        self.assertEqual([child for child in service if child is not service.listener], children)
+        self.assertEqual(list(service), [service.listener, generation])
+        self.assertEqual(list(generation), children)
         self.assertTrue(all(child.running for child in children))
         for child in children:
-            self.assertIs(service.getServiceNamed(child.name), child)
+            self.assertIs(generation.getServiceNamed(child.name), child)
         reply = await Browser().get(f"http://127.0.0.1:{port_of(service)}/healthz")
         self.assertEqual(reply.status, 200)
 
@@ -317,7 +347,7 @@ class ReloadCarryTests(TestCase):
         await service.stopService()
         self.assertFalse(await reloading)
         self.assertIs(service.gateway, old)
-        self.assertFalse(any(child.running for child in service))
+        self.assertFalse(any(child.running for child in [*service, *service.generation]))
 
     async def test_tls_files_read_only_when_the_context_is_built_refuse_the_reload(self) -> None:
         """
@@ -421,14 +451,14 @@ class ReloadCarryTests(TestCase):
         slow = ensureDeferred(Browser().get(origin + "/slow"))
         while not held:
             await deferLater(reactor, 0.01, lambda: None)
-        old = service.getServiceNamed("metrics-export")
+        old = service.generation.getServiceNamed("metrics-export")
         more = HEALTH.replace("{name: h}", "{name: m}").replace("/healthz", "/more")
         write_tree(root, {"a.yaml": GATEWAY + HEALTH + more + telemetry})
         self.assertTrue(await service.reload())
         # Stopped at the switch with its last export, while the old gateway still drains.
         self.assertFalse(old.running)
         await collected.wait_until(lambda: len(collected.exports) == 1)
-        new = service.getServiceNamed("metrics-export")
+        new = service.generation.getServiceNamed("metrics-export")
         self.assertIsNot(new, old)
         held[0].write(b"late")
         held[0].finish()
@@ -472,7 +502,7 @@ class ReloadCarryTests(TestCase):
         """
         endpoint, collected = await start_http_metrics(self)
         service, root = self.serve(self.metrics_files(endpoint, 1000))
-        running = service.getServiceNamed("metrics-export")
+        running = service.generation.getServiceNamed("metrics-export")
         metrics = service.gateway.metrics
         assert metrics is not None
         policy = "---\nkind: Policy\nmetadata: {name: p}\nspec: {rego: {path: policies/p.rego}}\n"
@@ -481,7 +511,7 @@ class ReloadCarryTests(TestCase):
         self.assertFalse(await service.reload())
         self.assertIs(service.gateway.metrics, metrics)
         self.assertEqual(metrics.server_duration.limit, 1000)
-        self.assertIs(service.getServiceNamed("metrics-export"), running)
+        self.assertIs(service.generation.getServiceNamed("metrics-export"), running)
 
         write_tree(root, self.metrics_files(endpoint, 3))
         self.assertTrue(await service.reload())
@@ -489,7 +519,7 @@ class ReloadCarryTests(TestCase):
         assert carried is not None
         self.assertIs(carried.server_duration, metrics.server_duration)
         self.assertEqual(metrics.server_duration.limit, 3)
-        exporting = service.getServiceNamed("metrics-export")
+        exporting = service.generation.getServiceNamed("metrics-export")
         self.assertIsNot(exporting, running)
         self.assertTrue(exporting.running)
         self.assertFalse(running.running)
@@ -523,7 +553,8 @@ class ReloadCarryTests(TestCase):
         endpoint, _ = await start_http_metrics(self)
         service, root = self.serve(self.metrics_files(endpoint, 1000))
         old = service.gateway
-        children = [child for child in service if child is not service.listener]
+        generation = service.generation
+        children = list(generation)
 
         def failing(*args: object, **kwargs: object) -> None:
             raise RuntimeError("the exporter cannot be built")
@@ -542,7 +573,8 @@ class ReloadCarryTests(TestCase):
         self.assertIn("RuntimeError: the exporter cannot be built", refused)
         self.assertIs(service.gateway, old)
         self.assertIs(service.listener.factory, old.site)
-        self.assertEqual([child for child in service if child is not service.listener], children)
+        self.assertEqual(list(service), [service.listener, generation])
+        self.assertEqual(list(generation), children)
         self.assertTrue(all(child.running for child in children))
 
     def recording_exporters(self, slow: dict[int, float]) -> list[RecordingExporter]:
@@ -593,7 +625,7 @@ class ReloadCarryTests(TestCase):
         service, root = self.serve(self.metrics_files("http://127.0.0.1:9", 1000))
         write_tree(root, self.metrics_files("http://127.0.0.1:10", 1000))
         self.assertTrue(await service.reload())
-        await service.getServiceNamed("metrics-export").export()
+        await service.generation.getServiceNamed("metrics-export").export()
         self.assertEqual(len(made[1].exports), 1)
         self.assertEqual(made[0].exports, [])
         await service.stopService()
@@ -613,13 +645,14 @@ class ReloadCarryTests(TestCase):
         def broken(*args: object) -> None:
             raise RuntimeError("a bug while retiring")
 
-        self.patch(service, "_retire", broken)
+        self.patch(service.generation, "retire", broken)
         more = HEALTH.replace("{name: h}", "{name: m}").replace("/healthz", "/more")
         write_tree(root, {"a.yaml": GATEWAY + HEALTH + more})
         self.assertFalse(await service.reload())
         self.assertEqual(len(self.flushLoggedErrors(RuntimeError)), 1)
         self.assertEqual(len(service.gateway.routes), 2)
-        children = [child for child in service if child is not service.listener]
+        children = list(service.generation)
+        self.assertTrue(service.generation.running)
         self.assertTrue(all(child.running for child in children), children)
         assert service.port is not None
         reply = await Browser().get(f"http://127.0.0.1:{port_of(service.port)}/more")

@@ -37,10 +37,10 @@ SEAM_MODULES = frozenset({"edgegw.seam", "edgegw.reactor"})
 
 
 def _channel() -> tuple[GatewayChannel, StringTransport]:
-    site = Site(None)  # type: ignore[arg-type]
+    site = Site(None)
     site.requestFactory = GatewayRequest  # type: ignore[assignment]
     channel = GatewayChannel()
-    channel.site = site  # type: ignore[assignment]
+    channel.site = site  # type: ignore[attr-defined]
     channel.requestFactory = GatewayRequest  # type: ignore[assignment]
     transport = StringTransport()
     channel.makeConnection(transport)
@@ -77,7 +77,7 @@ class ClientStreamTests(SynchronousTestCase):
         self.assertTrue(transport.disconnecting)
         # On a channel that is no client stream: its transport.
         plain_channel = HTTPChannel()
-        plain_channel.site = Site(None)  # type: ignore[arg-type]
+        plain_channel.site = Site(None)  # type: ignore[attr-defined]
         plain_transport = StringTransport()
         plain_channel.makeConnection(plain_transport)
         plain = Request(plain_channel)
@@ -112,7 +112,7 @@ class ClientStreamTests(SynchronousTestCase):
         self.assertEqual(released, [channel])
 
     def test_no_upgrade_without_a_client_stream(self) -> None:
-        request = Request(DummyChannel())  # type: ignore[no-untyped-call]
+        request = Request(DummyChannel())
         self.assertRaises(UpgradeNotPossibleError, take_connection, request)
 
 

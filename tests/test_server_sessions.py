@@ -25,9 +25,9 @@ from twisted.trial.unittest import SynchronousTestCase, TestCase
 from twisted.web.server import Request
 from zope.interface import provider
 
+from edgegw.assembly.assemble import build_gateway
 from edgegw.config.errors import ConfigError
 from edgegw.config.parse import load_config
-from edgegw.gateway import build_gateway
 from edgegw.identity.sealing import SESSION_RECORD_AAD, Sealer
 from edgegw.state.store import StoreUnavailableError
 from tests.support.backends import RecordedRequest, SiteBackend
@@ -1189,11 +1189,11 @@ class ServiceTreeTests(TestCase):
             reactor,
             state_options={"first_retry": 0.05, "retry_cap": 0.2},
         )
-        names = [child.name for child in service]
+        names = [child.name for child in service.generation]
         self.assertLess(names.index("state"), names.index("sessions"))
         self.assertLess(names.index("sessions"), names.index("idp"))
-        self.assertIs(service.getServiceNamed("state"), service.gateway.state)
-        self.assertIs(service.getServiceNamed("sessions"), service.gateway.sessions)
+        self.assertIs(service.generation.getServiceNamed("state"), service.gateway.state)
+        self.assertIs(service.generation.getServiceNamed("sessions"), service.gateway.sessions)
         probe = RedisProbe(server)
 
         async def clients() -> int:

@@ -501,9 +501,9 @@ class ProviderChecksAtBuildTests(SynchronousTestCase):
     """
 
     def problems(self, text: str) -> list[str]:
+        from edgegw.assembly.assemble import build_gateway
         from edgegw.config.errors import ConfigError
         from edgegw.config.parse import load_config
-        from edgegw.gateway import build_gateway
         from tests.support.configs import write_tree
 
         root = write_tree(self.mktemp(), {"a.yaml": text})

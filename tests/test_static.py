@@ -30,8 +30,8 @@ from twisted.web.http import datetimeToString
 from twisted.web.server import Request, Site
 from twisted.web.test.requesthelper import DummyChannel
 
+from edgegw.assembly.assemble import Gateway, build_gateway
 from edgegw.config.model import StaticHandlerSpec
-from edgegw.gateway import Gateway, build_gateway
 from edgegw.handlers.static import SMALL_FILE_LIMIT, StaticHandler
 from tests.support.configs import load_text
 from tests.support.memory import MemoryClient

@@ -20,8 +20,8 @@ from twisted.trial.unittest import SynchronousTestCase, TestCase
 from twisted.web.resource import Resource
 from twisted.web.server import Request, Site
 
+from edgegw.assembly.assemble import Gateway, build_gateway
 from edgegw.config.parse import load_config
-from edgegw.gateway import Gateway, build_gateway
 from edgegw.telemetry import CorrelationTracer, traces_url
 from edgegw.upstream.pool import UpstreamClient
 from tests.support.configs import GATEWAY, load_text, problems_of, write_tree

@@ -15,6 +15,8 @@ from twisted.web.resource import Resource
 from twisted.web.server import NOT_DONE_YET, Request, Site
 from twisted.web.test.requesthelper import DummyChannel
 
+from edgegw.assembly.edge_site import edge_site
+from edgegw.assembly.route_chains import RouteWiring, route_runner
 from edgegw.chain.access_log import AccessLog
 from edgegw.chain.exchange import exchange_of
 from edgegw.chain.pipeline import InFlight
@@ -24,7 +26,6 @@ from edgegw.chain.terminal import TerminalResource
 from edgegw.config.effective import effective_routes
 from edgegw.config.model import GatewaySpec
 from edgegw.edge.site import MuxDispatcher
-from edgegw.gateway import edge_site, route_runner
 from edgegw.routing.mux import Mux
 from tests.support.configs import load_text
 from tests.support.memory import MemoryClient
@@ -110,7 +111,8 @@ def gateway_with(
         effective_routes(config), routes.items(), strict=True
     ):
         route = CompiledRoute(effective.spec.name, pattern, effective, "test terminal")
-        mux.register(pattern, route_runner(route, terminal, inflight, access.stage, "groups"))
+        wiring = RouteWiring(inflight, access.stage, "groups")
+        mux.register(pattern, route_runner(route, terminal, wiring))
     for pattern, resource in plain.items():
         mux.register(pattern, ResourceTarget(pattern, resource, access, inflight))
     site = edge_site(GatewaySpec(), MuxDispatcher(mux), Clock(), access)

@@ -76,7 +76,7 @@ def cross_checks(
     assertions forwarded without a key to mint them, a session with a verificationOnly
     IdP or without any IdP, auth paths that clash. (State provider types are looked up
     among the installed providers when the gateway is built:
-    L{edgegw.gateway.build_gateway}.)
+    L{edgegw.assembly.assemble.build_gateway}.)
     """
     mux: Mux[RouteSpec] = Mux()
     for route in routes:

@@ -16,8 +16,8 @@ from twisted.internet import reactor as _reactor
 from twisted.internet.task import deferLater
 from twisted.trial.unittest import TestCase
 
+from edgegw.assembly.assemble import Gateway, build_gateway
 from edgegw.config.parse import load_config
-from edgegw.gateway import Gateway, build_gateway
 from edgegw.upstream.pool import UpstreamClient
 from tests.e2e.provider import RESOURCE, CookieClient, login_through_forms, start_provider
 from tests.support.backends import SiteBackend, answer

@@ -20,8 +20,8 @@ from twisted.internet import reactor as _reactor
 from twisted.internet.task import deferLater
 from twisted.trial.unittest import TestCase
 
+from edgegw.assembly.assemble import Gateway, build_gateway
 from edgegw.config.parse import load_config
-from edgegw.gateway import Gateway, build_gateway
 from edgegw.sessions.server import ServerSessions
 from edgegw.state.store import StoreUnavailableError
 from edgegw.upstream.pool import UpstreamClient

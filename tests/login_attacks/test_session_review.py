@@ -45,8 +45,8 @@ from twisted.internet.task import deferLater
 from twisted.trial.unittest import TestCase
 from twisted.web.server import NOT_DONE_YET, Request
 
+from edgegw.assembly.assemble import Gateway, build_gateway
 from edgegw.config.parse import load_config
-from edgegw.gateway import Gateway, build_gateway
 from edgegw.identity.sealing import SESSION_ID_AAD, Sealer
 from edgegw.identity.session_cookie import MAX_OPENED_SIZE
 from edgegw.sessions.server import ServerSessions

@@ -23,7 +23,7 @@ from twisted.trial.unittest import TestCase
 from twisted.web.resource import Resource
 from twisted.web.server import NOT_DONE_YET
 
-import edgegw.gateway
+import edgegw.assembly.identity_wiring
 import edgegw.identity.provider
 from tests.support.backends import SiteBackend, answer
 from tests.support.fake_idp import FakeIdP
@@ -78,7 +78,7 @@ class StallTestCase(TestCase):
 
     def setUp(self) -> None:
         self.patch(edgegw.identity.provider, "CALL_TIMEOUT", 1.0)
-        self.patch(edgegw.gateway, "CALL_TIMEOUT", 1.0)
+        self.patch(edgegw.assembly.identity_wiring, "CALL_TIMEOUT", 1.0)
 
     async def stalling_world(self) -> tuple[StallingTokenIdP, LoginWorld]:
         idp = StallingTokenIdP()

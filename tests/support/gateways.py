@@ -13,8 +13,8 @@ from twisted.internet import reactor as _reactor
 from twisted.internet.task import Clock
 from twisted.trial.unittest import TestCase
 
+from edgegw.assembly.assemble import Gateway, build_gateway
 from edgegw.config.parse import load_config
-from edgegw.gateway import Gateway, build_gateway
 from edgegw.upstream.pool import UpstreamClient
 from tests.support.backends import RawConnection, RawRequest
 from tests.support.configs import GATEWAY, write_tree

@@ -25,8 +25,8 @@ from twisted.python.failure import Failure
 from twisted.trial.unittest import TestCase
 from twisted.web.server import NOT_DONE_YET, Request
 
+from edgegw.assembly.assemble import Gateway, build_gateway
 from edgegw.config.parse import load_config
-from edgegw.gateway import Gateway, build_gateway
 from edgegw.identity.sealing import SESSION_ID_AAD, SESSION_RECORD_AAD, Sealer
 from edgegw.identity.session_cookie import SessionRecord, decode_record
 from edgegw.state.kvstore import KvStoreService
