@@ -256,11 +256,13 @@ def stream_backend() -> tuple[SiteBackend, list[Request]]:
     return SiteBackend(respond).start(), held
 
 
-async def open_stream(port: int, path: str, cookie: str | None) -> RawClient:
+async def open_stream(
+    port: int, path: str, cookie: str | None, *, first_event: bool = True
+) -> RawClient:
     """
     A raw client that has sent C{GET path} (as the test browser would, with its
     C{User-Agent}, and the session cookie value C{cookie}) and received the head and
-    the first event of the stream.
+    the first event of the stream (unless C{first_event} is false: nothing read yet).
     """
     client = await connect(port)
     lines = [
@@ -272,7 +274,8 @@ async def open_stream(port: int, path: str, cookie: str | None) -> RawClient:
     if cookie is not None:
         lines.append(f"Cookie: {COOKIE}={cookie}")
     client.send(("\r\n".join(lines) + "\r\n\r\n").encode("ascii"))
-    await client.until(b"data: hello").addTimeout(10, reactor)
+    if first_event:
+        await client.until(b"data: hello").addTimeout(10, reactor)
     return client
 
 
@@ -286,6 +289,9 @@ class SessionGateway:
 
     Routes: C{/app/} (app, login required, forwardAccessToken), C{/api/} (service,
     login required, forwardAccessToken), C{/open/} (app, public).
+
+    @param identity_extra: Lines added to the Gateway's C{identity} block, as for
+        L{server_session_config}.
     """
 
     def __init__(
@@ -300,6 +306,7 @@ class SessionGateway:
         skew: str = "60s",
         timeout: str = "1s",
         state_options: dict[str, Any] | None = None,
+        identity_extra: str = "",
     ) -> None:
         self.test = test
         self.idp = idp
@@ -309,6 +316,7 @@ class SessionGateway:
         self.prefix = prefix
         self.skew = skew
         self.timeout = timeout
+        self.identity_extra = identity_extra
         self.state_options: dict[str, Any] = {"first_retry": 0.1, "retry_cap": 0.5}
         if redis.ca is not None:
             self.state_options["trust_root"] = redis.ca.trust_root()
@@ -334,6 +342,7 @@ class SessionGateway:
             prefix=self.prefix,
             timeout=self.timeout,
             tls=self.redis.tls,
+            identity_extra=self.identity_extra,
         )
 
     async def start(self, wait_for_store: bool = True) -> SessionGateway:
