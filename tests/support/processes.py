@@ -62,7 +62,7 @@ class ProcessOutput(ProcessProtocol):
 
     def __init__(self, log_path: str | None = None) -> None:
         self.output = b""
-        self.log = None if log_path is None else open(log_path, "ab")  # noqa: SIM115
+        self.log = None if log_path is None else open(log_path, "ab")  # noqa: SIM115 (closed at exit)
         self.ended: Deferred[None] = Deferred()
         self.exited = False
 
