@@ -363,7 +363,7 @@ def parser() -> argparse.ArgumentParser:
     )
     soaking = commands.add_parser(
         "soak",
-        help="a session route at 80 % of capacity for 30 minutes: RSS flat, no errors",
+        help="a session route at 80 %% of capacity for 30 minutes: RSS flat, no errors",
         description=soak.__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )

@@ -41,19 +41,12 @@ import attrs
 
 from bench import backends, gateway, report, treq_fanout
 from bench.before import Checkout, worktree
-from bench.processes import (
-    Process,
-    StartupError,
-    cpu_seconds,
-    free_port,
-    scratch,
-    started,
-    warn_if_busy,
-)
+from bench.processes import Process, StartupError, cpu_seconds, scratch, started, warn_if_busy
 from bench.report import Sample
 from bench.rounds import InterleavedRunner, say
 from bench.targets import Target, announce, fetch, start_edgegw
 from bench.tools import ensure_wrk, version
+from tests.support.processes import free_port
 
 ROUTE_MATCH = "GET /dash/{id}"
 """The fan-out route's pattern (also L{bench.treq_fanout}'s only route)."""

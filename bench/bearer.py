@@ -2,12 +2,12 @@
 C{python -m bench bearer}: what verifying a Bearer access token costs edgegw per request.
 
 A static OpenID provider runs in the harness (L{StaticIssuer}: a thread serving the
-discovery document and a key set holding one RSA key made for the run; the issuer is
-its URL). Three edgegw processes, one per variant, have the same C{verificationOnly}
-C{IdP} resource for it (C{clientID} L{CLIENT_ID}) and the same Gateway C{identity}
-block (groups from the token's C{groups} claim), and serve the same C{health} route
-C{GET /x} as a C{service} route, loaded with wrk in interleaved rounds
-(L{bench.variants}):
+discovery document and a key set holding one RSA key made for the run, a L{SigningKey}
+of the tests' fake provider; the issuer is its URL). Three edgegw processes, one per
+variant, have the same C{verificationOnly} C{IdP} resource for it (C{clientID}
+L{CLIENT_ID}) and the same Gateway C{identity} block (groups from the token's C{groups}
+claim), and serve the same C{health} route C{GET /x} as a C{service} route, loaded with
+wrk in interleaved rounds (L{bench.variants}):
 
   - a. C{public}: C{access: {auth: public}}, wrk without an C{Authorization} header.
     The session stage still runs (it finds no credential).
@@ -17,7 +17,7 @@ C{GET /x} as a C{service} route, loaded with wrk in interleaved rounds
   - c. C{bearer-uncached}: as b, with C{bearer.cacheTTL: 0s}: every request verifies
     the RS256 signature and the claims.
 
-The token is minted in the harness (L{mint_token}): RS256 with the run's key, C{iss}
+The token is minted in the harness (L{SigningKey.sign}): RS256 with the run's key, C{iss}
 the issuer, C{aud} the client id, C{exp} an hour ahead, a subject and the claims edgegw
 projects by default (C{email}, C{name}, C{given_name}, C{family_name}) plus three
 groups, so that C{identity.userInfo: auto} never calls userinfo (the discovery
@@ -46,9 +46,6 @@ from pathlib import Path
 from typing import Any, cast
 
 import attrs
-import jwt
-from cryptography.hazmat.primitives.asymmetric import rsa
-from jwt.algorithms import RSAAlgorithm
 from twisted.internet.defer import Deferred
 from twisted.internet.task import Clock
 from twisted.web.http_headers import Headers
@@ -67,6 +64,7 @@ from edgegw.identity.principal import Principal
 from edgegw.identity.provider import IdentityProvider
 from edgegw.identity.tokens import verify_jwt
 from edgegw.upstream.agent import UpstreamAgent
+from tests.support.fake_idp import SigningKey
 
 ROUTE_NAME = "x"
 ROUTE_MATCH = "GET /x"
@@ -76,6 +74,7 @@ CLIENT_ID = "edgegw-bench"
 KEY_ID = "bench-rs256"
 ALGORITHM = "RS256"
 KEY_BITS = 2048
+"""The size of the RSA key L{SigningKey.generate} makes for RS256."""
 TOKEN_LIFETIME = 3600
 """Seconds from minting to the token's C{exp}."""
 SUBJECT = "00u1a2b3c4d5e6f7g8h9"
@@ -105,15 +104,12 @@ VERIFICATIONS = 2_000
 WARMUP_CALLS = 200
 
 
-def make_key() -> rsa.RSAPrivateKey:
-    """The run's signing key: RSA, L{KEY_BITS} bits."""
-    return rsa.generate_private_key(public_exponent=65537, key_size=KEY_BITS)
-
-
-def public_jwk(key: rsa.RSAPrivateKey) -> dict[str, Any]:
-    """C{key}'s public half as a JWK, with its kid, C{use: sig} and C{alg}."""
-    jwk = RSAAlgorithm.to_jwk(key.public_key(), as_dict=True)
-    return {**jwk, "kid": KEY_ID, "use": "sig", "alg": ALGORITHM}
+def make_key() -> SigningKey:
+    """
+    The run's signing key: RSA, L{KEY_BITS} bits, under L{KEY_ID}; its
+    C{public_jwk()} has C{use: sig} and C{alg}, its C{sign(claims)} mints a token.
+    """
+    return SigningKey.generate(KEY_ID, ALGORITHM)
 
 
 def token_claims(issuer: str, now: float) -> dict[str, Any]:
@@ -129,11 +125,6 @@ def token_claims(issuer: str, now: float) -> dict[str, Any]:
         **CLAIMS,
         "groups": list(GROUPS),
     }
-
-
-def mint_token(key: rsa.RSAPrivateKey, claims: Mapping[str, Any]) -> str:
-    """An RS256 access token with C{claims}, signed with C{key} under L{KEY_ID}."""
-    return jwt.encode(dict(claims), key, algorithm=ALGORITHM, headers={"kid": KEY_ID})
 
 
 def discovery_document(issuer: str) -> dict[str, Any]:
@@ -465,10 +456,9 @@ def run(settings: variants.Settings) -> int:
     """
     wrk_path = ensure_wrk()
     key = make_key()
-    jwk = public_jwk(key)
-    issuer = StaticIssuer(jwk)
+    issuer = StaticIssuer(key.public_jwk())
     claims = token_claims(issuer.url, time.time())
-    token = mint_token(key, claims)
+    token = key.sign(claims)
     configs = make_variants(issuer.url, token)
     timings: list[PathTiming] = []
 

@@ -27,7 +27,8 @@ from typing import Any
 
 import attrs
 
-from bench.processes import REPO_ROOT, StartupError
+from bench.processes import StartupError
+from tests.support.processes import REPO_ROOT
 
 # What twistd does to find the edgegw plugin and its service maker, printed as paths.
 # Run with -P: like the twistd script (whose sys.path[0] is the virtualenv's bin), the

@@ -35,8 +35,9 @@ from pathlib import Path
 import attrs
 
 from bench import before, gateway
-from bench.processes import REPO_ROOT, StartupError
+from bench.processes import StartupError
 from bench.targets import PAYLOADS
+from tests.support.processes import REPO_ROOT
 
 WORKER = Path(__file__).with_name("chain_worker.py")
 

@@ -12,7 +12,8 @@ from typing import Any
 import attrs
 import yaml
 
-from bench.processes import REPO_ROOT, Process, venv_bin
+from bench.processes import Process
+from tests.support.processes import REPO_ROOT, edgegw_twistd_args, venv_bin
 
 GATEWAY_NAME = "bench"
 """C{metadata.name} of the Gateway resource of every benchmark configuration."""
@@ -237,5 +238,5 @@ def start(
     harness's by default) in C{cwd}: another revision's edgegw runs with C{PYTHONPATH}
     set to its worktree (L{bench.before}).
     """
-    argv = [venv_bin("twistd"), "-n", "--pidfile=", "edgegw", "--config", str(directory)]
+    argv = [venv_bin("twistd"), *edgegw_twistd_args(directory)]
     return Process(name, argv, log, env, cwd)

@@ -47,13 +47,13 @@ from bench.processes import (
     MIB,
     Process,
     StartupError,
-    free_port,
     peak_rss_bytes,
     raise_fd_limit,
     reset_peak_rss,
     rss_bytes,
     started,
 )
+from tests.support.processes import free_port
 
 GIB = 1024 * MIB
 DOWNLOAD_TARGET = 32 * MIB

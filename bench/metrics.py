@@ -24,10 +24,10 @@ from pathlib import Path
 from typing import Any
 
 from bench import gateway, variants, wrk
-from bench.processes import free_port
 from bench.rounds import say
 from bench.targets import PAYLOADS, Target, fetch, start_backend
 from bench.tools import ensure_tools, version
+from tests.support.processes import free_port
 
 PAYLOAD = PAYLOADS[0]
 """The 100-byte JSON document every run asks for."""

@@ -3,6 +3,8 @@ Starting, stopping and measuring the processes under test.
 
 Every process is started in its own session (process group) so that stopping it also
 stops whatever it spawned (nginx's workers); CPU time and RSS are read from C{/proc}.
+What the tests share (the repository root, the virtualenv's scripts, a free port) is in
+L{tests.support.processes}.
 """
 
 from __future__ import annotations
@@ -19,8 +21,7 @@ import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
-"""The repository root: the working directory of every process the harness starts."""
+from tests.support.processes import REPO_ROOT
 
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 PAGE_SIZE = os.sysconf("SC_PAGE_SIZE")
@@ -32,23 +33,6 @@ class StartupError(Exception):
     """
     A process under test did not come up; the message says why (with its log's tail).
     """
-
-
-def venv_bin(name: str) -> str:
-    """
-    The path of a console script installed next to the running interpreter.
-    """
-    return str(Path(sys.executable).parent / name)
-
-
-def free_port() -> int:
-    """
-    A TCP port on 127.0.0.1 that is free right now (the kernel picks it).
-    """
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 def tail(path: Path, lines: int = 15) -> str:

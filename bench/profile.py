@@ -29,10 +29,11 @@ from typing import Any
 import attrs
 
 from bench import gateway, wrk
-from bench.processes import REPO_ROOT, StartupError, free_port, scratch, venv_bin
+from bench.processes import StartupError, scratch
 from bench.rounds import say
 from bench.targets import PAYLOADS, Target, start_backend, start_edgegw
 from bench.tools import ensure_tools
+from tests.support.processes import REPO_ROOT, free_port, venv_bin
 
 SMALL = PAYLOADS[0]
 

@@ -44,7 +44,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import socket
 import statistics
 import time
@@ -62,15 +61,7 @@ from twisted.web.server import Request
 from twisted.web.test.requesthelper import DummyChannel
 
 from bench import backends, bearer, gateway, report, session, variants, wrk
-from bench.processes import (
-    Process,
-    StartupError,
-    cpu_seconds,
-    free_port,
-    scratch,
-    started,
-    warn_if_busy,
-)
+from bench.processes import Process, StartupError, cpu_seconds, scratch, started, warn_if_busy
 from bench.report import Sample
 from bench.rounds import say
 from bench.targets import Target, announce
@@ -80,6 +71,15 @@ from edgegw.identity.session_cookie import SessionCookie
 from edgegw.sessions.server import ServerSessions, index_key
 from edgegw.state.providers import find_provider
 from edgegw.state.store import IStateStore, StoreUnavailableError
+from tests.support.processes import free_port
+from tests.support.redis import (
+    INCOMPLETE,
+    RedisReplyError,
+    encode_command,
+    find_redis_server,
+    parse_reply,
+    server_command,
+)
 
 ROUTE_NAME = "x"
 ROUTE_MATCH = "GET /x"
@@ -107,7 +107,6 @@ REDIS_READY_WITHIN = 10.0
 READS = 20_000
 """In-process reads timed per variant (after L{WARMUP_READS} unrecorded ones)."""
 WARMUP_READS = 500
-_SEARCH_PATH = os.pathsep.join([os.environ.get("PATH", ""), "/usr/local/sbin", "/usr/sbin"])
 
 
 @attrs.frozen
@@ -141,11 +140,11 @@ class RedisError(Exception):
 
 def find_redis() -> str:
     """
-    The redis-server binary on the PATH (or in /usr/sbin).
+    The redis-server binary the tests use too (L{find_redis_server}).
 
     @raise MissingToolsError: If there is none; the message says how to install it.
     """
-    found = shutil.which("redis-server", path=_SEARCH_PATH)
+    found = find_redis_server()
     if found is None:
         raise MissingToolsError(
             "bench: redis-server not found. Install it, e.g.\n"
@@ -159,8 +158,9 @@ def find_redis() -> str:
 
 class RedisClient:
     """
-    A minimal blocking Redis client (RESP2 over one loopback connection), for the
-    harness only: reading keys back, C{INFO commandstats}, C{PING}.
+    A minimal blocking Redis client (RESP2 over one loopback connection, in the tests'
+    wire format: L{encode_command}, L{parse_reply}), for the harness only: reading keys
+    back, C{INFO commandstats}, C{PING}.
     """
 
     def __init__(self, port: int, timeout: float = 5.0) -> None:
@@ -168,46 +168,41 @@ class RedisClient:
             self._socket = socket.create_connection(("127.0.0.1", port), timeout=timeout)
         except OSError as e:
             raise RedisError(f"cannot connect to redis-server on 127.0.0.1:{port}: {e}") from e
-        self._file = self._socket.makefile("rb")
+        self._received = b""
 
     def close(self) -> None:
         """Close the connection."""
-        self._file.close()
         self._socket.close()
 
     def command(self, *args: str | bytes | int) -> Any:
         """
-        Send one command and return its reply: C{str} for a status, C{int}, C{bytes} or
-        L{None} for a bulk string, a list for an array.
+        Send one command and return its reply: C{bytes} for a status or a bulk string
+        (L{None} for a null one), C{int}, a list for an array.
 
         @raise RedisError: On an error reply or a connection failure.
         """
-        parts = [arg if isinstance(arg, bytes) else str(arg).encode() for arg in args]
-        out = b"*%d\r\n" % len(parts) + b"".join(b"$%d\r\n%s\r\n" % (len(p), p) for p in parts)
         try:
-            self._socket.sendall(out)
-            return self._reply()
+            self._socket.sendall(encode_command(args))
+            reply = self._reply()
         except OSError as e:
             raise RedisError(f"redis-server connection failed: {e}") from e
+        if isinstance(reply, RedisReplyError):
+            raise RedisError(str(reply))
+        return reply
 
     def _reply(self) -> Any:
-        line = self._file.readline()
-        if not line.endswith(b"\r\n"):
-            raise RedisError("redis-server closed the connection")
-        kind, rest = line[:1], line[1:-2]
-        if kind == b"+":
-            return rest.decode()
-        if kind == b"-":
-            raise RedisError(rest.decode(errors="replace"))
-        if kind == b":":
-            return int(rest)
-        if kind == b"$":
-            size = int(rest)
-            return None if size < 0 else self._file.read(size + 2)[:-2]
-        if kind == b"*":
-            count = int(rest)
-            return None if count < 0 else [self._reply() for _ in range(count)]
-        raise RedisError(f"unexpected reply from redis-server: {line[:80]!r}")
+        while True:
+            try:
+                reply, end = parse_reply(self._received)
+            except ValueError as e:
+                raise RedisError(f"unexpected reply from redis-server: {e}") from e
+            if reply is not INCOMPLETE:
+                self._received = self._received[end:]
+                return reply
+            data = self._socket.recv(65536)
+            if not data:
+                raise RedisError("redis-server closed the connection")
+            self._received += data
 
 
 def command_calls(info: bytes) -> dict[str, int]:
@@ -262,21 +257,7 @@ class RedisServer:
         self.address = f"127.0.0.1:{self.port}"
         directory = tmp / "redis"
         directory.mkdir()
-        argv = [
-            binary,
-            "--bind",
-            "127.0.0.1",
-            "--port",
-            str(self.port),
-            "--save",
-            "",
-            "--appendonly",
-            "no",
-            "--dir",
-            str(directory),
-            "--logfile",
-            "",
-        ]
+        argv = server_command(binary, directory, self.port)
         self.process = stack.enter_context(
             started(Process("redis-server", argv, tmp / "redis.log"))
         )
@@ -285,7 +266,7 @@ class RedisServer:
         while True:
             try:
                 self.client = RedisClient(self.port)
-                if self.client.command("PING") == "PONG":
+                if self.client.command("PING") == b"PONG":
                     break
             except RedisError as e:
                 if time.monotonic() > deadline:
@@ -362,8 +343,8 @@ def idp_tokens(now: float) -> dict[str, str]:
     }
     del id_claims["scope"]
     return {
-        "access_token": bearer.mint_token(key, claims),
-        "id_token": bearer.mint_token(key, id_claims),
+        "access_token": key.sign(claims),
+        "id_token": key.sign(id_claims),
         "refresh_token": os.urandom(32).hex(),
     }
 

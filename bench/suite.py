@@ -34,17 +34,12 @@ import attrs
 from bench import api, authz, bearer, gateway, metrics, plugins, report, session, variants, wrk
 from bench import workers as workers_bench
 from bench.otlp_sink import Sink
-from bench.processes import (
-    StartupError,
-    free_port,
-    peak_rss_bytes,
-    scratch,
-    warn_if_busy,
-)
+from bench.processes import StartupError, peak_rss_bytes, scratch, warn_if_busy
 from bench.rounds import say
 from bench.targets import PAYLOADS, Target, start_targets
 from bench.telemetry import start_sink
 from bench.tools import ensure_tools, version
+from tests.support.processes import free_port
 
 SMALL, LARGE = PAYLOADS
 
@@ -297,9 +292,9 @@ def _identity_rows(stack: ExitStack, tmp: Path, backend_port: int) -> list[Row]:
             )
         )
     jwk_key = bearer.make_key()
-    issuer = bearer.StaticIssuer(bearer.public_jwk(jwk_key))
+    issuer = bearer.StaticIssuer(jwk_key.public_jwk())
     issuer.start(stack)
-    token = bearer.mint_token(jwk_key, bearer.token_claims(issuer.url, time.time()))
+    token = jwk_key.sign(bearer.token_claims(issuer.url, time.time()))
     bearer_public, cached, _ = bearer.make_variants(issuer.url, token)
     pair = [bearer_public, cached]
     started = _started(stack, tmp, "bearer", pair, bearer.ROUTE_PATH)

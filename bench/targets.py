@@ -24,16 +24,9 @@ import attrs
 
 from bench import gateway, nginx
 from bench.before import Checkout
-from bench.processes import (
-    REPO_ROOT,
-    Process,
-    StartupError,
-    children,
-    free_port,
-    started,
-    tail,
-)
+from bench.processes import Process, StartupError, children, started, tail
 from bench.tools import Tools
+from tests.support.processes import REPO_ROOT, free_port
 
 
 @attrs.frozen

@@ -31,10 +31,11 @@ import attrs
 
 from bench import gateway, variants, wrk
 from bench.otlp_sink import STATS_PATH, Sink
-from bench.processes import free_port, started
+from bench.processes import started
 from bench.rounds import say
 from bench.targets import PAYLOADS, Target, fetch, start_backend
 from bench.tools import ensure_tools, version
+from tests.support.processes import free_port
 
 PAYLOAD = PAYLOADS[0]
 """The 100-byte JSON document every run asks for."""

@@ -22,11 +22,12 @@ from typing import Any
 import attrs
 
 from bench import gateway, report, wrk
-from bench.processes import StartupError, free_port, scratch, warn_if_busy
+from bench.processes import StartupError, scratch, warn_if_busy
 from bench.report import Sample, Summary
 from bench.rounds import InterleavedRunner, say
 from bench.targets import Target, announce, start_edgegw
 from bench.tools import version
+from tests.support.processes import free_port
 
 BASELINE = "a"
 """The key of the variant the others are compared with."""

@@ -23,10 +23,11 @@ from contextlib import ExitStack
 from pathlib import Path
 
 from bench import gateway, variants
-from bench.processes import Process, StartupError, started, tail, venv_bin
+from bench.processes import Process, StartupError, started, tail
 from bench.targets import Target
 from bench.tools import ensure_wrk
 from edgegw.handlers.health import BODY as HEALTH_BODY
+from tests.support.processes import edgegw_twistd_args, venv_bin
 
 ROUTE_MATCH = "GET /x"
 ROUTE_PATH = "/x"
@@ -70,9 +71,9 @@ def start_workers(
         argv = [
             "/bin/sh",
             "-c",
-            f'exec 3<&{fd}; export LISTEN_PID=$$; exec "$0" -n --pidfile= edgegw --config "$1"',
+            f'exec 3<&{fd}; export LISTEN_PID=$$; exec "$0" "$@"',
             venv_bin("twistd"),
-            str(directory),
+            *edgegw_twistd_args(directory),
         ]
         process = stack.enter_context(
             started(

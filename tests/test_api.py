@@ -547,7 +547,13 @@ class CallRecordTests(LiveTestCase):
         self.assertEqual(calls["read"]["error"], f"body over {10 * 1024 * 1024} bytes")
 
 
-class ReviewRegressionTests(LiveTestCase):
+class BackendCallTests(LiveTestCase):
+    """
+    How each backend call is built (a backend's path literals are checked at load, its
+    static query is merged with the forwarded one) and recorded (a cancelled call is in
+    the access log).
+    """
+
     async def test_path_literals_validated_at_load(self) -> None:
         from tests.support.configs import problems_of
 

@@ -496,7 +496,12 @@ class RegoNativeFailureTests(SynchronousTestCase):
         self.assertEqual(policy.evaluate(document), ["evaluation error"])
 
 
-class ReviewRegressionTests(SynchronousTestCase):
+class RegoPathAndRuleFormTests(SynchronousTestCase):
+    """
+    A policy sees the path the routes match (an encoded spelling cannot hide from a
+    path rule), and a complete C{deny} rule with a condition loads.
+    """
+
     def test_encoded_path_cannot_hide_from_a_path_rule(self) -> None:
         root = os.path.abspath(self.mktemp())
         write_tree(

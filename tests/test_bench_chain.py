@@ -17,7 +17,7 @@ from twisted.trial.unittest import SynchronousTestCase
 
 from bench import gateway
 from bench.chain import WORKER
-from bench.processes import REPO_ROOT
+from tests.support.processes import REPO_ROOT
 
 
 class ChainWorkerTests(SynchronousTestCase):

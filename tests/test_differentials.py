@@ -286,10 +286,11 @@ class HostTests(DifferentialTestCase):
         self.assertEqual(seen.header(b"x-forwarded-host"), b"public.example:81")
 
 
-class ReviewedDifferentialTests(DifferentialTestCase):
+class AmbiguousSpellingTests(DifferentialTestCase):
     """
-    Spellings found by a review of the first round: each reached a backend that reads it
-    as a path or host the policy covers.
+    Spellings that a backend reads as a path or host the policy covers (path
+    parameters, fragments and invisible bytes, host sub-delimiters) are refused, and the
+    refused request's connection is closed.
     """
 
     async def test_path_parameters_refused(self) -> None:

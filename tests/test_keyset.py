@@ -1,6 +1,7 @@
 """
 Tests for L{edgegw.identity.keyset}: which JWKs a key set keeps, and which algorithms
-each key may verify.
+each key may verify; an entry or a discovery document's algorithm list of an odd JSON
+type is skipped or refused, never a C{TypeError}.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from cryptography.hazmat.primitives.asymmetric import ec, ed448, ed25519, rsa
 from jwt.algorithms import ECAlgorithm, OKPAlgorithm, RSAAlgorithm
 from twisted.trial.unittest import SynchronousTestCase
 
+from edgegw.identity.discovery import DiscoveryError, parse_discovery
 from edgegw.identity.keyset import (
     ASYMMETRIC_ALGORITHMS,
     MAX_CANDIDATES,
@@ -22,6 +24,7 @@ from edgegw.identity.keyset import (
     compatible,
     load_key,
 )
+from tests.support.fake_idp import SigningKey
 
 
 def rsa_key(bits: int = 2048, which: int = 0) -> rsa.RSAPrivateKey:
@@ -393,3 +396,33 @@ class SeedTests(SynchronousTestCase):
         self.assertIs(new.keys, rotated)
         self.assertIs(self.successResultOf(Deferred.fromCoroutine(new.keys_for("k2"))), rotated)
         self.assertEqual(len(pending), 1)
+
+
+class OddTypes(SynchronousTestCase):
+    """
+    Unusable entries are skipped, not fatal, even when an entry's C{alg} (or an item of
+    a discovery document's C{id_token_signing_alg_values_supported}) is a JSON array or
+    object (unhashable: a C{TypeError} in a frozenset membership test would throw away
+    the whole key set, and escape C{parse_discovery} instead of L{DiscoveryError}).
+    """
+
+    def test_one_odd_jwk_is_skipped_not_fatal(self) -> None:
+        good = SigningKey.generate("rsa-1", "RS256").public_jwk()
+        odd = dict(good, kid="odd", alg=["RS256"])
+        keys = KeySet.from_jwks({"keys": [odd, good]})
+        self.assertEqual(keys.kids, frozenset({"rsa-1"}))
+
+    def test_odd_algorithm_list_item_is_a_discovery_error(self) -> None:
+        document = {
+            "issuer": "https://i.example",
+            "authorization_endpoint": "https://i.example/a",
+            "token_endpoint": "https://i.example/t",
+            "jwks_uri": "https://i.example/j",
+            "id_token_signing_alg_values_supported": [{"x": 1}, "RS256"],
+        }
+        try:
+            parse_discovery(document, "https://i.example")
+        except DiscoveryError:
+            pass
+        except TypeError as e:
+            self.fail(f"TypeError escaped: {e}")

@@ -120,6 +120,43 @@ spec:
 {self.extra_routes}"""
         await self.serve(text, wait)
 
+    async def start_routes(
+        self,
+        routes: str,
+        gateway_extra: str = "",
+        session_extra: str = "",
+        idp_spec: str = "",
+        groups: str = '{source: groups, match: ["ou=groups"], render: cn}',
+    ) -> None:
+        """
+        Serve C{routes} (Route resources in YAML, C{UPSTREAM} standing for the backend's
+        URL) instead of the usual ones, behind the same Gateway and IdP: C{gateway_extra}
+        lines added to the Gateway's spec, C{session_extra} to its session block,
+        C{idp_spec} lines to the IdP's spec, and C{groups} as the identity's groups rule.
+        """
+        upstream = f"http://127.0.0.1:{self.backend.port}"
+        text = f"""\
+kind: Gateway
+metadata: {{name: gw}}
+spec:
+  listen: "127.0.0.1:0"
+  session: {{key: "{KEY}"{session_extra}}}
+  identity:
+    groups: {groups}
+{gateway_extra}
+---
+kind: IdP
+metadata: {{name: idp}}
+spec:
+  type: oidc
+  issuer: "{self.idp.issuer}"
+  clientID: gw
+  clientSecret: gw-secret
+{idp_spec}
+---
+""" + routes.replace("UPSTREAM", upstream)
+        await self.serve(text)
+
     async def serve(self, text: str, wait: bool = True) -> None:
         """
         Build the gateway from the configuration C{text}, listen, register the callback
@@ -165,6 +202,20 @@ async def world(test: TestCase, **start: Any) -> LoginWorld:
     test.addCleanup(backend.stop)
     built = LoginWorld(test, idp, backend)
     await built.start(**start)
+    return built
+
+
+async def world_with_routes(test: TestCase, routes: str, **start: Any) -> LoginWorld:
+    """
+    A L{LoginWorld} serving C{routes} (L{LoginWorld.start_routes}, with C{start}'s
+    options) in front of a backend answering C{backend}.
+    """
+    idp = FakeIdP()
+    await idp.start(test)
+    backend = SiteBackend(answer(body=b"backend")).start()
+    test.addCleanup(backend.stop)
+    built = LoginWorld(test, idp, backend)
+    await built.start_routes(routes, **start)
     return built
 
 
@@ -471,6 +522,48 @@ spec:
         self.assertEqual((other.status, other.body), (200, b"spa"))
         final = await w.login("/app/x")
         self.assertEqual(final.status, 200)
+
+
+HOST_ROUTES = """\
+kind: Route
+metadata: {name: site}
+spec:
+  match: "127.0.0.1/"
+  type: app
+  handler: {type: reverse-proxy, upstream: "UPSTREAM"}
+---
+kind: Route
+metadata: {name: app}
+spec:
+  match: "127.0.0.1/app/"
+  type: app
+  access: {auth: required}
+  handler: {type: reverse-proxy, upstream: "UPSTREAM"}
+"""
+
+
+class HostPatternShadowing(TestCase):
+    """
+    Routes with a host pattern do not shadow the auth endpoints on that host (the mux
+    prefers host patterns): login, callback, logout and the session view are still the
+    gateway's, and logout really logs out.
+    """
+
+    async def test_auth_endpoints_win_over_host_routes(self) -> None:
+        w = await world_with_routes(self, HOST_ROUTES)
+        # The reference: requests to the auth endpoints are handled directly.
+        login = await w.browser.get(w.url("/auth/login?return_to=/app/x"))
+        self.assertEqual(login.status, 302, "login endpoint shadowed by the host route")
+        self.assertTrue((login.location or "").startswith(w.idp.issuer))
+
+    async def test_logout_really_logs_out_with_host_routes(self) -> None:
+        w = await world_with_routes(self, HOST_ROUTES)
+        # Log in by hand at the callback (the only way while the endpoints are shadowed
+        # would be none at all); so just check logout: the POST must reach the gateway.
+        before = len(w.backend.requests)
+        out = await w.browser.post(w.url("/auth/logout"))
+        self.assertEqual(len(w.backend.requests), before, "POST /auth/logout went to the backend")
+        self.assertEqual(out.status, 302)
 
 
 class LogoutTests(TestCase):
@@ -840,3 +933,40 @@ class ConfigTests(TestCase):
             "gateway's own auth endpoint (spec.auth.logoutPath), answered before any Route",
             problems,
         )
+
+
+class MethodRouteShadowing(TestCase):
+    """
+    A Route on an auth endpoint's path (here with a method) is never reached, and is
+    refused at load; a host pattern that keeps every other path is fine.
+    """
+
+    def test_method_route_on_an_auth_path_is_a_config_error(self) -> None:
+        from edgegw.config.errors import ConfigError
+        from tests.support.configs import load_text
+
+        text = f"""\
+            kind: Gateway
+            metadata: {{name: g}}
+            spec:
+              listen: "127.0.0.1:0"
+              session: {{key: "{KEY}"}}
+            ---
+            kind: IdP
+            metadata: {{name: i}}
+            spec: {{type: oidc, issuer: "https://idp.example", clientID: c, clientSecret: s}}
+            ---
+            kind: Route
+            metadata: {{name: r}}
+            spec: {{match: "POST /auth/logout", handler: {{type: health}}}}
+            ---
+            kind: Route
+            metadata: {{name: h}}
+            spec: {{match: "example.com/", handler: {{type: health}}}}
+            """
+        # "POST /auth/logout" can never be reached (the endpoint answers first): reported.
+        # "example.com/" keeps every other path and is fine.
+        with self.assertRaises(ConfigError) as caught:
+            load_text(self.mktemp(), text, gateway=False)
+        self.assertEqual(len(caught.exception.problems), 1)
+        self.assertIn("/auth/logout", str(caught.exception.problems[0]))

@@ -1,5 +1,6 @@
 """
-Tests for L{edgegw.identity.login_state}.
+Tests for L{edgegw.identity.login_state}, and for the callback's record of spent login
+states (L{edgegw.auth.callback.SpentStates}): one login state buys one token request.
 """
 
 from __future__ import annotations
@@ -8,8 +9,10 @@ import json
 import re
 
 from twisted.internet.task import Clock
-from twisted.trial.unittest import SynchronousTestCase
+from twisted.trial.unittest import SynchronousTestCase, TestCase
 
+import edgegw.auth.callback as callback
+from edgegw.auth.callback import SpentStates
 from edgegw.identity.login_state import (
     LOGIN_LIFETIME,
     MAX_PENDING,
@@ -18,6 +21,8 @@ from edgegw.identity.login_state import (
     login_cookie_prefix,
 )
 from edgegw.identity.sealing import LOGIN_STATE_AAD, SESSION_AAD, Sealer
+from tests.support.browser import Browser
+from tests.test_login import world
 from tests.test_session_cookie import (
     apply_set_cookies,
     cleared,
@@ -316,3 +321,57 @@ class LoginStateTests(SynchronousTestCase):
         login = LoginState("s", "n", "dBjftJeZ4CVP-mB92K27uhbUJU1p1r_wW1gFWFOEjXk", "/", NOW)
         self.assertEqual(login.challenge, "E9Melhoa2OwvFrEMTJguCHaoeK1t8URWbuGJSstw-cM")
         self.assertEqual(len(self.begin().challenge), 43)
+
+
+class SpentEviction(SynchronousTestCase):
+    """
+    When L{SpentStates} is full of unexpired states, C{spend()} refuses a new one rather
+    than evict the oldest unexpired one: a state spent earlier would be accepted again
+    (a replayed callback buys a second token-endpoint call). Filling it is cheap:
+    C{GET /auth/login}, then C{GET /auth/callback?state=S&error=x} with that login
+    cookie spends S with no IdP call at all (2 requests per state, 50,000 states inside
+    the 600 s login lifetime).
+    """
+
+    def test_unexpired_state_is_not_forgotten(self) -> None:
+        self.patch(callback, "MAX_SPENT", 3)
+        clock = Clock()
+        clock.advance(1000)
+        spent = SpentStates(clock)
+        self.assertTrue(spent.spend("victim", 1000))
+        for filler in ("a", "b"):
+            self.assertTrue(spent.spend(filler, 1000))
+        # Full of unexpired states: a new one is refused (the callback answers 503)
+        # rather than one being forgotten.
+        self.assertIsNone(spent.spend("c", 1000))
+        self.assertFalse(spent.spend("victim", 1000), "a spent, unexpired state was accepted again")
+        # Once the first ones expire, there is room again.
+        clock.advance(601)
+        self.assertTrue(spent.spend("c", 1000 + 601))
+
+
+class ConsumedStates(TestCase):
+    """
+    A login state is used once: the gateway remembers a consumed state, not only asks
+    the browser to drop its cookie. A client that kept the cookie could otherwise replay
+    one C{/auth/login}'s state for its whole 10-minute lifetime, one token-endpoint call
+    (with the gateway's client credentials) per C{GET /auth/callback} with made-up
+    codes, exhausting the gateway's token-endpoint quota at the IdP (IdPs rate-limit and
+    lock out per client id: every user's login would fail).
+    """
+
+    async def test_one_login_state_buys_one_token_request(self) -> None:
+        w = await world(self)
+        attacker = Browser()
+        await attacker.get(w.url("/auth/login"))
+        login_cookies = {k: v for k, v in attacker.cookies.items() if ".login." in k}
+        state = next(iter(login_cookies)).split(".login.", 1)[1]
+        for index in range(20):
+            replay = Browser(cookies=dict(login_cookies))
+            response = await replay.get(
+                w.url(f"/auth/callback?state={state}&code=guess{index}&iss={w.idp.issuer}")
+            )
+            self.assertIn(response.status, (400, 502))
+        self.assertLessEqual(
+            len(w.idp.token_requests), 1, f"{len(w.idp.token_requests)} token requests"
+        )

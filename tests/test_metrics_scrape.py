@@ -27,8 +27,7 @@ from edgegw.server import scrape_site
 from edgegw.server.scrape_site import SCRAPE_LIMITS
 from tests.support.backends import SiteBackend, answer
 from tests.support.daemons import GatewayProcess, http_exchange, sleep
-from tests.support.processes import listen_local, raw_exchange
-from tests.support.redis import free_port
+from tests.support.processes import free_port, listen_local, raw_exchange
 
 _SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{.*\})? (\S+)$")
 

@@ -1640,9 +1640,11 @@ class NoBodyStatusTests(PluginTestCase):
         self.assertEqual(Reply(204).body, b"")
 
 
-class ReviewFindingsTests(PluginTestCase):
+class PluginEdgeCaseTests(PluginTestCase):
     """
-    What the cold review of the plugin stages found.
+    The plugin stages at their edges: a client leaving mid-buffering, a hook raising
+    C{CancelledError}, a client's C{Connection} list, configurations that cannot work,
+    duplicate and incomplete registrations, manifest versions compared as releases.
     """
 
     async def test_disconnect_while_buffering_a_static_file_stops_pulling(self) -> None:

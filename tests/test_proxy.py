@@ -679,10 +679,12 @@ class ProxyCallRecordTests(ProxyTestCase):
         self.assertIn("ConnectionRefusedError", second["error"])
 
 
-class ReviewRegressionTests(ProxyTestCase):
+class RequestHygieneTests(ProxyTestCase):
     """
-    Holes found in review: each would let a request past the route, its policies or the
-    header hygiene the gateway promises.
+    Nothing gets a request past the route, its policies or the header hygiene the
+    gateway promises: absolute-form targets, underscored headers, invented content
+    types, upgrades other than WebSocket, malformed chunked bodies, a client's own
+    C{Authorization}.
     """
 
     def raw_backend(self, response: bytes) -> Any:

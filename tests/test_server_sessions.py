@@ -35,13 +35,12 @@ from tests.support.browser import Browser, BrowserResponse
 from tests.support.configs import problems_of, write_tree
 from tests.support.fake_idp import FakeIdP, SigningKey
 from tests.support.rawclient import RawClient
-from tests.support.redis import RedisServer, TestCA, redis_server
+from tests.support.redis import RedisProbe, RedisServer, TestCA, redis_server
 from tests.support.sessions import (
     COOKIE,
     KEY,
     OTHER_KEY,
     PREFIX,
-    RedisProbe,
     SessionGateway,
     index_key,
     open_stream,

@@ -27,10 +27,10 @@ from twisted.web.server import NOT_DONE_YET, Request
 
 from tests.support.backends import RawBackend, RawConnection, RawRequest, SiteBackend, answer
 from tests.support.browser import USER_AGENT, Browser
-from tests.support.daemons import GatewayProcess, HttpAnswer, http_exchange, redis_command, sleep
+from tests.support.daemons import GatewayProcess, HttpAnswer, http_exchange, sleep
 from tests.support.fake_idp import FakeIdP
 from tests.support.rawclient import RawClient, connect
-from tests.support.redis import RedisServer, redis_server
+from tests.support.redis import RedisServer, redis_command, redis_server
 from tests.support.sessions import server_session_config
 
 reactor: Any = _reactor

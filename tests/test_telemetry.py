@@ -112,6 +112,27 @@ class ConfigTests(SynchronousTestCase):
         self.assertEqual(traces_url("http://c/otlp/v1/traces"), "http://c/otlp/v1/traces")
 
 
+class AuthorizationInAccessLog(SynchronousTestCase):
+    """
+    Credentials never reach the access log: C{accessLog.requestHeaders} refuses
+    C{Authorization}, C{Cookie} and C{Proxy-Authorization}.
+    """
+
+    def test_request_headers_authorization_is_refused(self) -> None:
+        for header in ("Authorization", "Cookie", "Proxy-Authorization"):
+            problems = problems_of(
+                self.mktemp(),
+                f"""\
+                kind: Telemetry
+                metadata: {{name: t}}
+                spec:
+                  service: {{name: edge-test}}
+                  accessLog: {{requestHeaders: [{header}]}}
+                """,
+            )
+            self.assertTrue(problems, header)
+
+
 class _SpanHarness(TestCase):
     def setUp(self) -> None:
         self.spans = InMemorySpanExporter()

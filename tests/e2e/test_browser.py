@@ -27,8 +27,7 @@ from twisted.web.server import NOT_DONE_YET, Request, Site
 from tests.e2e.browser import Chromium, log_in_at_provider, start_chromium
 from tests.e2e.provider import Provider, start_provider
 from tests.support.daemons import GatewayProcess
-from tests.support.processes import listen_local, port_of
-from tests.support.redis import free_port
+from tests.support.processes import free_port, listen_local, port_of
 from tests.test_proxy import EchoWebSocket
 
 reactor: Any = _reactor

@@ -22,8 +22,8 @@ from tests.e2e.browser import Chromium, log_in_at_provider, start_chromium
 from tests.e2e.provider import RESOURCE, Provider, start_provider
 from tests.e2e.test_browser import AppBackend
 from tests.support.daemons import GatewayProcess, http_exchange, sleep
-from tests.support.processes import listen_local, port_of
-from tests.support.redis import RedisServer, free_port, redis_server
+from tests.support.processes import free_port, listen_local, port_of
+from tests.support.redis import RedisServer, redis_server
 
 KEY = "fedcba9876543210fedcba9876543210"
 BACKCHANNEL_PATH = "/auth/backchannel-logout"

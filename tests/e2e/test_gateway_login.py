@@ -9,7 +9,6 @@ provider issues a JWT access token for the API or an opaque one for userinfo.
 
 from __future__ import annotations
 
-import socket
 from typing import Any
 
 from twisted.internet import reactor as _reactor
@@ -22,20 +21,11 @@ from edgegw.upstream.pool import UpstreamClient
 from tests.e2e.provider import RESOURCE, CookieClient, login_through_forms, start_provider
 from tests.support.backends import SiteBackend, answer
 from tests.support.configs import write_tree
+from tests.support.processes import free_port
 
 reactor: Any = _reactor
 
 KEY = "0123456789abcdef0123456789abcdef"
-
-
-def free_port() -> int:
-    """
-    A loopback port free right now (the provider must know the gateway's callback URL
-    before the gateway, which needs the provider's issuer, is built).
-    """
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 class ProviderGateway(TestCase):

@@ -9,7 +9,6 @@ posts a logout_token to the gateway when the user logs out at the provider).
 from __future__ import annotations
 
 import re
-import socket
 from collections.abc import Awaitable, Callable
 from typing import Any
 from urllib.parse import urljoin
@@ -34,6 +33,7 @@ from tests.e2e.provider import (
 )
 from tests.support.backends import SiteBackend, answer
 from tests.support.configs import write_tree
+from tests.support.processes import free_port
 from tests.support.redis import RedisServer, redis_server
 
 reactor: Any = _reactor
@@ -43,17 +43,6 @@ PREFIX = "gw:sess:"
 BACKCHANNEL_PATH = "/auth/backchannel-logout"
 # A session id: 24 random bytes, base64url (edgegw.sessions.server).
 RECORD_KEY = re.compile(re.escape(PREFIX) + r"[A-Za-z0-9_-]{32}")
-
-
-def free_port() -> int:
-    """
-    A loopback port free right now: the provider must know the gateway's callback and
-    back-channel logout URLs before the gateway, which needs the provider's issuer, is
-    built.
-    """
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 async def sleep(seconds: float) -> None:

@@ -18,7 +18,7 @@ from twisted.trial.unittest import TestCase
 from tests.e2e.provider import RESOURCE, CookieClient, Provider, login_through_forms, start_provider
 from tests.support.backends import SiteBackend, answer
 from tests.support.daemons import GatewayProcess, sleep
-from tests.support.redis import free_port
+from tests.support.processes import free_port
 
 READY_DEADLINE = 20.0
 

@@ -1,7 +1,8 @@
 """
 Real gateway processes for tests: C{twistd -n edgegw --config DIR} spawned from the test
-process, as an operator runs several instances side by side; plus the small clients such
-tests need around them (one raw HTTP exchange, one Redis command).
+process, as an operator runs several instances side by side; plus the small client such
+tests need around them (one raw HTTP exchange; one Redis command is
+L{tests.support.redis.redis_command}).
 
 Each L{GatewayProcess} is SIGKILLed and awaited when its test ends; its output (logs and
 access log) is written to C{gateway.log} in its configuration directory as it arrives,
@@ -10,22 +11,24 @@ for a look after a failure.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import re
-import sys
 from typing import Any
 
 from twisted.internet import reactor as _global_reactor
 from twisted.internet.defer import Deferred
-from twisted.internet.endpoints import TCP4ClientEndpoint, connectProtocol
-from twisted.internet.error import ProcessExitedAlready
-from twisted.internet.protocol import ProcessProtocol, Protocol
 from twisted.internet.task import deferLater
 from twisted.python.failure import Failure
 from twisted.trial.unittest import TestCase
 
 from tests.support.configs import write_tree
+from tests.support.processes import (
+    REPO_ROOT,
+    ProcessOutput,
+    edgegw_twistd_args,
+    kill,
+    venv_bin,
+)
 from tests.support.rawclient import connect
 
 reactor: Any = _global_reactor
@@ -34,12 +37,9 @@ __all__ = [
     "GatewayProcess",
     "HttpAnswer",
     "http_exchange",
-    "redis_command",
     "sleep",
 ]
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-TWISTD = os.path.join(os.path.dirname(sys.executable), "twistd")
 START_TIMEOUT = 30.0
 
 
@@ -50,37 +50,28 @@ async def sleep(seconds: float) -> None:
     await deferLater(reactor, seconds, lambda: None)
 
 
-class _Output(ProcessProtocol):
+class _Output(ProcessOutput):
     """
     Collects a twistd child's output (also into a file); fires C{listening} with the
     port it bound and C{ended} when it exits.
     """
 
     def __init__(self, log_path: str) -> None:
-        self.output = b""
-        self.log = open(log_path, "ab")  # noqa: SIM115 (closed when the process ends)
+        super().__init__(log_path)
         self.listening: Deferred[int] = Deferred()
-        self.ended: Deferred[None] = Deferred()
-        self.exited = False
 
     def outReceived(self, data: bytes) -> None:
-        self.output += data
-        self.log.write(data)
-        self.log.flush()
+        super().outReceived(data)
         found = re.search(rb"edgegw listening on .*?port=(\d+)", self.output)
         if found and not self.listening.called:
             self.listening.callback(int(found.group(1)))
 
-    errReceived = outReceived
-
     def processEnded(self, reason: Failure) -> None:
-        self.exited = True
-        self.log.close()
         if not self.listening.called:
             self.listening.errback(
                 RuntimeError("the gateway exited:\n" + self.output.decode(errors="replace"))
             )
-        self.ended.callback(None)
+        super().processEnded(reason)
 
 
 class GatewayProcess:
@@ -137,10 +128,10 @@ class GatewayProcess:
         self._protocol = protocol
         self._process = reactor.spawnProcess(
             protocol,
-            TWISTD,
-            ["twistd", "-n", "--pidfile=", "edgegw", "--config", self.directory],
-            env={**os.environ, "PYTHONPATH": ROOT},
-            path=ROOT,
+            venv_bin("twistd"),
+            ["twistd", *edgegw_twistd_args(self.directory)],
+            env={**os.environ, "PYTHONPATH": str(REPO_ROOT)},
+            path=str(REPO_ROOT),
         )
         self.test.addCleanup(self.stop)
         self.port = await protocol.listening.addTimeout(START_TIMEOUT, reactor)
@@ -154,8 +145,7 @@ class GatewayProcess:
         if protocol is None:
             return
         if not protocol.exited:
-            with contextlib.suppress(ProcessExitedAlready):
-                process.signalProcess("KILL")
+            kill(process)
         await protocol.ended
 
 
@@ -203,84 +193,3 @@ async def http_exchange(
     client.send(("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + body)
     await client.closed
     return HttpAnswer(client.received)
-
-
-class _IncompleteError(Exception):
-    pass
-
-
-def _parse_resp(data: bytes, at: int = 0) -> tuple[Any, int]:
-    """
-    One RESP2 value at C{data[at:]}, and where the next begins.
-
-    @raise _IncompleteError: More bytes are needed.
-    """
-    end = data.find(b"\r\n", at)
-    if end < 0:
-        raise _IncompleteError
-    kind, line = data[at : at + 1], data[at + 1 : end]
-    after = end + 2
-    if kind == b"+":
-        return line, after
-    if kind == b"-":
-        return RuntimeError(line.decode(errors="replace")), after
-    if kind == b":":
-        return int(line), after
-    if kind == b"$":
-        size = int(line)
-        if size < 0:
-            return None, after
-        if len(data) < after + size + 2:
-            raise _IncompleteError
-        return data[after : after + size], after + size + 2
-    if kind == b"*":
-        count = int(line)
-        if count < 0:
-            return None, after
-        items = []
-        for _ in range(count):
-            item, after = _parse_resp(data, after)
-            items.append(item)
-        return items, after
-    raise ValueError(f"not RESP: {data[at:]!r}")
-
-
-class _RedisCommand(Protocol):
-    def __init__(self, command: bytes) -> None:
-        self.command = command
-        self.buffer = b""
-        self.reply: Deferred[Any] = Deferred()
-
-    def connectionMade(self) -> None:
-        assert self.transport is not None
-        self.transport.write(self.command)
-
-    def dataReceived(self, data: bytes) -> None:
-        self.buffer += data
-        try:
-            value, _ = _parse_resp(self.buffer)
-        except _IncompleteError:
-            return
-        if not self.reply.called:
-            self.reply.callback(value)
-        assert self.transport is not None
-        self.transport.loseConnection()
-
-    def connectionLost(self, reason: Failure | None = None) -> None:
-        if not self.reply.called:
-            self.reply.errback(ConnectionError("redis closed the connection"))
-
-
-async def redis_command(port: int, *args: str | bytes) -> Any:
-    """
-    Send one command to the Redis server on 127.0.0.1:C{port} (plaintext, no AUTH) over
-    a connection of its own; its reply (bytes, int, list, None or a RuntimeError).
-    """
-    parts = [a.encode() if isinstance(a, str) else a for a in args]
-    command = b"*%d\r\n" % len(parts) + b"".join(b"$%d\r\n%s\r\n" % (len(p), p) for p in parts)
-    protocol = _RedisCommand(command)
-    await connectProtocol(TCP4ClientEndpoint(reactor, "127.0.0.1", port, timeout=2), protocol)
-    reply = await protocol.reply.addTimeout(5, reactor)
-    # Let the connection finish closing before the caller goes on.
-    await sleep(0)
-    return reply

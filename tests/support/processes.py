@@ -1,13 +1,85 @@
 """
-Small helpers for tests that listen on sockets or spawn processes.
+Processes and ports: the helpers the tests and the benchmarks (C{bench/}) share.
+
+What needs no reactor comes first (the repository root, the virtualenv's scripts, a
+free port, the gateway's twistd command line), so that the benchmark harness, which
+runs no reactor, imports it too; then the reactor-side helpers of tests that listen on
+sockets or spawn processes.
 """
 
 from __future__ import annotations
 
 import contextlib
+import socket
+import sys
+from pathlib import Path
 from typing import Any
 
+from twisted.internet.defer import Deferred
 from twisted.internet.error import ProcessExitedAlready
+from twisted.internet.protocol import ProcessProtocol
+from twisted.python.failure import Failure
+
+REPO_ROOT = Path(__file__).resolve().parent.parent.parent
+"""The repository root: the working directory of the processes tests and benchmarks
+start."""
+
+
+def venv_bin(name: str) -> str:
+    """
+    The path of a console script installed next to the running interpreter (C{twistd},
+    C{edgegw}).
+    """
+    return str(Path(sys.executable).parent / name)
+
+
+def free_port() -> int:
+    """
+    A TCP port on 127.0.0.1 that is free right now (the kernel picks it), for a process
+    that must be told its port before it starts.
+    """
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def edgegw_twistd_args(config: str | Path) -> list[str]:
+    """
+    What follows the program name in the command line that runs the gateway as
+    operators do, in the foreground and without a pid file, on the configuration
+    C{config}: C{twistd -n --pidfile= edgegw --config CONFIG}.
+    """
+    return ["-n", "--pidfile=", "edgegw", "--config", str(config)]
+
+
+class ProcessOutput(ProcessProtocol):
+    """
+    Collects a child's output (stdout and stderr together in L{output}, also appended
+    to the file C{log_path} as it arrives when one is given); C{ended} fires once it
+    has exited.
+    """
+
+    def __init__(self, log_path: str | None = None) -> None:
+        self.output = b""
+        self.log = None if log_path is None else open(log_path, "ab")  # noqa: SIM115 (closed at exit)
+        self.ended: Deferred[None] = Deferred()
+        self.exited = False
+
+    def outReceived(self, data: bytes) -> None:
+        self.output += data
+        if self.log is not None:
+            self.log.write(data)
+            self.log.flush()
+
+    def errReceived(self, data: bytes) -> None:
+        self.outReceived(data)
+
+    def processEnded(self, reason: Failure) -> None:
+        self.exited = True
+        if self.log is not None:
+            self.log.close()
+        self.ended.callback(None)
 
 
 def port_of(listening: Any) -> int:

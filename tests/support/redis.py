@@ -1,6 +1,9 @@
 """
-A real redis-server for a test, on a free loopback port: plain, with TLS (a test CA and
-server certificate generated here) and/or with an ACL user and password.
+Redis for the tests and the benchmarks (C{bench/}): the redis-server binary and its
+command line, the RESP2 wire format, and, for a test, a real redis-server on a free
+loopback port -- plain, with TLS (a test CA and server certificate generated here)
+and/or with an ACL user and password -- and one-connection clients that read and write
+it behind the gateway's back (L{RedisProbe}, L{redis_command}).
 
 The server keeps nothing on disk (C{--save "" --appendonly no}, its directory a fresh
 temporary one) and is killed and awaited when the test ends. L{RedisServer.stop} and
@@ -15,8 +18,9 @@ import ipaddress
 import os
 import shutil
 import signal
-import socket
 import tempfile
+from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from cryptography import x509
@@ -27,23 +31,127 @@ from twisted.internet import reactor
 from twisted.internet.defer import Deferred
 from twisted.internet.endpoints import TCP4ClientEndpoint, connectProtocol, wrapClientTLS
 from twisted.internet.error import ProcessExitedAlready
-from twisted.internet.protocol import ProcessProtocol, Protocol
+from twisted.internet.protocol import Protocol
 from twisted.internet.ssl import Certificate, optionsForClientTLS
 from twisted.internet.task import deferLater
 from twisted.python.failure import Failure
 from twisted.trial.unittest import TestCase
 
+from tests.support.processes import ProcessOutput, free_port, kill
+
 SETUP_HINT = "run make test (it installs redis-server)"
 READY_TIMEOUT = 10.0
 
 
-def free_port() -> int:
+def find_redis_server() -> str | None:
     """
-    A loopback TCP port that was free a moment ago.
+    The redis-server binary on the C{PATH} or in the sbin directories (which are not on
+    every user's C{PATH}), or L{None}.
     """
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    path = os.pathsep.join([os.environ.get("PATH", ""), "/usr/local/sbin", "/usr/sbin"])
+    return shutil.which("redis-server", path=path)
+
+
+def server_command(
+    binary: str,
+    directory: str | Path,
+    port: int,
+    *,
+    tls: tuple[str, str, str] | None = None,
+    user: str | None = None,
+    password: str | None = None,
+) -> list[str]:
+    """
+    The command line of a redis-server on 127.0.0.1:C{port} that keeps nothing on disk
+    (its directory C{directory}) and logs to its standard output.
+
+    @param tls: The certificate, key and CA files: then C{port} is the TLS port, and
+        there is no plaintext one (clients are not asked for certificates).
+    @param password: With it, the default user is off and C{user} (the default user
+        when L{None}) has every right with this password: connecting without AUTH as
+        that user gets C{NOAUTH}.
+    """
+    args = [binary, "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]
+    args += ["--dir", str(directory), "--logfile", ""]
+    if tls is None:
+        args += ["--port", str(port)]
+    else:
+        cert, key, ca = tls
+        args += ["--port", "0", "--tls-port", str(port)]
+        args += ["--tls-cert-file", cert, "--tls-key-file", key]
+        args += ["--tls-ca-cert-file", ca, "--tls-auth-clients", "no"]
+    if password is not None:
+        args += ["--user", "default", "off"]
+        args += ["--user", user or "default", "on", f">{password}", "~*", "&*", "+@all"]
+    return args
+
+
+# -- RESP2 -------------------------------------------------------------------------------
+
+
+class RedisReplyError(Exception):
+    """
+    Redis answered an error reply.
+    """
+
+
+INCOMPLETE: Any = object()
+"""What L{parse_reply} answers while a reply has not wholly arrived."""
+
+
+def encode_command(args: Sequence[bytes | str | int]) -> bytes:
+    """
+    One command as a RESP2 array of bulk strings (text and numbers in UTF-8).
+    """
+    parts = [b"*%d\r\n" % len(args)]
+    for arg in args:
+        raw = arg if isinstance(arg, bytes) else str(arg).encode("utf-8")
+        parts.append(b"$%d\r\n%s\r\n" % (len(raw), raw))
+    return b"".join(parts)
+
+
+def parse_reply(data: bytes, at: int = 0) -> tuple[Any, int]:
+    """
+    One RESP2 reply at C{data[at:]}: the value and where the next one starts, or
+    (L{INCOMPLETE}, C{at}) while more bytes are needed.
+
+    Simple strings and bulk strings are C{bytes}, integers C{int}, a null L{None}, an
+    array a list, and an error reply a L{RedisReplyError} (returned, not raised).
+
+    @raise ValueError: If C{data} is not RESP2.
+    """
+    end = data.find(b"\r\n", at)
+    if end < 0:
+        return INCOMPLETE, at
+    kind, line, after = data[at : at + 1], data[at + 1 : end], end + 2
+    if kind == b"+":
+        return line, after
+    if kind == b"-":
+        return RedisReplyError(line.decode("utf-8", "replace")), after
+    if kind == b":":
+        return int(line), after
+    if kind == b"$":
+        size = int(line)
+        if size < 0:
+            return None, after
+        if len(data) < after + size + 2:
+            return INCOMPLETE, at
+        return data[after : after + size], after + size + 2
+    if kind == b"*":
+        count = int(line)
+        if count < 0:
+            return None, after
+        items = []
+        for _ in range(count):
+            item, after = parse_reply(data, after)
+            if item is INCOMPLETE:
+                return INCOMPLETE, at
+            items.append(item)
+        return items, after
+    raise ValueError(f"not RESP: {data[at:]!r}")
+
+
+# -- a test's redis-server ---------------------------------------------------------------
 
 
 class TestCA:
@@ -132,41 +240,6 @@ class TestCA:
         return cert_path, key_path
 
 
-class _ServerProcess(ProcessProtocol):
-    def __init__(self) -> None:
-        self.output = b""
-        self.ended: Deferred[None] = Deferred()
-        self.exited = False
-
-    def outReceived(self, data: bytes) -> None:
-        self.output += data
-
-    errReceived = outReceived
-
-    def processEnded(self, reason: Failure) -> None:
-        self.exited = True
-        self.ended.callback(None)
-
-
-class _Ping(Protocol):
-    def __init__(self) -> None:
-        self.answered: Deferred[bytes] = Deferred()
-        self._received = b""
-
-    def connectionMade(self) -> None:
-        self.transport.write(b"PING\r\n")  # type: ignore[union-attr]
-
-    def dataReceived(self, data: bytes) -> None:
-        self._received += data
-        if b"\r\n" in self._received and not self.answered.called:
-            self.answered.callback(self._received)
-            self.transport.loseConnection()  # type: ignore[union-attr]
-
-    def connectionLost(self, reason: Any = None) -> None:
-        if not self.answered.called:
-            self.answered.errback(reason)
-
-
 class RedisServer:
     """
     A redis-server process for one test.
@@ -184,7 +257,7 @@ class RedisServer:
         user: str | None = None,
         password: str | None = None,
     ) -> None:
-        binary = shutil.which("redis-server")
+        binary = find_redis_server()
         if binary is None:
             test.fail(f"redis-server is not installed: {SETUP_HINT}")
         self.binary: str = binary
@@ -195,29 +268,23 @@ class RedisServer:
         self.address = f"127.0.0.1:{self.port}"
         self.tls = tls
         self.ca: TestCA | None = None
-        self.args = [self.binary, "--save", "", "--appendonly", "no", "--dir", self.directory]
-        self.args += ["--bind", "127.0.0.1", "--logfile", ""]
+        files: tuple[str, str, str] | None = None
         if tls:
             self.ca = TestCA(self.directory)
             cert, key = self.ca.issue("redis", ["127.0.0.1", "localhost"])
-            self.args += ["--port", "0", "--tls-port", str(self.port)]
-            self.args += ["--tls-cert-file", cert, "--tls-key-file", key]
-            self.args += ["--tls-ca-cert-file", self.ca.path, "--tls-auth-clients", "no"]
-        else:
-            self.args += ["--port", str(self.port)]
-        if password is not None:
-            # The default user off: connecting without AUTH as this user gets NOAUTH.
-            self.args += ["--user", "default", "off"]
-            self.args += ["--user", user or "default", "on", f">{password}", "~*", "&*", "+@all"]
+            files = (cert, key, self.ca.path)
+        self.args = server_command(
+            self.binary, self.directory, self.port, tls=files, user=user, password=password
+        )
         self._process: Any = None
-        self._protocol: _ServerProcess | None = None
+        self._protocol: ProcessOutput | None = None
         test.addCleanup(self.stop)
 
     async def start(self) -> None:
         """
         Start redis-server (again, on the same port) and wait until it answers PING.
         """
-        protocol = _ServerProcess()
+        protocol = ProcessOutput()
         self._protocol = protocol
         self._process = reactor.spawnProcess(
             protocol, self.binary, self.args, env=None, path=self.directory
@@ -227,23 +294,19 @@ class RedisServer:
             if protocol.exited:
                 self.test.fail(f"redis-server exited at start:\n{protocol.output.decode()}")
             with contextlib.suppress(Exception):
-                answer = await self._ping()
-                if answer.startswith((b"+PONG", b"-NOAUTH")):
+                [answer] = await redis_call(self.port, [["PING"]], self.trust_root(), timeout=1)
+                if answer == b"PONG" or str(answer).startswith("NOAUTH"):
                     return
             if waited > READY_TIMEOUT:
                 self.test.fail(f"redis-server did not answer PING:\n{protocol.output.decode()}")
             await deferLater(reactor, 0.05, lambda: None)
             waited += 0.05
 
-    async def _ping(self) -> bytes:
-        endpoint: Any = TCP4ClientEndpoint(reactor, "127.0.0.1", self.port, timeout=1)
-        if self.ca is not None:
-            endpoint = wrapClientTLS(
-                optionsForClientTLS("127.0.0.1", trustRoot=self.ca.trust_root()), endpoint
-            )
-        ping = _Ping()
-        await connectProtocol(endpoint, ping)
-        return await ping.answered.addTimeout(1, reactor)
+    def trust_root(self) -> Certificate | None:
+        """
+        What a client trusts to connect to it: its CA with C{tls}, else L{None}.
+        """
+        return None if self.ca is None else self.ca.trust_root()
 
     def pause(self) -> None:
         """
@@ -269,8 +332,7 @@ class RedisServer:
         if protocol is None:
             return
         if not protocol.exited:
-            with contextlib.suppress(ProcessExitedAlready):
-                process.signalProcess("KILL")
+            kill(process)
         await protocol.ended
 
 
@@ -287,3 +349,127 @@ async def redis_server(
     server = RedisServer(test, tls=tls, user=user, password=password)
     await server.start()
     return server
+
+
+# -- one-connection clients --------------------------------------------------------------
+
+
+class _Resp(Protocol):
+    def __init__(self, commands: Sequence[Sequence[bytes | str | int]]) -> None:
+        self.commands = commands
+        self.received = b""
+        self.replies: list[Any] = []
+        self.answered: Deferred[list[Any]] = Deferred()
+        self.closed: Deferred[None] = Deferred()
+
+    def connectionMade(self) -> None:
+        assert self.transport is not None
+        self.transport.write(b"".join(encode_command(command) for command in self.commands))
+
+    def dataReceived(self, data: bytes) -> None:
+        self.received += data
+        at = 0
+        while len(self.replies) < len(self.commands):
+            value, at = parse_reply(self.received, at)
+            if value is INCOMPLETE:
+                break
+            self.replies.append(value)
+        self.received = self.received[at:]
+        if len(self.replies) == len(self.commands) and not self.answered.called:
+            self.answered.callback(self.replies)
+            assert self.transport is not None
+            self.transport.loseConnection()
+
+    def connectionLost(self, reason: Failure | None = None) -> None:
+        if not self.answered.called:
+            self.answered.errback(ConnectionError(f"Redis connection lost: {reason}"))
+        self.closed.callback(None)
+
+
+async def redis_call(
+    port: int,
+    commands: Sequence[Sequence[bytes | str | int]],
+    trust_root: Certificate | None = None,
+    timeout: float = 5.0,
+) -> list[Any]:
+    """
+    Send C{commands} in one pipeline to the Redis server on 127.0.0.1:C{port} (over TLS
+    trusting C{trust_root} when given) on a connection of its own, closed before this
+    returns (so nothing is left open when the server is stopped mid-test); their
+    replies, in order, as L{parse_reply} gives them (error replies among them).
+    """
+    endpoint: Any = TCP4ClientEndpoint(reactor, "127.0.0.1", port, timeout=timeout)
+    if trust_root is not None:
+        endpoint = wrapClientTLS(optionsForClientTLS("127.0.0.1", trustRoot=trust_root), endpoint)
+    protocol = _Resp(commands)
+    await connectProtocol(endpoint, protocol)
+    try:
+        return await protocol.answered.addTimeout(timeout, reactor)
+    finally:
+        if protocol.transport is not None and not protocol.closed.called:
+            protocol.transport.loseConnection()
+        await protocol.closed
+
+
+async def redis_command(port: int, *args: bytes | str | int) -> Any:
+    """
+    One command to the Redis server on 127.0.0.1:C{port} (plaintext, no AUTH) on a
+    connection of its own; its reply (bytes, int, list or None).
+
+    @raise RedisReplyError: If Redis answers an error.
+    """
+    [reply] = await redis_call(port, [args])
+    if isinstance(reply, RedisReplyError):
+        raise reply
+    return reply
+
+
+class RedisProbe:
+    """
+    Talks to a test's redis-server directly, one connection per call (L{redis_call}).
+    """
+
+    def __init__(self, server: RedisServer) -> None:
+        self.server = server
+
+    async def run(self, *commands: Sequence[bytes | str | int]) -> list[Any]:
+        """
+        Send C{commands} in one pipeline; their replies, in order (an error reply raises).
+        """
+        replies = await redis_call(self.server.port, commands, self.server.trust_root())
+        for reply in replies:
+            if isinstance(reply, RedisReplyError):
+                raise reply
+        return replies
+
+    async def command(self, *args: bytes | str | int) -> Any:
+        """
+        One command's reply.
+        """
+        return (await self.run(args))[0]
+
+    async def keys(self, pattern: bytes | str = b"*") -> set[bytes]:
+        """
+        The keys matching C{pattern}.
+        """
+        return set(await self.command("KEYS", pattern))
+
+    async def get(self, key: bytes | str) -> bytes | None:
+        value: bytes | None = await self.command("GET", key)
+        return value
+
+    async def pttl(self, key: bytes | str) -> int:
+        return int(await self.command("PTTL", key))
+
+    async def replace(self, key: bytes | str, value: bytes) -> None:
+        """
+        Overwrite C{key}'s value, keeping its time to live.
+        """
+        await self.command("SET", key, value, "KEEPTTL")
+
+    async def subscribers(self, channel: bytes | str) -> int:
+        """
+        How many connections are subscribed to C{channel}.
+        """
+        reply = await self.command("PUBSUB", "NUMSUB", channel)
+        return int(reply[1])

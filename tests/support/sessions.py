@@ -1,7 +1,7 @@
 """
 Helpers for tests of server-side sessions (issue 14): a gateway with browser login and a
-C{kvstore} state provider on a real redis-server, a one-shot Redis client that reads
-and writes the store behind the gateway's back, and a server-sent-events client.
+C{kvstore} state provider on a real redis-server (read and written behind the gateway's
+back with L{tests.support.redis.RedisProbe}), and a server-sent-events client.
 
 The gateway is served the way C{tests/test_login.py} serves one (build_gateway, a
 listening port on 127.0.0.1, the IdP client started by hand), with the state store and
@@ -11,17 +11,11 @@ the server-side sessions started as the service tree would start them.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Sequence
 from typing import Any
 from urllib.parse import quote
 
 from twisted.internet import reactor as _reactor
-from twisted.internet.defer import Deferred
-from twisted.internet.endpoints import TCP4ClientEndpoint, connectProtocol, wrapClientTLS
-from twisted.internet.protocol import Protocol
-from twisted.internet.ssl import optionsForClientTLS
 from twisted.internet.task import deferLater
-from twisted.python.failure import Failure
 from twisted.trial.unittest import TestCase
 from twisted.web.server import NOT_DONE_YET, Request
 
@@ -38,7 +32,7 @@ from tests.support.configs import write_tree
 from tests.support.fake_idp import FakeIdP
 from tests.support.processes import listen_local, port_of
 from tests.support.rawclient import RawClient, connect
-from tests.support.redis import RedisServer
+from tests.support.redis import RedisProbe, RedisServer
 
 reactor: Any = _reactor
 
@@ -47,8 +41,6 @@ __all__ = [
     "KEY",
     "OTHER_KEY",
     "PREFIX",
-    "RedisProbe",
-    "RedisReplyError",
     "SessionGateway",
     "index_key",
     "open_stream",
@@ -81,159 +73,6 @@ def index_key(kind: str, value: str) -> bytes:
     return kind.encode("ascii") + b":" + hashlib.sha256(value.encode()).hexdigest().encode()
 
 
-# -- a one-shot Redis client -------------------------------------------------------------
-
-
-class RedisReplyError(Exception):
-    """
-    Redis answered an error reply.
-    """
-
-
-_INCOMPLETE: Any = object()
-
-
-def _parse(data: bytes, at: int) -> tuple[Any, int]:
-    """
-    One RESP2 reply at C{at}: the value (L{_INCOMPLETE} while more is needed) and where
-    the next one starts.
-    """
-    end = data.find(b"\r\n", at)
-    if end < 0:
-        return _INCOMPLETE, at
-    kind, line, after = data[at : at + 1], data[at + 1 : end], end + 2
-    if kind == b"+":
-        return line, after
-    if kind == b"-":
-        return RedisReplyError(line.decode("utf-8", "replace")), after
-    if kind == b":":
-        return int(line), after
-    if kind == b"$":
-        size = int(line)
-        if size < 0:
-            return None, after
-        if len(data) < after + size + 2:
-            return _INCOMPLETE, at
-        return data[after : after + size], after + size + 2
-    if kind == b"*":
-        count = int(line)
-        if count < 0:
-            return None, after
-        items = []
-        for _ in range(count):
-            item, after = _parse(data, after)
-            if item is _INCOMPLETE:
-                return _INCOMPLETE, at
-            items.append(item)
-        return items, after
-    raise ValueError(f"not RESP: {data[at:]!r}")
-
-
-def _encode(args: Sequence[bytes | str | int]) -> bytes:
-    parts = [b"*%d\r\n" % len(args)]
-    for arg in args:
-        raw = arg if isinstance(arg, bytes) else str(arg).encode("utf-8")
-        parts.append(b"$%d\r\n%s\r\n" % (len(raw), raw))
-    return b"".join(parts)
-
-
-class _Resp(Protocol):
-    def __init__(self, commands: Sequence[Sequence[bytes | str | int]]) -> None:
-        self.commands = commands
-        self.received = b""
-        self.replies: list[Any] = []
-        self.answered: Deferred[list[Any]] = Deferred()
-        self.closed: Deferred[None] = Deferred()
-
-    def connectionMade(self) -> None:
-        assert self.transport is not None
-        self.transport.write(b"".join(_encode(command) for command in self.commands))
-
-    def dataReceived(self, data: bytes) -> None:
-        self.received += data
-        at = 0
-        while len(self.replies) < len(self.commands):
-            value, at = _parse(self.received, at)
-            if value is _INCOMPLETE:
-                break
-            self.replies.append(value)
-        self.received = self.received[at:]
-        if len(self.replies) == len(self.commands) and not self.answered.called:
-            self.answered.callback(self.replies)
-            assert self.transport is not None
-            self.transport.loseConnection()
-
-    def connectionLost(self, reason: Failure | None = None) -> None:
-        if not self.answered.called:
-            self.answered.errback(ConnectionError(f"Redis connection lost: {reason}"))
-        self.closed.callback(None)
-
-
-class RedisProbe:
-    """
-    Talks to a test's redis-server directly, one connection per call (closed before the
-    call returns, so nothing is left open when the server is stopped mid-test).
-    """
-
-    def __init__(self, server: RedisServer) -> None:
-        self.server = server
-
-    async def run(self, *commands: Sequence[bytes | str | int]) -> list[Any]:
-        """
-        Send C{commands} in one pipeline; their replies, in order (an error reply raises).
-        """
-        server = self.server
-        endpoint: Any = TCP4ClientEndpoint(reactor, "127.0.0.1", server.port, timeout=5)
-        if server.ca is not None:
-            endpoint = wrapClientTLS(
-                optionsForClientTLS("127.0.0.1", trustRoot=server.ca.trust_root()), endpoint
-            )
-        protocol = _Resp(commands)
-        await connectProtocol(endpoint, protocol)
-        try:
-            replies = await protocol.answered.addTimeout(5, reactor)
-        finally:
-            if protocol.transport is not None and not protocol.closed.called:
-                protocol.transport.loseConnection()
-            await protocol.closed
-        for reply in replies:
-            if isinstance(reply, RedisReplyError):
-                raise reply
-        return replies
-
-    async def command(self, *args: bytes | str | int) -> Any:
-        """
-        One command's reply.
-        """
-        return (await self.run(args))[0]
-
-    async def keys(self, pattern: bytes | str = b"*") -> set[bytes]:
-        """
-        The keys matching C{pattern}.
-        """
-        return set(await self.command("KEYS", pattern))
-
-    async def get(self, key: bytes | str) -> bytes | None:
-        value: bytes | None = await self.command("GET", key)
-        return value
-
-    async def pttl(self, key: bytes | str) -> int:
-        return int(await self.command("PTTL", key))
-
-    async def replace(self, key: bytes | str, value: bytes) -> None:
-        """
-        Overwrite C{key}'s value, keeping its time to live.
-        """
-        await self.command("SET", key, value, "KEEPTTL")
-
-    async def subscribers(self, channel: bytes | str) -> int:
-        """
-        How many connections are subscribed to C{channel}.
-        """
-        reply = await self.command("PUBSUB", "NUMSUB", channel)
-        return int(reply[1])
-
-
 # -- the backend -------------------------------------------------------------------------
 
 
@@ -256,11 +95,13 @@ def stream_backend() -> tuple[SiteBackend, list[Request]]:
     return SiteBackend(respond).start(), held
 
 
-async def open_stream(port: int, path: str, cookie: str | None) -> RawClient:
+async def open_stream(
+    port: int, path: str, cookie: str | None, *, first_event: bool = True
+) -> RawClient:
     """
     A raw client that has sent C{GET path} (as the test browser would, with its
     C{User-Agent}, and the session cookie value C{cookie}) and received the head and
-    the first event of the stream.
+    the first event of the stream (unless C{first_event} is false: nothing read yet).
     """
     client = await connect(port)
     lines = [
@@ -272,7 +113,8 @@ async def open_stream(port: int, path: str, cookie: str | None) -> RawClient:
     if cookie is not None:
         lines.append(f"Cookie: {COOKIE}={cookie}")
     client.send(("\r\n".join(lines) + "\r\n\r\n").encode("ascii"))
-    await client.until(b"data: hello").addTimeout(10, reactor)
+    if first_event:
+        await client.until(b"data: hello").addTimeout(10, reactor)
     return client
 
 
@@ -286,6 +128,9 @@ class SessionGateway:
 
     Routes: C{/app/} (app, login required, forwardAccessToken), C{/api/} (service,
     login required, forwardAccessToken), C{/open/} (app, public).
+
+    @param identity_extra: Lines added to the Gateway's C{identity} block, as for
+        L{server_session_config}.
     """
 
     def __init__(
@@ -300,6 +145,7 @@ class SessionGateway:
         skew: str = "60s",
         timeout: str = "1s",
         state_options: dict[str, Any] | None = None,
+        identity_extra: str = "",
     ) -> None:
         self.test = test
         self.idp = idp
@@ -309,6 +155,7 @@ class SessionGateway:
         self.prefix = prefix
         self.skew = skew
         self.timeout = timeout
+        self.identity_extra = identity_extra
         self.state_options: dict[str, Any] = {"first_retry": 0.1, "retry_cap": 0.5}
         if redis.ca is not None:
             self.state_options["trust_root"] = redis.ca.trust_root()
@@ -334,6 +181,7 @@ class SessionGateway:
             prefix=self.prefix,
             timeout=self.timeout,
             tls=self.redis.tls,
+            identity_extra=self.identity_extra,
         )
 
     async def start(self, wait_for_store: bool = True) -> SessionGateway:

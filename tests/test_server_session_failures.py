@@ -1,37 +1,21 @@
 """
-Adversarial review of server-side sessions (issue 14), each finding a failing test on
-real sockets: a listening gateway with browser login and a C{kvstore} state provider on
-a real redis-server (L{tests.support.redis}), the fake OpenID provider and a recording
-backend that can hold a server-sent-events stream open.
+Server-side sessions when things happen at once or go wrong, on real sockets: a
+listening gateway with browser login and a C{kvstore} state provider on a real
+redis-server (L{tests.support.redis}), the fake OpenID provider and a recording backend
+that can hold a server-sent-events stream open (L{tests.support.sessions}).
 
-Findings (the first was fixed at 704a6a7 while this review ran; its tests stay as
-regressions and pass):
-
-  1. A refresh in flight resurrected a session ended meanwhile (back-channel or
-     front-channel logout): the refresh's C{SET} was unconditional, so the deleted
-     record came back with the session's whole remaining life, and the request that
-     waited for the refresh went on (a stream it opened was tracked only after the
-     logout had closed the session's streams, so it stayed open).
-  2. Back-channel logout takes the logout token's C{jti} before it ends the sessions:
-     a store failure after that answers 503, and the IdP's retry of the same token is
-     refused as a replay (400); the sessions are never ended.
-  3. Back-channel logout is cancelled when the IdP's connection goes away: a slow store
-     and an IdP with a short timeout leave the sessions alive (and the C{jti} spent).
-  4. Ending the sessions of a C{sub} deletes the whole index after reading it: a login
-     of that user in between drops out of the index, and a later logout misses it.
-  5. Back-channel logout by C{sub} looks sessions up by the principal's subject, which
-     is C{identity.subjectClaim} (an e-mail, say), not the IdP's C{sub}: a logout token
-     naming the user's C{sub} ends nothing.
-  6. A client leaving while its session is read: the cancellation becomes "store
-     unavailable", then "no session", and the cancelled chain goes on into the proxy
-     (an unhandled C{TypeError} logged for a route).
-  7. Public routes read the store: the session stage (on every route once a session
-     block exists) GETs the record for any request carrying the cookie, so while Redis
-     is frozen every public request of a logged-in browser waits for the store timeout;
-     the architecture notes say public routes never touch the store.
-  8. The opened-record cache is bounded by count only: unlike the cookie cache (which
-     keeps no sealed value over C{MAX_OPENED_SIZE}), it keeps records of any size, so its
-     memory is a matter of what IdP accounts carry.
+  - A refresh in flight does not resurrect a session ended meanwhile (back-channel or
+    front-channel logout), nor let the request that waited for it go on.
+  - Back-channel logout: a store failure after the logout token's C{jti} was taken
+    does not make the IdP's retry of the same token a replay; the IdP's connection
+    going away does not abandon the ending; a login of the user during a logout by
+    C{sub} stays in the index; a logout token naming the IdP's C{sub} ends the user's
+    sessions under any C{identity.subjectClaim}; a chunked body over the cap is refused
+    while it streams in.
+  - A client leaving while its session is read: the cancelled request goes no further.
+  - Public routes never touch the store (a frozen Redis does not hold them up).
+  - The opened-record cache keeps no record over C{MAX_OPENED_SIZE}, as the cookie
+    cache, so its memory is not a matter of what IdP accounts carry.
 """
 
 from __future__ import annotations
@@ -41,59 +25,29 @@ from urllib.parse import quote, urlencode
 
 from twisted.internet import reactor as _reactor
 from twisted.internet.defer import Deferred
-from twisted.internet.task import deferLater
 from twisted.trial.unittest import TestCase
-from twisted.web.server import NOT_DONE_YET, Request
+from twisted.web.server import Request
 
-from edgegw.assembly.assemble import Gateway, build_gateway
-from edgegw.config.parse import load_config
-from edgegw.identity.sealing import SESSION_ID_AAD, Sealer
 from edgegw.identity.session_cookie import MAX_OPENED_SIZE
 from edgegw.sessions.server import ServerSessions
 from edgegw.state.kvstore import KvStoreService
 from edgegw.state.store import StoreUnavailableError
-from edgegw.upstream.pool import UpstreamClient
 from tests.support.backends import SiteBackend
 from tests.support.browser import USER_AGENT, Browser, BrowserResponse
-from tests.support.configs import write_tree
 from tests.support.fake_idp import FakeIdP
-from tests.support.processes import listen_local, port_of
-from tests.support.rawclient import RawClient, connect
+from tests.support.rawclient import connect
 from tests.support.redis import RedisServer, redis_server
-from tests.support.sessions import server_session_config
+from tests.support.sessions import COOKIE, SessionGateway, open_stream, sleep, stream_backend
 
 reactor: Any = _reactor
 
-KEY = "0123456789abcdef0123456789abcdef"
-COOKIE = "gw_session"
 LOGOUT_TYP = {"typ": "logout+jwt"}
-
-
-async def sleep(seconds: float) -> None:
-    await deferLater(reactor, seconds, lambda: None)
-
-
-def _backend() -> tuple[SiteBackend, list[Request]]:
-    """
-    A recording backend: C{.../events} holds a server-sent-events response open after
-    one event; anything else answers C{backend}.
-    """
-    held: list[Request] = []
-
-    def respond(request: Request) -> bytes | int:
-        if (request.path or b"").endswith(b"/events"):
-            request.setHeader(b"content-type", b"text/event-stream")
-            request.write(b"data: hello\n\n")
-            held.append(request)
-            return NOT_DONE_YET
-        return b"backend"
-
-    return SiteBackend(respond).start(), held
 
 
 class World:
     """
-    A redis-server, the fake IdP, a backend and one gateway with server-side sessions.
+    A redis-server, the fake IdP, a backend and one gateway with server-side sessions
+    (a L{SessionGateway}).
 
     Routes: C{/app/} (app, login required, forwardAccessToken), C{/api/} (service,
     login required, forwardAccessToken), C{/open/} (app, public).
@@ -105,9 +59,7 @@ class World:
         self.idp: FakeIdP
         self.backend: SiteBackend
         self.held: list[Request]
-        self.gateway: Gateway
-        self.port = 0
-        self.sealer = Sealer(KEY.encode("ascii"))
+        self.gw: SessionGateway
 
     async def start(self, token_lifetime: int = 300, identity_extra: str = "") -> World:
         test = self.test
@@ -115,67 +67,30 @@ class World:
         self.idp = FakeIdP()
         self.idp.token_lifetime = token_lifetime
         await self.idp.start(test)
-        self.backend, self.held = _backend()
+        self.backend, self.held = stream_backend()
         test.addCleanup(self.backend.stop)
-        upstream = f"http://127.0.0.1:{self.backend.port}"
-        text = server_session_config(
-            key=KEY,
-            redis_address=self.redis.address,
-            issuer=self.idp.issuer,
-            upstream=upstream,
-            identity_extra=identity_extra,
+        gateway = SessionGateway(
+            test, self.idp, self.backend, self.redis, identity_extra=identity_extra
         )
-        root = write_tree(test.mktemp(), {"a.yaml": text})
-        client = UpstreamClient(reactor)
-        self.gateway = build_gateway(
-            load_config(root, {}),
-            reactor,
-            client,
-            state_options={"first_retry": 0.1, "retry_cap": 0.5},
-        )
-        listening = listen_local(self.gateway.site)
-        test.addCleanup(listening.stopListening)
-        test.addCleanup(client.close)
-        self.port = port_of(listening)
-        self.idp.redirect_uris.append(self.url("/auth/callback"))
-        self.store.startService()
-        test.addCleanup(self.store.stopService)
-        self.sessions.startService()
-        test.addCleanup(self.sessions.stopService)
-        provider = self.gateway.idp
-        assert provider is not None
-        provider.first_retry = 0.05
-        provider.retry_cap = 0.2
-        provider.startService()
-        test.addCleanup(provider.stopService)
-        for _ in range(500):
-            if provider.ready:
-                break
-            await sleep(0.02)
-        else:
-            raise AssertionError(f"IdP never discovered: {provider.last_error}")
-        for _ in range(300):
-            try:
-                await self.store.get(b"readiness-probe")
-                break
-            except StoreUnavailableError:
-                await sleep(0.05)
+        self.gw = await gateway.start()
         return self
 
     @property
+    def port(self) -> int:
+        return self.gw.port
+
+    @property
     def store(self) -> KvStoreService:
-        store: object = self.gateway.state
-        assert isinstance(store, KvStoreService), store
-        return store
+        return self.gw.store
 
     @property
     def sessions(self) -> ServerSessions:
-        sessions = self.gateway.sessions
+        sessions = self.gw.gateway.sessions
         assert sessions is not None
         return sessions
 
     def url(self, path: str) -> str:
-        return f"http://127.0.0.1:{self.port}{path}"
+        return self.gw.url(path)
 
     async def login(self) -> Browser:
         """
@@ -192,9 +107,7 @@ class World:
         return browser
 
     def session_id(self, browser: Browser) -> str:
-        opened = self.sealer.unseal(browser.cookies[COOKIE], SESSION_ID_AAD)
-        assert opened is not None
-        return opened.decode("ascii")
+        return self.gw.session_id(browser.cookies[COOKIE])
 
     async def stored(self, browser: Browser) -> bytes | None:
         """
@@ -228,27 +141,10 @@ class World:
             await sleep(0.01)
 
 
-async def open_stream(port: int, path: str, cookie: str) -> RawClient:
-    """
-    A raw client that has sent C{GET path} with the session cookie (as the test browser
-    would, its User-Agent included); nothing read yet.
-    """
-    client = await connect(port)
-    lines = [
-        f"GET {path} HTTP/1.1",
-        f"Host: 127.0.0.1:{port}",
-        f"User-Agent: {USER_AGENT}",
-        "Accept: text/event-stream",
-        f"Cookie: {COOKIE}={cookie}",
-    ]
-    client.send(("\r\n".join(lines) + "\r\n\r\n").encode("ascii"))
-    return client
-
-
 class RefreshVersusLogoutTests(TestCase):
     """
-    Finding 1 (fixed at 704a6a7): a refresh that lands after the session was ended must
-    not write it back, nor let the request that waited for it go on.
+    A refresh that lands after the session was ended does not write it back, nor let
+    the request that waited for it go on.
 
     The IdP issues 30 s tokens at login (inside the 60 s refreshSkew: the first request
     of the session refreshes) and answers the refresh grant after 1.5 s; the session is
@@ -292,7 +188,9 @@ class RefreshVersusLogoutTests(TestCase):
         must not end up as an open stream of the ended session.
         """
         w = self.w
-        stream = await open_stream(w.port, "/app/events", self.browser.cookies[COOKIE])
+        stream = await open_stream(
+            w.port, "/app/events", self.browser.cookies[COOKIE], first_event=False
+        )
         self.addCleanup(lambda: None if stream.closed.called else stream.close())
         await self.logout_during_refresh()
         # The refresh lands 1.5 s after it began; then give the gateway time to close
@@ -308,8 +206,8 @@ class RefreshVersusLogoutTests(TestCase):
 
 class BackchannelStoreFailureTests(TestCase):
     """
-    Findings 2 and 3: the logout token's jti is spent before the sessions are ended, and
-    the ending is abandoned when the IdP goes away.
+    The logout token's jti is spent before the sessions are ended: a store failure
+    after that, or the IdP going away, must not leave the sessions alive.
     """
 
     async def setUp(self) -> None:  # type: ignore[override]
@@ -390,10 +288,10 @@ class BackchannelStoreFailureTests(TestCase):
 
 class BackchannelIndexRaceTests(TestCase):
     """
-    Finding 4: ending the sessions of a C{sub} reads the index (C{SMEMBERS}), ends
-    those sessions, then deletes the whole index (C{DEL}). A login of the same user that
-    lands in between adds its id to the index just before the C{DEL} drops it: a later
-    logout of that user misses the new session.
+    Ending the sessions of a C{sub} reads the index (C{SMEMBERS}) and ends those
+    sessions. A login of the same user that lands in between adds its id to the index;
+    deleting the whole index afterwards (C{DEL}) would drop it, and a later logout of
+    that user would miss the new session.
     """
 
     async def setUp(self) -> None:  # type: ignore[override]
@@ -434,9 +332,9 @@ class BackchannelIndexRaceTests(TestCase):
 
 class BackchannelBySubjectTests(TestCase):
     """
-    Finding 5: with C{identity.subjectClaim: email}, the principal's subject is the
-    e-mail address; a logout token names the IdP's C{sub} (OIDC Back-Channel Logout 1.0,
-    2.4: the same C{sub} as the id_token's).
+    With C{identity.subjectClaim: email}, the principal's subject is the e-mail
+    address; a logout token names the IdP's C{sub} (OIDC Back-Channel Logout 1.0, 2.4:
+    the same C{sub} as the id_token's), and ends the sessions all the same.
     """
 
     async def setUp(self) -> None:  # type: ignore[override]
@@ -460,8 +358,8 @@ class BackchannelBySubjectTests(TestCase):
 
 class PublicRouteTests(TestCase):
     """
-    Finding 7: a public route and a frozen Redis (SIGSTOP: connections stay open,
-    nothing answers; the store timeout is 1 s).
+    A public route and a frozen Redis (SIGSTOP: connections stay open, nothing answers;
+    the store timeout is 1 s): public routes never read the store.
     """
 
     async def setUp(self) -> None:  # type: ignore[override]
@@ -486,12 +384,11 @@ class PublicRouteTests(TestCase):
 
 class CancelledReadTests(TestCase):
     """
-    Finding 6: a client that leaves while its session is read from the store. The store
-    turns the cancellation into L{StoreUnavailableError} (logged as Redis not answering),
-    L{ServerSessions.read} turns that into "no session", and the cancelled chain goes on:
-    on a public route it reaches the proxy, whose request has lost its exchange
-    (C{TypeError}, logged as an unhandled error in the route) -- or, had it not, a
-    request of a client that is gone would be sent upstream.
+    A client that leaves while its session is read from the store: the cancelled chain
+    goes no further. Were the cancellation taken for L{StoreUnavailableError} and that
+    for "no session", the chain would go on: on a public route into the proxy, whose
+    request has lost its exchange (C{TypeError}, logged as an unhandled error in the
+    route) -- or, had it not, a request of a client that is gone would be sent upstream.
     """
 
     async def setUp(self) -> None:  # type: ignore[override]
@@ -522,7 +419,7 @@ class CancelledReadTests(TestCase):
 
 class OpenedCacheTests(TestCase):
     """
-    Finding 8: the opened-record cache of server-side sessions has no bound in bytes.
+    The opened-record cache of server-side sessions is bounded in bytes too.
     """
 
     async def setUp(self) -> None:  # type: ignore[override]

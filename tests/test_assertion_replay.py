@@ -1,7 +1,8 @@
 """
-Regression (review of issue 13): the replay record forgets every expired token id, not
-only those in front of the first unexpired one (a longer-lived assertion must not pin
-later, expired ones), and one subject cannot fill it and shut everyone else out.
+The replay record of L{edgegw.identity.assertion.AssertionVerifier}: it forgets every
+expired token id, not only those in front of the first unexpired one (a longer-lived
+assertion must not pin later, expired ones), and one subject cannot fill it and shut
+everyone else out.
 """
 
 from __future__ import annotations
