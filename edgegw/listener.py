@@ -22,7 +22,7 @@ from zope.interface import implementer
 
 from edgegw.config.errors import ConfigError, Problem
 from edgegw.seam import endpoint_tls_context
-from edgegw.server.limits import LimitedSite
+from edgegw.server.gateway_site import LimitedSite
 from edgegw.server.listen import (
     ReloadableContext,
     UnreadableTLSFilesError,

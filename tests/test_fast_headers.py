@@ -15,7 +15,7 @@ from edgegw import header_names
 from edgegw.header_names import canonical_name, canonical_names
 from edgegw.seam import GatewayHeaders
 from edgegw.server.request import GatewayRequest
-from edgegw.stream.headers import ResponseHeaders
+from edgegw.stream.response_headers import ResponseHeaders
 
 _NAMES: list[Any] = [
     b"host",

@@ -30,7 +30,7 @@ from edgegw.assembly.assemble import Gateway
 from edgegw.config.model import LimitsSpec
 from edgegw.config.parse import load_config
 from edgegw.server.channel import GatewayChannel
-from edgegw.server.limits import (
+from edgegw.server.gateway_site import (
     DESCRIPTOR_RESERVE,
     REFUSAL_LOG_INTERVAL,
     ClientConnections,

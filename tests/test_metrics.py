@@ -24,7 +24,7 @@ from opentelemetry.sdk.resources import Resource
 from twisted.logger import ILogObserver, globalLogPublisher
 from twisted.trial.unittest import SynchronousTestCase, TestCase
 
-from edgegw.metrics.gateway import (
+from edgegw.metrics.gateway_metrics import (
     NO_METRICS,
     GatewayMetrics,
     IMetrics,

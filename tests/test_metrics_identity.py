@@ -16,7 +16,7 @@ from twisted.internet.defer import ensureDeferred
 from twisted.internet.task import deferLater
 from twisted.trial.unittest import TestCase
 
-from edgegw.metrics.gateway import GatewayMetrics
+from edgegw.metrics.gateway_metrics import GatewayMetrics
 from edgegw.metrics.serve import scrape_root
 from edgegw.server.scrape_site import ScrapeSite
 from tests.support.browser import Browser

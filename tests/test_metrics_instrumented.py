@@ -23,7 +23,7 @@ from edgegw.chain.pipeline import InFlight
 from edgegw.chain.resource_target import ResourceTarget
 from edgegw.config.parse import load_config
 from edgegw.handlers.api import MAX_BACKEND_BODY
-from edgegw.metrics.gateway import GatewayMetrics
+from edgegw.metrics.gateway_metrics import GatewayMetrics
 from edgegw.metrics.instruments import Registry
 from edgegw.upstream.pool import UpstreamClient
 from tests.support.backends import SiteBackend, answer

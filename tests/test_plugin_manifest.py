@@ -28,8 +28,8 @@ from twisted.trial.unittest import SynchronousTestCase, TestCase
 
 from edgegw.check import check
 from edgegw.config.errors import ConfigError
-from edgegw.config.manifest import ManifestEntry
 from edgegw.config.parse import load_config
+from edgegw.config.plugin_refs import ManifestEntry
 from edgegw.plugins.manifest import PACKAGED_MARKER, install_manifest, requirement
 from edgegw.plugins.registry import plugin_names
 from tests.support.backends import SiteBackend

@@ -42,9 +42,9 @@ from edgegw.chain.access_log import AccessLog
 from edgegw.config.model import ProxyHandlerSpec
 from edgegw.config.parse import load_config
 from edgegw.handlers import proxy as proxy_module
-from edgegw.handlers.headers import HOP_BY_HOP
+from edgegw.handlers.hop_by_hop import HOP_BY_HOP
 from edgegw.handlers.proxy import ProxyHandler
-from edgegw.stream.headers import ResponseHeaders
+from edgegw.stream.response_headers import ResponseHeaders
 from edgegw.upstream.http11 import UpstreamResponse
 from edgegw.upstream.pool import UpstreamClient
 from tests.support.configs import GATEWAY, write_tree

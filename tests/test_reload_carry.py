@@ -33,7 +33,7 @@ from twisted.web.server import NOT_DONE_YET
 from edgegw.config.parse import load_config
 from edgegw.generation import GenerationService
 from edgegw.metrics import serve as serve_module
-from edgegw.server.limits import DESCRIPTOR_RESERVE
+from edgegw.server.gateway_site import DESCRIPTOR_RESERVE
 from edgegw.service import GatewayService, build_service
 from edgegw.tap import reload_and_refreeze, tune_garbage_collector
 from tests.support.backends import SiteBackend, answer

@@ -43,12 +43,12 @@ from edgegw.edge.site import MuxDispatcher
 from edgegw.handlers.readiness import Readiness, ReadinessResource
 from edgegw.identity.provider import IdentityProvider
 from edgegw.line_writer import LineWriter
-from edgegw.metrics.gateway import NO_METRICS, GatewayMetrics, IMetrics
+from edgegw.metrics.gateway_metrics import NO_METRICS, GatewayMetrics, IMetrics
 from edgegw.metrics.instruments import Registry
 from edgegw.plugins.manifest import check_manifest
 from edgegw.plugins.messages import Protected
 from edgegw.plugins.registry import configure_plugins
-from edgegw.server.limits import GatewaySite
+from edgegw.server.gateway_site import GatewaySite
 from edgegw.sessions.server import ServerSessions
 from edgegw.state.measured import MeasuredStore
 from edgegw.state.store import IStateStore

@@ -13,8 +13,8 @@ from edgegw.edge.forwarded import ForwardedFilter
 from edgegw.edge.security import SecurityLayer
 from edgegw.edge.site import Dispatcher, EdgeResource
 from edgegw.edge.tracing import TracingDispatcher
-from edgegw.metrics.gateway import NO_METRICS, GatewayMetrics
-from edgegw.server.limits import GatewaySite
+from edgegw.metrics.gateway_metrics import NO_METRICS, GatewayMetrics
+from edgegw.server.gateway_site import GatewaySite
 from edgegw.telemetry import Telemetry
 
 IDLE_CONNECTION_TIMEOUT = 75.0

@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections import Counter
 
 from edgegw.identity.provider import IdentityProvider
-from edgegw.metrics.gateway import GatewayMetrics, IMetrics
+from edgegw.metrics.gateway_metrics import GatewayMetrics, IMetrics
 from edgegw.upstream.pool import UpstreamClient
 
 

@@ -25,7 +25,7 @@ from edgegw.chain.session import session_stage
 from edgegw.chain.terminal import render_stage
 from edgegw.config.effective import EffectiveRoute
 from edgegw.config.errors import Problems
-from edgegw.metrics.gateway import NO_METRICS, IMetrics
+from edgegw.metrics.gateway_metrics import NO_METRICS, IMetrics
 from edgegw.plugins.messages import Protected
 from edgegw.plugins.registry import ConfiguredPlugins
 from edgegw.plugins.stages import request_plugins_stage, response_plugins_stage

@@ -18,7 +18,7 @@ from edgegw.handlers.health import HealthHandler
 from edgegw.handlers.proxy import ProxyHandler
 from edgegw.handlers.static import StaticHandler
 from edgegw.identity.assertion import AssertionIssuer
-from edgegw.metrics.gateway import NO_METRICS, IMetrics
+from edgegw.metrics.gateway_metrics import NO_METRICS, IMetrics
 from edgegw.upstream.agent import UpstreamAgent
 from edgegw.upstream.pool import UpstreamClient
 

@@ -119,7 +119,7 @@ class BackchannelLogoutResource(AuthEndpoint):
         self.provider = provider
         self.sessions = server
 
-    def respond(self, request: Request) -> bytes | int:
+    def render_allowed(self, request: Request) -> bytes | int:
         """
         Read the form, then verify and end.
         """

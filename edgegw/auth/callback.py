@@ -79,7 +79,7 @@ class CallbackResource(AuthEndpoint):
         self.spent = SpentStates(login.reactor)
         self.running = 0
 
-    def respond(self, request: Request) -> bytes | int:
+    def render_allowed(self, request: Request) -> bytes | int:
         """
         Run the exchange; the answer is written when it completes. Beyond
         L{MAX_EXCHANGES} callbacks at once: 503 (the IdP rate-limits per client, and

@@ -14,7 +14,7 @@ from edgegw.identity.groups import GroupRenderer
 from edgegw.identity.login_state import LoginStates
 from edgegw.identity.provider import IdentityProvider
 from edgegw.identity.session_cookie import SessionCookie
-from edgegw.metrics.gateway import NO_METRICS, IMetrics
+from edgegw.metrics.gateway_metrics import NO_METRICS, IMetrics
 from edgegw.sessions.server import ServerSessions
 
 __all__ = ["BrowserLogin"]

@@ -14,7 +14,7 @@ from twisted.python.failure import Failure
 from twisted.web.resource import Resource
 from twisted.web.server import Request
 
-from edgegw.chain.respond import write_text
+from edgegw.chain.answers import write_text
 from edgegw.stream.boundary import client_gone
 
 __all__ = [
@@ -41,14 +41,14 @@ class AuthEndpoint(Resource):
 
     def render(self, request: Request) -> bytes | int:
         """
-        Dispatch to L{respond} for the allowed method, else answer 405.
+        Dispatch to L{render_allowed} for the allowed method, else answer 405.
         """
         if request.method != self.method:
             answer_text(request, 405, b"method not allowed\n", ((b"Allow", self.method),))
             return b""
-        return self.respond(request)
+        return self.render_allowed(request)
 
-    def respond(self, request: Request) -> bytes | int:
+    def render_allowed(self, request: Request) -> bytes | int:
         """
         Answer the allowed method: return C{b""} once finished, or C{NOT_DONE_YET}.
         """

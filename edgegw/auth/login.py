@@ -52,7 +52,7 @@ class LoginResource(AuthEndpoint):
         super().__init__()
         self.login = login
 
-    def respond(self, request: Request) -> bytes:
+    def render_allowed(self, request: Request) -> bytes:
         """
         Answer 302 to the IdP, or 503 while it is not known.
         """

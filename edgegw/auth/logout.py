@@ -29,7 +29,7 @@ class LogoutResource(AuthEndpoint):
         self.login = login
         self.location = post_logout_redirect.encode("ascii")
 
-    def respond(self, request: Request) -> bytes | int:
+    def render_allowed(self, request: Request) -> bytes | int:
         """
         Clear the cookies (and the stored record) and redirect.
         """

@@ -24,7 +24,7 @@ class SessionViewResource(AuthEndpoint):
         super().__init__()
         self.login = login
 
-    def respond(self, request: Request) -> bytes | int:
+    def render_allowed(self, request: Request) -> bytes | int:
         """
         Answer the view, or 401.
         """

@@ -20,7 +20,7 @@ from twisted.web.server import Request
 from edgegw.chain.exchange import Exchange
 from edgegw.chain.pipeline import Handler
 from edgegw.line_writer import LineWriter
-from edgegw.metrics.gateway import IMetrics
+from edgegw.metrics.gateway_metrics import IMetrics
 from edgegw.stream.boundary import client_gone
 from edgegw.telemetry import IRequestTrace
 

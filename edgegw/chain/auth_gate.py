@@ -15,9 +15,9 @@ from collections.abc import Callable
 from typing import Literal
 from urllib.parse import quote
 
+from edgegw.chain.answers import write_text
 from edgegw.chain.exchange import Exchange
 from edgegw.chain.pipeline import Handler, Stage
-from edgegw.chain.respond import write_text
 
 __all__ = ["auth_gate", "refusal", "return_to_of"]
 

@@ -5,10 +5,10 @@ The authz stage: every policy the route needs must be satisfied.
 from __future__ import annotations
 
 from edgegw.authz.policy import RoutePolicies
+from edgegw.chain.answers import redirect, write_text
 from edgegw.chain.exchange import Exchange
 from edgegw.chain.pipeline import Handler, Stage
-from edgegw.chain.respond import redirect, write_text
-from edgegw.metrics.gateway import NO_METRICS, IMetrics
+from edgegw.metrics.gateway_metrics import NO_METRICS, IMetrics
 
 
 def authz(

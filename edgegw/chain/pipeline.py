@@ -19,8 +19,8 @@ from twisted.python.failure import Failure
 from twisted.web.server import NOT_DONE_YET, Request
 from zope.interface import Attribute, Interface, implementer
 
+from edgegw.chain.answers import abort
 from edgegw.chain.exchange import Exchange, IExchange
-from edgegw.chain.respond import abort
 from edgegw.chain.route import CompiledRoute
 from edgegw.stream.boundary import client_gone, close_after_response
 

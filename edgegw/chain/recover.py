@@ -9,9 +9,9 @@ from twisted.logger import Logger
 from twisted.python.failure import Failure
 from twisted.web.server import Request
 
+from edgegw.chain.answers import abort, write_text
 from edgegw.chain.exchange import Exchange
 from edgegw.chain.pipeline import Handler
-from edgegw.chain.respond import abort, write_text
 
 _log = Logger(namespace="edgegw.recover")
 

@@ -11,9 +11,9 @@ from collections.abc import Callable, Iterable, Sequence
 
 from twisted.web.server import Request
 
+from edgegw.chain.answers import write_text
 from edgegw.chain.exchange import Exchange
 from edgegw.chain.pipeline import Handler, Stage
-from edgegw.chain.respond import write_text
 from edgegw.identity.assertion import AssertionRefusedError, AssertionVerifier
 from edgegw.identity.bearer import (
     BearerRejectedError,
@@ -24,7 +24,7 @@ from edgegw.identity.bearer import (
 from edgegw.identity.cookies import is_https
 from edgegw.identity.principal import Principal
 from edgegw.identity.session_cookie import SessionCookie, SessionRecord
-from edgegw.metrics.gateway import NO_METRICS, IMetrics
+from edgegw.metrics.gateway_metrics import NO_METRICS, IMetrics
 from edgegw.sessions.server import STORE_UNAVAILABLE, ServerSessions
 
 __all__ = ["session_stage"]

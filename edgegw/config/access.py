@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import Any, cast
 
 from edgegw.config.fields import Node
-from edgegw.config.headers import check_header_name
+from edgegw.config.header_syntax import check_header_name
 from edgegw.config.model import AccessSpec, ProjectionSpec
 from edgegw.config.urls import check_local_path
 

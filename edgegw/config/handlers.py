@@ -9,8 +9,7 @@ import re
 from collections.abc import Callable
 
 from edgegw.config.fields import Node, suggest
-from edgegw.config.headers import TOKEN, check_header_value
-from edgegw.config.messages import show
+from edgegw.config.header_syntax import TOKEN, check_header_value
 from edgegw.config.model import (
     ApiBackendSpec,
     ApiHandlerSpec,
@@ -19,6 +18,7 @@ from edgegw.config.model import (
     ProxyHandlerSpec,
     StaticHandlerSpec,
 )
+from edgegw.config.shown_values import show
 from edgegw.config.urls import PLACEHOLDER, check_url, encode_path, path_template_problem
 
 __all__ = ["HANDLER_TYPES", "read_handler"]

@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any, cast
 
 from edgegw.config.fields import Node
-from edgegw.config.headers import TOKEN, check_own_header_name
+from edgegw.config.header_syntax import TOKEN, check_own_header_name
 from edgegw.config.keys import ed25519_key
 from edgegw.config.model import (
     AssertionAcceptSpec,

@@ -16,7 +16,7 @@ import attrs
 
 from edgegw.config.envelope import read_envelope
 from edgegw.config.errors import Location, Problems
-from edgegw.config.gateway import read_gateway
+from edgegw.config.gateway_kind import read_gateway
 from edgegw.config.idp import read_idp
 from edgegw.config.load import Document, read_sources
 from edgegw.config.model import (
@@ -35,7 +35,7 @@ from edgegw.config.policies import read_policy
 from edgegw.config.route_groups import read_route_group
 from edgegw.config.routes import read_route
 from edgegw.config.rules import at_most_one, check_logged_headers, cross_checks, one_gateway
-from edgegw.config.telemetry import read_telemetry
+from edgegw.config.telemetry_kind import read_telemetry
 
 __all__ = ["load_config"]
 

@@ -9,7 +9,7 @@ import ipaddress
 import re
 
 from edgegw.config.fields import Node
-from edgegw.config.messages import describe_char, show
+from edgegw.config.shown_values import describe_char, show
 from edgegw.routing.redirects import is_same_origin_path, unsafe_redirect_char
 
 __all__ = [

@@ -10,7 +10,7 @@ from twisted.web.server import Request
 
 from edgegw.config.model import SecuritySpec
 from edgegw.edge.csrf import CrossOriginProtection
-from edgegw.stream.headers import ResponseHeaders, encode_fixed
+from edgegw.stream.response_headers import ResponseHeaders, encode_fixed
 
 
 def security_headers(spec: SecuritySpec) -> tuple[tuple[bytes, bytes], ...]:

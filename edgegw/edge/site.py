@@ -18,17 +18,17 @@ from twisted.web.resource import Resource
 from twisted.web.server import NOT_DONE_YET, Request
 
 from edgegw.chain.access_log import AccessLog
+from edgegw.chain.answers import TEXT_PLAIN
 from edgegw.chain.pipeline import IRouteTarget
-from edgegw.chain.respond import TEXT_PLAIN
 from edgegw.edge.forwarded import ForwardedFilter
 from edgegw.edge.security import SecurityLayer
-from edgegw.metrics.gateway import NO_METRICS, IMetrics
+from edgegw.metrics.gateway_metrics import NO_METRICS, IMetrics
 from edgegw.routing.hosts import MAX_REMEMBERED_HOST, normalise_host
 from edgegw.routing.mux import Matched, MethodNotAllowed, Mux, Redirect
 from edgegw.routing.paths import to_bytes, vet_path
 from edgegw.seam import RAW_DICT_WRITABLE, raw_fields
 from edgegw.stream.boundary import close_after_response
-from edgegw.stream.headers import ResponseHeaders
+from edgegw.stream.response_headers import ResponseHeaders
 from edgegw.telemetry import IRequestTrace
 
 

@@ -18,7 +18,7 @@ from twisted.protocols.policies import ProtocolWrapper
 from twisted.python.failure import Failure
 from twisted.web.server import Request
 
-from edgegw.handlers.headers import HOP_BY_HOP, connection_tokens
+from edgegw.handlers.hop_by_hop import HOP_BY_HOP, connection_tokens
 from edgegw.identity.cookies import set_cookie_name
 from edgegw.stream.boundary import take_connection
 from edgegw.upstream.http11 import UpstreamResponse

@@ -35,7 +35,7 @@ from edgegw.identity.discovery import (
 from edgegw.identity.key_source import KeySource
 from edgegw.identity.keyset import KeySet, KeySetError
 from edgegw.identity.tokens import TokenError, UnknownKeyError, verify_id_token
-from edgegw.metrics.gateway import NO_METRICS, IMetrics
+from edgegw.metrics.gateway_metrics import NO_METRICS, IMetrics
 from edgegw.upstream.agent import NullCookieJar, UpstreamAgent
 from edgegw.upstream.shared import BodyTooLargeError, NotJSONError, read_body, read_json
 

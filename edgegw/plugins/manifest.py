@@ -26,8 +26,8 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from edgegw.config.errors import Problems
-from edgegw.config.manifest import ManifestEntry, parse_manifest_entry
 from edgegw.config.model import GatewaySpec
+from edgegw.config.plugin_refs import ManifestEntry, parse_manifest_entry
 
 _RELEASE = re.compile(r"(\d+(?:\.\d+)*)(.*)")
 

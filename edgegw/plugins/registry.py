@@ -21,6 +21,7 @@ from zope.interface.verify import verifyObject
 
 from edgegw.config.errors import Problems
 from edgegw.config.model import Config, PluginSpec
+from edgegw.entry_points import NotRegisteredError, find_registered, registered, registered_names
 from edgegw.plugins.interfaces import (
     IHeaderNames,
     IRequestHook,
@@ -30,7 +31,6 @@ from edgegw.plugins.interfaces import (
     PluginConfigError,
 )
 from edgegw.plugins.messages import Protected
-from edgegw.registry import NotRegisteredError, find_registered, registered, registered_names
 
 __all__ = [
     "ENTRY_POINT_GROUP",

@@ -22,9 +22,9 @@ from twisted.internet.interfaces import IReactorTime
 from twisted.logger import Logger
 from zope.interface import implementer
 
+from edgegw.chain.answers import write_text
 from edgegw.chain.exchange import Exchange
 from edgegw.chain.pipeline import Handler, Stage
-from edgegw.chain.respond import write_text
 from edgegw.plugins.interfaces import IRequestHook, IResponseHook
 from edgegw.plugins.messages import PluginRequest, PluginResponse, Protected, Reply, write_reply
 from edgegw.stream.boundary import client_gone

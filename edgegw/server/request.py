@@ -37,8 +37,8 @@ from twisted.web.server import Request
 from edgegw.seam import GatewayHeaders, RequestSeam, client_gone, mark_client_gone
 from edgegw.server.body import DISCARD_LIMIT, EMPTY_BODY, BodyDiscardedError, RequestBody
 from edgegw.stream.boundary import IClientStream
-from edgegw.stream.headers import ResponseHeaders
 from edgegw.stream.response_filter import IResponseFilter
+from edgegw.stream.response_headers import ResponseHeaders
 
 __all__ = ["EMPTY_BODY", "BodyDiscardedError", "GatewayRequest", "RequestBody"]
 

@@ -2,7 +2,7 @@
 Writing HTTP/1.1 response heads cheaply: one bytes object per head.
 
 The status line, a C{Date} line formatted once a second, the edge's pre-encoded fixed
-header lines (L{edgegw.stream.headers.ResponseHeaders}) and the response's own fields
+header lines (L{edgegw.stream.response_headers.ResponseHeaders}) and the response's own fields
 are joined once, and the channel writes them (with the body, for a whole small response)
 in a single transport write.
 """

@@ -12,7 +12,7 @@ from twisted.web.resource import IResource
 
 from edgegw.config.model import LimitsSpec
 from edgegw.server.channel import GatewayChannel
-from edgegw.server.limits import LimitedSite
+from edgegw.server.gateway_site import LimitedSite
 from edgegw.server.request import GatewayRequest
 
 __all__ = ["SCRAPE_LIMITS", "ScrapeSite"]
@@ -26,7 +26,7 @@ SCRAPE_LIMITS: Final = LimitsSpec(
 )
 """
 A scraper needs one connection; 32 fit in L{DESCRIPTOR_RESERVE
-<edgegw.server.limits.DESCRIPTOR_RESERVE>} beside the public listener's cap.
+<edgegw.server.gateway_site.DESCRIPTOR_RESERVE>} beside the public listener's cap.
 """
 
 SCRAPE_IDLE_TIMEOUT: Final = 30.0

@@ -43,7 +43,7 @@ from edgegw.identity.token_response import (
     access_token_expiry,
     usable_token,
 )
-from edgegw.metrics.gateway import NO_METRICS, IMetrics
+from edgegw.metrics.gateway_metrics import NO_METRICS, IMetrics
 from edgegw.state.store import IStateStore, StoreError
 
 __all__ = ["RETRY_AFTER_FAILURE", "WAIT", "Refresher", "SessionRecords"]

@@ -48,7 +48,7 @@ from edgegw.identity.session_cookie import (
     decode_record,
     encode_record,
 )
-from edgegw.metrics.gateway import NO_METRICS, IMetrics
+from edgegw.metrics.gateway_metrics import NO_METRICS, IMetrics
 from edgegw.sessions.refresh import Refresher
 from edgegw.sessions.streams import OpenRequests
 from edgegw.state.store import IStateStore, StoreError, StoreUnavailableError

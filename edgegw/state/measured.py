@@ -12,7 +12,7 @@ from twisted.internet.defer import Deferred
 from twisted.python.failure import Failure
 from zope.interface import implementer
 
-from edgegw.metrics.gateway import IMetrics
+from edgegw.metrics.gateway_metrics import IMetrics
 from edgegw.state.store import IStateStore, MessageCallback
 
 __all__ = ["MeasuredStore"]

@@ -1,5 +1,5 @@
 """
-State providers, found through package entry points (L{edgegw.registry}).
+State providers, found through package entry points (L{edgegw.entry_points}).
 
 A provider is an object providing L{IStateProviderFactory}, named by an entry point in
 the group C{edgegw.state_providers} of any installed distribution; the entry point's
@@ -21,7 +21,7 @@ from twisted.application.service import IService
 from zope.interface import Attribute, Interface
 
 from edgegw.config.errors import Location, Problem
-from edgegw.registry import NotRegisteredError, find_registered, registered_names
+from edgegw.entry_points import NotRegisteredError, find_registered, registered_names
 from edgegw.state.store import IStateStore
 
 __all__ = [

@@ -34,7 +34,7 @@ from twisted.web.http_headers import Headers
 from twisted.web.iweb import UNKNOWN_LENGTH, IAgent, IBodyProducer, IClientRequest, IResponse
 from zope.interface import implementer
 
-from edgegw.metrics.gateway import NO_METRICS, IMetrics
+from edgegw.metrics.gateway_metrics import NO_METRICS, IMetrics
 from edgegw.seam import PreparedURL
 from edgegw.upstream.calls import CallContext, UpstreamCall, describe_error, start_call
 from edgegw.upstream.http11 import UpstreamProtocolError, UpstreamResponse

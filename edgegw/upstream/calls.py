@@ -18,7 +18,7 @@ from typing import Any, Protocol
 import attrs
 from opentelemetry.trace import SpanKind, Status, StatusCode, set_span_in_context
 
-from edgegw.metrics.gateway import NO_METRICS, IMetrics
+from edgegw.metrics.gateway_metrics import NO_METRICS, IMetrics
 from edgegw.telemetry import inject_context
 from edgegw.upstream.pool import Upstream
 

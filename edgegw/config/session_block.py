@@ -5,7 +5,7 @@ The Gateway's session block: the cookie, its key and lifetime, and the session e
 from __future__ import annotations
 
 from edgegw.config.fields import Node
-from edgegw.config.headers import TOKEN, check_header_name
+from edgegw.config.header_syntax import TOKEN, check_header_name
 from edgegw.config.model import SessionSpec
 from edgegw.config.urls import check_local_path
 

@@ -9,7 +9,7 @@ from typing import Any, cast
 
 from edgegw.config.addresses import endpoint_description
 from edgegw.config.fields import Node
-from edgegw.config.headers import check_header_name, check_header_value
+from edgegw.config.header_syntax import check_header_name, check_header_value
 from edgegw.config.model import MetricsSpec, TelemetrySpec
 from edgegw.config.urls import check_url
 

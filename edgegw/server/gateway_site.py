@@ -22,7 +22,7 @@ from twisted.web.resource import IResource
 from twisted.web.server import Site
 
 from edgegw.config.model import LimitsSpec
-from edgegw.metrics.gateway import IMetrics
+from edgegw.metrics.gateway_metrics import IMetrics
 from edgegw.server.channel import GatewayChannel
 from edgegw.server.request import GatewayRequest
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import Any, cast
 
 from edgegw.config.fields import Node
-from edgegw.config.headers import check_header_value
+from edgegw.config.header_syntax import check_header_value
 from edgegw.config.model import CsrfSpec, HstsSpec, SecurityHeadersSpec, SecuritySpec
 from edgegw.config.origins import TrustedOriginError, validate_trusted_origin
 from edgegw.routing.mux import ConflictError, Mux

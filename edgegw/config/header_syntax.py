@@ -8,7 +8,7 @@ from __future__ import annotations
 import re
 
 from edgegw.config.fields import Node
-from edgegw.config.messages import describe_char, show
+from edgegw.config.shown_values import describe_char, show
 
 __all__ = ["TOKEN", "check_header_name", "check_header_value"]
 

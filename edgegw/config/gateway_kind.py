@@ -13,10 +13,10 @@ from edgegw.config.addresses import endpoint_description
 from edgegw.config.fields import Node
 from edgegw.config.identity import read_identity
 from edgegw.config.limits import read_limits
-from edgegw.config.manifest import parse_manifest_entry
 from edgegw.config.model import AccessLogSpec, AuthSpec, GatewaySpec
-from edgegw.config.security import read_security
-from edgegw.config.session import read_session
+from edgegw.config.plugin_refs import parse_manifest_entry
+from edgegw.config.security_block import read_security
+from edgegw.config.session_block import read_session
 from edgegw.config.state import read_state_ref
 from edgegw.config.urls import check_local_path
 
