@@ -10,11 +10,11 @@ from typing import TextIO
 
 from twisted.internet.task import Clock
 
-from edgegw.chain.route import CompiledRoute
 from edgegw.config.addresses import endpoint_description
 from edgegw.config.errors import ConfigError, Problem
 from edgegw.config.parse import load_config
 from edgegw.service import build_service
+from edgegw.terminal.route import CompiledRoute
 
 
 def route_table(routes: Sequence[CompiledRoute]) -> str:

@@ -37,3 +37,7 @@ def canonical_name(name: bytes) -> bytes:
         if len(canonical_names) < MAX_NAMES and len(name) <= MAX_NAME_LENGTH:
             canonical_names[name] = canonical
     return canonical
+
+
+USER_PREFIX = b"x-user-"
+"""The prefix of the identity headers the gateway projects for backends (C{X-User-*})."""

@@ -19,9 +19,9 @@ from twisted.web.server import NOT_DONE_YET, Request
 from twisted.web.test.requesthelper import DummyChannel
 
 from edgegw.assembly.assemble import build_gateway
-from edgegw.chain.exchange import Exchange, IExchange
 from edgegw.handlers.api import ApiHandler, UnsafeWildcardError, fill_path, parse_template
 from edgegw.identity.principal import Principal
+from edgegw.terminal.exchange import Exchange, IExchange
 from edgegw.upstream.agent import UpstreamAgent
 from edgegw.upstream.pool import Upstream
 from edgegw.upstream.shared import NotJSONError, parse_json

@@ -17,11 +17,11 @@ from edgegw.authz import rego as rego_module
 from edgegw.authz.policy import REMEMBERED_DECISIONS, CompiledPolicy, RoutePolicies
 from edgegw.authz.rego import RegoLoadError, RegoPolicy
 from edgegw.authz.require import RequireRule
-from edgegw.chain.exchange import Exchange
 from edgegw.config.effective import effective_routes
 from edgegw.config.errors import ConfigError
 from edgegw.config.model import LabelExpression, RequireSpec, Selector
 from edgegw.identity.principal import Principal
+from edgegw.terminal.exchange import Exchange
 from tests.support.configs import load_text, write_tree
 from tests.support.memory import MemoryClient
 from tests.test_pipeline import capture_log

@@ -19,18 +19,19 @@ from twisted.web.server import Request
 from edgegw.assembly.edge_site import edge_site
 from edgegw.assembly.route_chains import RouteWiring, route_runner
 from edgegw.chain.access_log import AccessLog, _encode
-from edgegw.chain.exchange import Exchange, exchange_of
-from edgegw.chain.pipeline import Handler, InFlight, RouteRunner, Stage, compose
+from edgegw.chain.pipeline import InFlight, RouteRunner, compose
 from edgegw.chain.projection import projection
+from edgegw.chain.render import render_stage
 from edgegw.chain.request_id import new_request_id, sane_request_id
-from edgegw.chain.route import CompiledRoute
-from edgegw.chain.terminal import TerminalResource, render_stage
 from edgegw.config.effective import effective_routes
 from edgegw.config.model import GatewaySpec
 from edgegw.edge.site import MuxDispatcher
 from edgegw.identity.principal import Principal
 from edgegw.line_writer import LineWriter
 from edgegw.routing.mux import Mux
+from edgegw.terminal.exchange import Exchange, Handler, Stage, exchange_of
+from edgegw.terminal.resource import TerminalResource
+from edgegw.terminal.route import CompiledRoute
 from tests.support.configs import load_text
 from tests.support.memory import MemoryClient
 

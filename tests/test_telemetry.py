@@ -493,8 +493,8 @@ spec: {{match: /h, handler: {{type: health}}}}
 
 class RecoverCorrelationTests(SynchronousTestCase):
     def test_panic_logged_with_trace_and_span_ids(self) -> None:
-        from edgegw.chain.exchange import Exchange
         from edgegw.chain.pipeline import RouteRunner
+        from edgegw.terminal.exchange import Exchange
 
         events = capture_log(self)
         spans = InMemorySpanExporter()
@@ -557,8 +557,8 @@ class ContextPropagationTests(SynchronousTestCase):
         from opentelemetry import trace
         from twisted.internet.defer import Deferred
 
-        from edgegw.chain.exchange import Exchange
         from edgegw.chain.pipeline import RouteRunner, compose
+        from edgegw.terminal.exchange import Exchange
 
         spans = InMemorySpanExporter()
         clock = Clock()

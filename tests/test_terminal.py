@@ -18,15 +18,15 @@ from twisted.web.test.requesthelper import DummyChannel
 from edgegw.assembly.edge_site import edge_site
 from edgegw.assembly.route_chains import RouteWiring, route_runner
 from edgegw.chain.access_log import AccessLog
-from edgegw.chain.exchange import exchange_of
 from edgegw.chain.pipeline import InFlight
 from edgegw.chain.resource_target import ResourceTarget
-from edgegw.chain.route import CompiledRoute
-from edgegw.chain.terminal import TerminalResource
 from edgegw.config.effective import effective_routes
 from edgegw.config.model import GatewaySpec
 from edgegw.edge.site import MuxDispatcher
 from edgegw.routing.mux import Mux
+from edgegw.terminal.exchange import exchange_of
+from edgegw.terminal.resource import TerminalResource
+from edgegw.terminal.route import CompiledRoute
 from tests.support.configs import load_text
 from tests.support.memory import MemoryClient
 

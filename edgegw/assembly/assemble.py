@@ -35,7 +35,6 @@ from edgegw.authz.policy import compile_policies
 from edgegw.chain.access_log import AccessLog
 from edgegw.chain.pipeline import InFlight, IRouteTarget
 from edgegw.chain.resource_target import ResourceTarget
-from edgegw.chain.route import CompiledRoute
 from edgegw.config.effective import effective_routes
 from edgegw.config.errors import Problems
 from edgegw.config.model import Config
@@ -53,6 +52,7 @@ from edgegw.sessions.server import ServerSessions
 from edgegw.state.measured import MeasuredStore
 from edgegw.state.store import IStateStore
 from edgegw.telemetry import Telemetry
+from edgegw.terminal.route import CompiledRoute
 from edgegw.upstream.agent import UpstreamAgent
 from edgegw.upstream.pool import UpstreamClient
 

@@ -16,20 +16,22 @@ from edgegw.assembly.terminals import TerminalContext, terminal_for
 from edgegw.authz.policy import CompiledPolicy, RoutePolicies
 from edgegw.chain.auth_gate import auth_gate, refusal
 from edgegw.chain.authz import authz
-from edgegw.chain.pipeline import InFlight, IRouteTarget, RouteRunner, Stage, compose
-from edgegw.chain.projection import USER_PREFIX, groups_header_name, projection
+from edgegw.chain.pipeline import InFlight, IRouteTarget, RouteRunner, compose
+from edgegw.chain.projection import groups_header_name, projection
 from edgegw.chain.recover import recover
+from edgegw.chain.render import render_stage
 from edgegw.chain.request_id import request_id
-from edgegw.chain.route import CompiledRoute
 from edgegw.chain.session import session_stage
-from edgegw.chain.terminal import render_stage
 from edgegw.config.effective import EffectiveRoute
 from edgegw.config.errors import Problems
+from edgegw.header_names import USER_PREFIX
 from edgegw.metrics.gateway_metrics import NO_METRICS, IMetrics
 from edgegw.plugins.messages import Protected
 from edgegw.plugins.registry import ConfiguredPlugins
 from edgegw.plugins.stages import request_plugins_stage, response_plugins_stage
 from edgegw.routing.mux import Mux
+from edgegw.terminal.exchange import Stage
+from edgegw.terminal.route import CompiledRoute
 
 
 @attrs.frozen

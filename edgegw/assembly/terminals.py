@@ -8,7 +8,6 @@ from __future__ import annotations
 from twisted.internet.interfaces import IReactorTime
 
 from edgegw.auth.context import BrowserLogin
-from edgegw.chain.terminal import TerminalResource
 from edgegw.config.effective import EffectiveRoute
 from edgegw.config.errors import Problems
 from edgegw.config.model import ApiHandlerSpec, Config, ProxyHandlerSpec, StaticHandlerSpec
@@ -19,6 +18,7 @@ from edgegw.handlers.proxy import ProxyHandler
 from edgegw.handlers.static import StaticHandler
 from edgegw.identity.assertion import AssertionIssuer
 from edgegw.metrics.gateway_metrics import NO_METRICS, IMetrics
+from edgegw.terminal.resource import TerminalResource
 from edgegw.upstream.agent import UpstreamAgent
 from edgegw.upstream.pool import UpstreamClient
 

@@ -14,8 +14,8 @@ from twisted.python.failure import Failure
 from twisted.web.resource import Resource
 from twisted.web.server import Request
 
-from edgegw.chain.answers import write_text
 from edgegw.stream.boundary import client_gone
+from edgegw.terminal.answers import write_text
 
 __all__ = [
     "NO_STORE",

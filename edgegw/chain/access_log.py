@@ -17,12 +17,11 @@ from twisted.internet.defer import CancelledError
 from twisted.logger import Logger, LogLevel
 from twisted.web.server import Request
 
-from edgegw.chain.exchange import Exchange
-from edgegw.chain.pipeline import Handler
 from edgegw.line_writer import LineWriter
 from edgegw.metrics.gateway_metrics import IMetrics
 from edgegw.stream.boundary import client_gone
 from edgegw.telemetry import IRequestTrace
+from edgegw.terminal.exchange import Exchange, Handler
 
 LEVELS = {
     "debug": LogLevel.debug,

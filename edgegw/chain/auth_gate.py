@@ -15,9 +15,8 @@ from collections.abc import Callable
 from typing import Literal
 from urllib.parse import quote
 
-from edgegw.chain.answers import write_text
-from edgegw.chain.exchange import Exchange
-from edgegw.chain.pipeline import Handler, Stage
+from edgegw.terminal.answers import write_text
+from edgegw.terminal.exchange import Exchange, Handler, Stage
 
 __all__ = ["auth_gate", "refusal", "return_to_of"]
 

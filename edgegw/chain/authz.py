@@ -5,10 +5,9 @@ The authz stage: every policy the route needs must be satisfied.
 from __future__ import annotations
 
 from edgegw.authz.policy import RoutePolicies
-from edgegw.chain.answers import redirect, write_text
-from edgegw.chain.exchange import Exchange
-from edgegw.chain.pipeline import Handler, Stage
 from edgegw.metrics.gateway_metrics import NO_METRICS, IMetrics
+from edgegw.terminal.answers import redirect, write_text
+from edgegw.terminal.exchange import Exchange, Handler, Stage
 
 
 def authz(

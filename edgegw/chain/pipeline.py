@@ -10,7 +10,7 @@ trace span) survive C{await} there and are lost in plain callback chains.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Sequence
 from time import monotonic
 
 from twisted.internet.defer import CancelledError, Deferred
@@ -19,16 +19,10 @@ from twisted.python.failure import Failure
 from twisted.web.server import NOT_DONE_YET, Request
 from zope.interface import Attribute, Interface, implementer
 
-from edgegw.chain.answers import abort
-from edgegw.chain.exchange import Exchange, IExchange
-from edgegw.chain.route import CompiledRoute
 from edgegw.stream.boundary import client_gone, close_after_response
-
-Handler = Callable[[Exchange], Awaitable[None]]
-"""The rest of the chain, from some stage inward to the terminal."""
-
-Stage = Callable[[Exchange, Handler], Awaitable[None]]
-"""One per-route stage: acts on the exchange and calls (or skips) the next handler."""
+from edgegw.terminal.answers import abort
+from edgegw.terminal.exchange import Exchange, Handler, IExchange, Stage
+from edgegw.terminal.route import CompiledRoute
 
 _log = Logger(namespace="edgegw.pipeline")
 

@@ -14,13 +14,11 @@ from urllib.parse import quote
 
 from twisted.logger import Logger
 
-from edgegw.chain.exchange import Exchange
-from edgegw.chain.pipeline import Handler, Stage
-from edgegw.header_names import canonical_name
+from edgegw.header_names import USER_PREFIX, canonical_name
 from edgegw.identity.principal import ClaimValue, Principal
 from edgegw.seam import RAW_DICT_WRITABLE, raw_fields
+from edgegw.terminal.exchange import Exchange, Handler, Stage
 
-USER_PREFIX = b"x-user-"
 SUBJECT_HEADER = b"X-User-Id"
 # Kept readable in header values; everything else that could split a list or a header
 # (",", CR, LF, "%", non-ASCII) is percent-encoded.

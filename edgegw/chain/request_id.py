@@ -7,8 +7,7 @@ from __future__ import annotations
 import os
 import re
 
-from edgegw.chain.exchange import Exchange
-from edgegw.chain.pipeline import Handler
+from edgegw.terminal.exchange import Exchange, Handler
 
 REQUEST_ID_HEADER = b"x-request-id"
 MAX_REQUEST_ID_LENGTH = 128

@@ -12,8 +12,8 @@ from twisted.web.server import NOT_DONE_YET, Request
 from zope.interface import implementer
 
 from edgegw.chain.access_log import AccessLog
-from edgegw.chain.answers import abort, write_text
 from edgegw.chain.pipeline import InFlight, IRouteTarget
+from edgegw.terminal.answers import abort, write_text
 
 _log = Logger(namespace="edgegw.auth")
 

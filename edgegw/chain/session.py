@@ -11,9 +11,6 @@ from collections.abc import Callable, Iterable, Sequence
 
 from twisted.web.server import Request
 
-from edgegw.chain.answers import write_text
-from edgegw.chain.exchange import Exchange
-from edgegw.chain.pipeline import Handler, Stage
 from edgegw.identity.assertion import AssertionRefusedError, AssertionVerifier
 from edgegw.identity.bearer import (
     BearerRejectedError,
@@ -26,6 +23,8 @@ from edgegw.identity.principal import Principal
 from edgegw.identity.session_cookie import SessionCookie, SessionRecord
 from edgegw.metrics.gateway_metrics import NO_METRICS, IMetrics
 from edgegw.sessions.server import STORE_UNAVAILABLE, ServerSessions
+from edgegw.terminal.answers import write_text
+from edgegw.terminal.exchange import Exchange, Handler, Stage
 
 __all__ = ["session_stage"]
 

@@ -18,7 +18,6 @@ from twisted.web.resource import Resource
 from twisted.web.server import NOT_DONE_YET, Request
 
 from edgegw.chain.access_log import AccessLog
-from edgegw.chain.answers import TEXT_PLAIN
 from edgegw.chain.pipeline import IRouteTarget
 from edgegw.edge.forwarded import ForwardedFilter
 from edgegw.edge.security import SecurityLayer
@@ -30,6 +29,7 @@ from edgegw.seam import RAW_DICT_WRITABLE, raw_fields
 from edgegw.stream.boundary import close_after_response
 from edgegw.stream.response_headers import ResponseHeaders
 from edgegw.telemetry import IRequestTrace
+from edgegw.terminal.answers import TEXT_PLAIN
 
 
 class Dispatcher(Protocol):

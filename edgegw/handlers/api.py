@@ -32,14 +32,14 @@ from twisted.internet.interfaces import IDelayedCall, IReactorTime
 from twisted.python.failure import Failure
 from twisted.web.server import Request
 
-from edgegw.chain.answers import write_text
-from edgegw.chain.exchange import Exchange, exchange_of
-from edgegw.chain.terminal import TerminalResource
 from edgegw.config.model import ApiBackendSpec, ApiHandlerSpec
 from edgegw.identity.assertion import AssertionIssuer
 from edgegw.metrics.gateway_metrics import NO_METRICS, IMetrics
 from edgegw.routing.paths import has_dot_segment
 from edgegw.stream.boundary import client_gone
+from edgegw.terminal.answers import write_text
+from edgegw.terminal.exchange import Exchange, exchange_of
+from edgegw.terminal.resource import TerminalResource
 from edgegw.upstream.agent import NullCookieJar, PreparedURL, UpstreamAgent
 from edgegw.upstream.calls import describe_error
 from edgegw.upstream.pool import Upstream

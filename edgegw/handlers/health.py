@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from twisted.web.server import Request
 
-from edgegw.chain.terminal import TerminalResource
+from edgegw.terminal.resource import TerminalResource
 
 BODY = b'{"status":"ok"}'
 _HEADERS = (

@@ -23,19 +23,18 @@ from twisted.logger import Logger
 from twisted.web.server import Request
 from zope.interface import implementer
 
-from edgegw.chain.answers import abort, write_text
-from edgegw.chain.exchange import Exchange, exchange_of
-from edgegw.chain.projection import USER_PREFIX
-from edgegw.chain.terminal import TerminalResource
 from edgegw.config.model import ProxyHandlerSpec
 from edgegw.handlers.hop_by_hop import HOP_BY_HOP, connection_tokens, is_websocket_upgrade
 from edgegw.handlers.tunnel import Tunnel
-from edgegw.header_names import MAX_NAME_LENGTH, canonical_name
+from edgegw.header_names import MAX_NAME_LENGTH, USER_PREFIX, canonical_name
 from edgegw.identity.assertion import AssertionIssuer
 from edgegw.identity.cookies import set_cookie_name, without_cookies
 from edgegw.metrics.gateway_metrics import NO_METRICS, IMetrics
 from edgegw.seam import RAW_DICT_WRITABLE, raw_fields
 from edgegw.stream.boundary import client_gone, write_whole
+from edgegw.terminal.answers import abort, write_text
+from edgegw.terminal.exchange import Exchange, exchange_of
+from edgegw.terminal.resource import TerminalResource
 from edgegw.upstream.calls import UpstreamCall, describe_error, start_call
 from edgegw.upstream.http11 import UpstreamResponse
 from edgegw.upstream.pool import Upstream, UpstreamClient, UpstreamUnavailableError

@@ -22,10 +22,10 @@ from twisted.logger import Logger
 from twisted.web.resource import Resource
 from twisted.web.server import NOT_DONE_YET, Request
 
-from edgegw.chain.answers import write_text
 from edgegw.identity.provider import IdentityProvider
 from edgegw.state.store import IStateStore, StoreError
 from edgegw.stream.boundary import client_gone
+from edgegw.terminal.answers import write_text
 
 _log = Logger(namespace="edgegw.readiness")
 

@@ -22,11 +22,11 @@ from twisted.web.http_headers import Headers
 from twisted.web.iweb import IBodyProducer
 from twisted.web.server import Request
 
-from edgegw.chain.answers import TEXT_PLAIN
-from edgegw.chain.exchange import Exchange
 from edgegw.identity.principal import Principal
 from edgegw.routing.paths import clean_path, vet_path
 from edgegw.stream.boundary import client_gone
+from edgegw.terminal.answers import TEXT_PLAIN
+from edgegw.terminal.exchange import Exchange
 
 __all__ = [
     "REQUEST_FRAMING",

@@ -22,9 +22,6 @@ from twisted.internet.interfaces import IReactorTime
 from twisted.logger import Logger
 from zope.interface import implementer
 
-from edgegw.chain.answers import write_text
-from edgegw.chain.exchange import Exchange
-from edgegw.chain.pipeline import Handler, Stage
 from edgegw.plugins.interfaces import IRequestHook, IResponseHook
 from edgegw.plugins.messages import PluginRequest, PluginResponse, Protected, Reply, write_reply
 from edgegw.stream.boundary import client_gone
@@ -34,6 +31,8 @@ from edgegw.stream.response_filter import (
     passthrough,
     remove_response_filter,
 )
+from edgegw.terminal.answers import write_text
+from edgegw.terminal.exchange import Exchange, Handler, Stage
 
 __all__ = ["PluginError", "request_plugins_stage", "response_plugins_stage"]
 

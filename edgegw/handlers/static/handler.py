@@ -13,7 +13,6 @@ from twisted.logger import Logger
 from twisted.web.http import datetimeToString
 from twisted.web.server import Request
 
-from edgegw.chain.terminal import TerminalResource
 from edgegw.config.model import StaticHandlerSpec
 from edgegw.handlers.static.conditional import (
     Range,
@@ -33,6 +32,7 @@ from edgegw.handlers.static.file_body import (
     truncated,
 )
 from edgegw.handlers.static.lookup import StaticTree, decode_segments
+from edgegw.terminal.resource import TerminalResource
 
 __all__ = ["StaticHandler"]
 

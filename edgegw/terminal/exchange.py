@@ -7,16 +7,15 @@ Resource (which Twisted hands only the request) reads it with C{IExchange(reques
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from collections.abc import Awaitable, Callable
+from typing import Any
 
 from twisted.web.server import Request
 from zope.interface import Attribute, Interface, implementer
 
 from edgegw.identity.principal import Principal
 from edgegw.telemetry import IRequestTrace
-
-if TYPE_CHECKING:
-    from edgegw.chain.route import CompiledRoute
+from edgegw.terminal.route import CompiledRoute
 
 
 class IExchange(Interface):
@@ -140,3 +139,10 @@ def exchange_of(request: Request) -> Exchange:
     if not isinstance(exchange, Exchange):
         raise TypeError("the request has no route exchange (IExchange component)")
     return exchange
+
+
+Handler = Callable[[Exchange], Awaitable[None]]
+"""The rest of the chain, from some stage inward to the terminal."""
+
+Stage = Callable[[Exchange, Handler], Awaitable[None]]
+"""One per-route stage: acts on the exchange and calls (or skips) the next handler."""
