@@ -23,8 +23,8 @@ from edgegw.chain.exchange import Exchange, IExchange
 from edgegw.handlers.api import ApiHandler, UnsafeWildcardError, fill_path, parse_template
 from edgegw.identity.principal import Principal
 from edgegw.upstream.agent import UpstreamAgent
-from edgegw.upstream.pool import Upstream
 from edgegw.upstream.shared import NotJSONError, parse_json
+from edgegw.upstream.upstreams import Upstream
 from tests.support.backends import SiteBackend
 from tests.support.configs import GATEWAY, load_text
 from tests.support.gateways import serve_yaml

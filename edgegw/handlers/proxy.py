@@ -37,9 +37,10 @@ from edgegw.metrics.gateway_metrics import NO_METRICS, IMetrics
 from edgegw.seam import RAW_DICT_WRITABLE, raw_fields
 from edgegw.stream.boundary import client_gone, write_whole
 from edgegw.upstream.calls import UpstreamCall, describe_error, start_call
-from edgegw.upstream.http11 import UpstreamResponse
-from edgegw.upstream.pool import Upstream, UpstreamClient, UpstreamUnavailableError
+from edgegw.upstream.pool import UpstreamClient, UpstreamUnavailableError
+from edgegw.upstream.response import UpstreamResponse
 from edgegw.upstream.shared import join_path
+from edgegw.upstream.upstreams import Upstream
 
 _log = Logger()
 
