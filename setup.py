@@ -16,7 +16,7 @@ setup(
     # VerificationError). Lower bounds are the versions in tests/constraints-oldest.txt,
     # on which `make test` runs the trial suite a second time; upper bounds stop below the
     # next major version no test has run on yet. Why a lower bound is not lower:
-    #   Twisted 26.4: upstream/pool.py's insecureSkipVerify TLS calls
+    #   Twisted 26.4: upstream/upstreams.py's insecureSkipVerify TLS calls
     #     CertificateOptions.clientConnectionForTLS, new in 26.4 (also < 24.10: NUL in a
     #     header value is not refused; < 24.7: writeHeaders is not given a Headers).
     #   pyOpenSSL 25.2: what Twisted 26.4's tls extra requires.

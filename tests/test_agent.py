@@ -26,8 +26,9 @@ from edgegw.upstream.agent import (
     PreparedURL,
     UpstreamAgent,
 )
-from edgegw.upstream.pool import Upstream, UpstreamClient
+from edgegw.upstream.pool import UpstreamClient
 from edgegw.upstream.shared import BodyTooLargeError, NotJSONError, read_body, read_json
+from edgegw.upstream.upstreams import Upstream
 from tests.support.backends import RawBackend, RecordedRequest, SiteBackend, scripted
 
 

@@ -23,8 +23,8 @@ from edgegw.handlers.api import ApiHandler, UnsafeWildcardError, fill_path, pars
 from edgegw.identity.principal import Principal
 from edgegw.terminal.exchange import Exchange, IExchange
 from edgegw.upstream.agent import UpstreamAgent
-from edgegw.upstream.pool import Upstream
 from edgegw.upstream.shared import NotJSONError, parse_json
+from edgegw.upstream.upstreams import Upstream
 from tests.support.backends import SiteBackend
 from tests.support.configs import GATEWAY, load_text
 from tests.support.gateways import serve_yaml

@@ -45,8 +45,9 @@ from edgegw.config.model import IdpSpec
 from edgegw.identity.discovery import ProviderMetadata, parse_discovery
 from edgegw.identity.provider import MAX_DOCUMENT, IdentityProvider, IdPError
 from edgegw.upstream.agent import NullCookieJar, UpstreamAgent
-from edgegw.upstream.pool import Upstream, UpstreamClient
+from edgegw.upstream.pool import UpstreamClient
 from edgegw.upstream.shared import read_body
+from edgegw.upstream.upstreams import Upstream
 from tests.support.backends import SiteBackend, answer
 from tests.support.fake_idp import FakeIdP
 from tests.support.processes import listen_local, port_of

@@ -38,7 +38,8 @@ from edgegw.server.gateway_site import (
     fit_descriptor_limit,
 )
 from edgegw.service import build_service
-from edgegw.upstream.pool import Upstream, UpstreamClient, UpstreamUnavailableError
+from edgegw.upstream.pool import UpstreamClient, UpstreamUnavailableError
+from edgegw.upstream.upstreams import Upstream
 from tests.support.backends import RawBackend, RawConnection, RawRequest
 from tests.support.configs import GATEWAY, load_text, problems_of, write_tree
 from tests.support.gateways import answer_ok, start_gateway

@@ -45,8 +45,8 @@ from edgegw.handlers import proxy as proxy_module
 from edgegw.handlers.hop_by_hop import HOP_BY_HOP
 from edgegw.handlers.proxy import ProxyHandler
 from edgegw.stream.response_headers import ResponseHeaders
-from edgegw.upstream.http11 import UpstreamResponse
 from edgegw.upstream.pool import UpstreamClient
+from edgegw.upstream.response import UpstreamResponse
 from tests.support.configs import GATEWAY, write_tree
 from tests.support.gateways import serve_yaml
 from tests.support.processes import listen_local, port_of, refused_port

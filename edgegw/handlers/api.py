@@ -42,8 +42,8 @@ from edgegw.terminal.exchange import Exchange, exchange_of
 from edgegw.terminal.resource import TerminalResource
 from edgegw.upstream.agent import NullCookieJar, PreparedURL, UpstreamAgent
 from edgegw.upstream.calls import describe_error
-from edgegw.upstream.pool import Upstream
 from edgegw.upstream.shared import BodyTooLargeError, NotJSONError, join_path, read_json
+from edgegw.upstream.upstreams import Upstream
 
 MAX_BACKEND_BODY = 10 * 1024 * 1024
 """The largest backend body read (10 MiB); a larger one is a failed call."""

@@ -36,9 +36,10 @@ from edgegw.terminal.answers import abort, write_text
 from edgegw.terminal.exchange import Exchange, exchange_of
 from edgegw.terminal.resource import TerminalResource
 from edgegw.upstream.calls import UpstreamCall, describe_error, start_call
-from edgegw.upstream.http11 import UpstreamResponse
-from edgegw.upstream.pool import Upstream, UpstreamClient, UpstreamUnavailableError
+from edgegw.upstream.pool import UpstreamClient, UpstreamUnavailableError
+from edgegw.upstream.response import UpstreamResponse
 from edgegw.upstream.shared import join_path
+from edgegw.upstream.upstreams import Upstream
 
 _log = Logger()
 

@@ -21,7 +21,7 @@ from twisted.web.server import Request
 from edgegw.handlers.hop_by_hop import HOP_BY_HOP, connection_tokens
 from edgegw.identity.cookies import set_cookie_name
 from edgegw.stream.boundary import take_connection
-from edgegw.upstream.http11 import UpstreamResponse
+from edgegw.upstream.response import UpstreamResponse
 
 
 class _Side(Protocol):

@@ -4,14 +4,15 @@ pool (L{UpstreamClient}), streaming bodies both ways and handing over upgraded (
 connections.
 """
 
-from edgegw.upstream.http11 import (
+from edgegw.upstream.pool import UpstreamClient
+from edgegw.upstream.request_encoding import RequestBodyError
+from edgegw.upstream.response import (
     BodySink,
-    RequestBodyError,
     ResponseTruncatedError,
     UpstreamProtocolError,
     UpstreamResponse,
 )
-from edgegw.upstream.pool import Upstream, UpstreamClient
+from edgegw.upstream.upstreams import Upstream
 
 __all__ = [
     "BodySink",

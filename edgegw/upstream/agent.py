@@ -37,8 +37,9 @@ from zope.interface import implementer
 from edgegw.metrics.gateway_metrics import NO_METRICS, IMetrics
 from edgegw.seam import PreparedURL
 from edgegw.upstream.calls import CallContext, UpstreamCall, describe_error, start_call
-from edgegw.upstream.http11 import UpstreamProtocolError, UpstreamResponse
-from edgegw.upstream.pool import Upstream, UpstreamClient
+from edgegw.upstream.pool import UpstreamClient
+from edgegw.upstream.response import UpstreamProtocolError, UpstreamResponse
+from edgegw.upstream.upstreams import Upstream
 
 __all__ = [
     "ContentCodingError",

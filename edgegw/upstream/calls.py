@@ -20,7 +20,7 @@ from opentelemetry.trace import SpanKind, Status, StatusCode, set_span_in_contex
 
 from edgegw.metrics.gateway_metrics import NO_METRICS, IMetrics
 from edgegw.telemetry import inject_context
-from edgegw.upstream.pool import Upstream
+from edgegw.upstream.upstreams import Upstream
 
 
 class CallContext(Protocol):

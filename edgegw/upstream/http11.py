@@ -1,5 +1,7 @@
 """
-A lean HTTP/1.1 client protocol for the reverse proxy's upstream leg.
+A lean HTTP/1.1 client protocol for the reverse proxy's upstream leg: the connection's
+state machine and its response parser. What it hands out is in
+L{edgegw.upstream.response}, how a request is encoded in L{edgegw.upstream.request_encoding}.
 
 One L{UpstreamConnection} carries one exchange at a time (no pipelining). The response
 head is parsed in one pass over the buffered bytes with C{bytes.find} and two compiled
@@ -23,26 +25,27 @@ from typing import Final, Protocol, cast
 
 from twisted.internet.defer import Deferred, fail, succeed
 from twisted.internet.error import ConnectionAborted, ConnectionDone
-from twisted.internet.interfaces import IConsumer, IProducer, IProtocol, ITransport
+from twisted.internet.interfaces import IProducer, IProtocol, ITransport
 from twisted.internet.protocol import Protocol as TwistedProtocol
 from twisted.internet.protocol import connectionDone
 from twisted.logger import Logger
 from twisted.python.failure import Failure
-from twisted.web.iweb import UNKNOWN_LENGTH, IBodyProducer
-from zope.interface import implementer
+from twisted.web.iweb import IBodyProducer
 
 from edgegw.reactor import flush_now
+from edgegw.upstream.request_encoding import RequestBodyError, RequestBodyWriter, encode_request
+from edgegw.upstream.response import (
+    BodySink,
+    ResponseTruncatedError,
+    UpstreamProtocolError,
+    UpstreamResponse,
+)
 
 __all__ = [
     "MAX_HEADERS",
     "MAX_HEAD_SIZE",
-    "BodySink",
-    "RequestBodyError",
-    "ResponseTruncatedError",
     "UpstreamConnection",
-    "UpstreamProtocolError",
-    "UpstreamResponse",
-    "encode_request",
+    "UpstreamTransport",
 ]
 
 MAX_HEAD_SIZE: Final = 64 * 1024
@@ -61,7 +64,6 @@ _STATUS_LINE = re.compile(rb"HTTP/1\.([01]) ([1-5][0-9][0-9])(?: ([\t\x20-\x7e\x
 _OK_LINE = b"HTTP/1.1 200 OK\r\n"
 _FIELD_LINE = re.compile(rb"^(" + _TCHAR + rb"++):[ \t]*+([^\x00\r\n]*+)\r\n", re.MULTILINE)
 _CHUNK_SIZE = re.compile(rb"([0-9A-Fa-f]{1,15})[ \t]*+(?:;[^\x00\r\n]*+)?\r\n")
-_FIELD_FORMAT: Callable[[tuple[bytes, bytes]], bytes] = b"%s: %s\r\n".__mod__
 
 # Connection states.
 _IDLE: Final = 0  # no exchange: in the pool, or fresh
@@ -82,39 +84,10 @@ _CHUNK_DATA_END: Final = 2
 _CHUNK_TRAILER: Final = 3
 
 
-class UpstreamProtocolError(Exception):
+class UpstreamTransport(Protocol):
     """
-    The upstream's bytes are not an HTTP/1.1 response we accept: a bad status line or
-    field line, a head over the limits, ambiguous or unsupported framing, bad chunking.
-    """
-
-
-class ResponseTruncatedError(UpstreamProtocolError):
-    """
-    The connection ended before the response body was complete.
-    """
-
-
-class RequestBodyError(Exception):
-    """
-    The request body producer wrote a different number of bytes than its C{length}.
-    """
-
-
-class BodySink(Protocol):
-    """
-    Where L{UpstreamResponse.deliver} writes the response body.
-    """
-
-    def write(self, data: bytes) -> None:
-        """
-        Receive the next piece of the body, as it arrived.
-        """
-
-
-class _Transport(Protocol):
-    """
-    What this module needs of a TCP or TLS transport (for the type checker).
+    What an L{UpstreamConnection} and its L{RequestBodyWriter} need of a TCP or TLS
+    transport (for the type checker).
     """
 
     def write(self, data: bytes) -> None: ...
@@ -127,193 +100,6 @@ class _Transport(Protocol):
     def resumeProducing(self) -> None: ...
 
 
-class UpstreamResponse:
-    """
-    A response head from an upstream, and the handle on its body.
-
-    @ivar version: C{b"HTTP/1.1"} or C{b"HTTP/1.0"}.
-    @ivar code: The status code.
-    @ivar phrase: The reason phrase (may be empty).
-    @ivar headers: The header fields in wire order, names as received, repeated fields
-        kept; C{Content-Length}, C{Transfer-Encoding} and C{Connection} included.
-    @ivar length: The declared C{Content-Length} (for C{HEAD} and 304 too), or L{None}
-        when none was declared (chunked and close-delimited bodies, most bodiless ones).
-    @ivar has_body: Whether a body follows: L{False} for C{HEAD} requests, 1xx, 204,
-        304 and C{Content-Length: 0}.
-    @ivar body: The whole body when it was read with the head (a C{Content-Length} body
-        that arrived in the same read), else L{None}: the exchange is already over, the
-        connection back in the pool, and L{deliver} writes it at once (and drops it). An
-        L{abort} before or during that write fails the delivery, as for a body still
-        arriving, but the connection stays pooled.
-    """
-
-    __slots__ = (
-        "_aborted",
-        "_connection",
-        "_delivered",
-        "body",
-        "code",
-        "has_body",
-        "headers",
-        "length",
-        "phrase",
-        "version",
-    )
-
-    def __init__(
-        self,
-        connection: UpstreamConnection | None,
-        version: bytes,
-        code: int,
-        phrase: bytes,
-        headers: list[tuple[bytes, bytes]],
-        length: int | None,
-        has_body: bool,
-    ) -> None:
-        self._connection = connection
-        self._delivered = False
-        self.version = version
-        self.code = code
-        self.phrase = phrase
-        self.headers = headers
-        self.length = length
-        self.has_body = has_body
-        self.body: bytes | None = None
-        self._aborted = False
-
-    def __repr__(self) -> str:
-        return f"<UpstreamResponse {self.code} {self.phrase!r} length={self.length}>"
-
-    def deliver(self, sink: BodySink) -> Deferred[None]:
-        """
-        Stream the body into C{sink}: C{sink.write} is called with each piece as it
-        arrives. Call at most once.
-
-        @return: Fires when the body is complete (a reusable connection is back in the
-            pool by then); fails with L{ResponseTruncatedError} or L{UpstreamProtocolError}
-            when the upstream breaks mid-body, with an exception C{sink.write} raised,
-            or with L{ConnectionAborted} after L{abort}. Cancelling it aborts the
-            connection. Fires at once when there is no body.
-        """
-        if self._delivered:
-            raise RuntimeError("deliver() was already called for this response")
-        self._delivered = True
-        body = self.body
-        if body is not None:
-            # As a body still arriving would: an abort before or during the write fails
-            # the delivery (the connection, whose exchange is over, stays pooled).
-            if not self._aborted:
-                try:
-                    sink.write(body)
-                except Exception:
-                    return fail()
-            self.body = None
-            if self._aborted:
-                return fail(ConnectionAborted("response aborted"))
-            return succeed(None)
-        connection = self._connection
-        if connection is None or not self.has_body:
-            return succeed(None)
-        return connection._deliver(sink)
-
-    def pause(self) -> None:
-        """
-        Stop reading from the upstream until L{resume}: no more C{sink.write} calls.
-        """
-        connection = self._connection
-        if connection is not None:
-            connection._pause_body()
-
-    def resume(self) -> None:
-        """
-        Undo L{pause}: anything read meanwhile is written to the sink first.
-        """
-        connection = self._connection
-        if connection is not None:
-            connection._resume_body()
-
-    def abort(self) -> None:
-        """
-        Drop the connection now (the client went away); it is never reused. Does nothing
-        once the body is complete. For a body read with the head (L{body}), the
-        connection is already back in the pool: the delivery fails instead.
-        """
-        connection = self._connection
-        if connection is not None:
-            connection._fail(Failure(ConnectionAborted("response aborted")))
-        elif self.body is not None:
-            # Read with the head and not yet delivered.
-            self._aborted = True
-
-    def detach(self, protocol: IProtocol) -> ITransport:
-        """
-        Hand the connection of a 101 response to C{protocol}: C{protocol.makeConnection}
-        is called with the transport, then C{protocol.dataReceived} with any bytes that
-        followed the response head, and from then on the connection's bytes and its end
-        go to C{protocol} alone.
-
-        @raise RuntimeError: This is not a 101 response to an upgrade request, or it was
-            already detached (or aborted).
-        """
-        connection = self._connection
-        if self.code != 101 or connection is None:
-            raise RuntimeError("only the 101 response to an upgrade request can be detached")
-        self._connection = None
-        return connection._detach(protocol)
-
-
-@implementer(IConsumer)
-class _RequestBodyWriter:
-    """
-    The consumer a request body producer writes to: frames each piece (chunked), or
-    counts it against the declared length.
-    """
-
-    __slots__ = ("_connection", "_producer", "_transport", "chunked", "remaining")
-
-    def __init__(
-        self,
-        connection: UpstreamConnection,
-        producer: IBodyProducer,
-        transport: _Transport,
-        length: int | None,
-    ) -> None:
-        self._connection = connection
-        self._producer = producer
-        self._transport = transport
-        self.chunked = length is None
-        self.remaining = 0 if length is None else length
-
-    def write(self, data: bytes) -> None:
-        """
-        Send C{data} upstream (dropped once the exchange no longer wants the body).
-        """
-        if self._connection._producer is not self._producer:
-            return
-        if self.chunked:
-            if data:
-                self._transport.writeSequence((b"%x\r\n" % len(data), data, b"\r\n"))
-            return
-        self.remaining -= len(data)
-        if self.remaining < 0:
-            self._connection._fail(
-                Failure(RequestBodyError("request body longer than its declared length"))
-            )
-            return
-        self._transport.write(data)
-
-    def registerProducer(self, producer: IProducer, streaming: bool) -> None:
-        """
-        Nothing to do: the body producer is already the transport's producer, paused
-        when the socket's send buffer is full.
-        """
-
-    def unregisterProducer(self) -> None:
-        """
-        Nothing to do (see L{registerProducer}).
-        """
-
-
 class UpstreamConnection(TwistedProtocol):
     """
     One HTTP/1.1 connection to an upstream, carrying one exchange at a time.
@@ -322,6 +108,8 @@ class UpstreamConnection(TwistedProtocol):
         request (a request that failed before that may be retried on another
         connection, when it is safe to repeat).
     @ivar idle_since: When the connection last became idle (kept by the pool).
+    @ivar body_producer: The request body producer being sent, L{None} when there is none
+        or once it is done or stopped (its L{RequestBodyWriter} writes only while it is).
     """
 
     _log = Logger()
@@ -353,7 +141,7 @@ class UpstreamConnection(TwistedProtocol):
         self._mode: int = _LENGTH
         self._chunk_state: int = _CHUNK_SIZE_LINE
         self._remaining = 0
-        self._producer: IBodyProducer | None = None
+        self.body_producer: IBodyProducer | None = None
         self._request_sent = True
         self._paused = False
         self._transport_paused = False
@@ -367,7 +155,7 @@ class UpstreamConnection(TwistedProtocol):
     # -- transport events --------------------------------------------------------------
 
     def connectionMade(self) -> None:
-        self._transport = cast(_Transport, self.transport)
+        self._transport = cast(UpstreamTransport, self.transport)
         self._connected = True
         set_no_delay = getattr(self.transport, "setTcpNoDelay", None)
         if set_no_delay is not None:
@@ -388,7 +176,9 @@ class UpstreamConnection(TwistedProtocol):
                 buffered += data
                 if buffered.find(b"\r\n\r\n", self._search_from) < 0:
                     if len(buffered) > MAX_HEAD_SIZE:
-                        self._fail(Failure(UpstreamProtocolError("response head too large")))
+                        self.fail_exchange(
+                            Failure(UpstreamProtocolError("response head too large"))
+                        )
                     else:
                         self._search_from = max(0, len(buffered) - 3)
                     return
@@ -405,7 +195,7 @@ class UpstreamConnection(TwistedProtocol):
             delegate.connectionLost(reason)
             return
         # The transport has already stopped a request body producer it still held.
-        self._producer = None
+        self.body_producer = None
         self._transport_paused = False
         waiters, self._close_waiters = self._close_waiters, []
         state = self._state
@@ -502,8 +292,8 @@ class UpstreamConnection(TwistedProtocol):
 
     def _start_request_body(self, body: IBodyProducer, length: int | None) -> None:
         self._request_sent = False
-        self._producer = body
-        writer = _RequestBodyWriter(self, body, self._transport, length)
+        self.body_producer = body
+        writer = RequestBodyWriter(self, body, self._transport, length)
         self._transport.registerProducer(body, True)
         try:
             producing = body.startProducing(writer)
@@ -518,9 +308,9 @@ class UpstreamConnection(TwistedProtocol):
         )
 
     def _request_body_done(
-        self, ignored: object, body: IBodyProducer, writer: _RequestBodyWriter
+        self, ignored: object, body: IBodyProducer, writer: RequestBodyWriter
     ) -> None:
-        if self._producer is not body:
+        if self.body_producer is not body:
             return
         if writer.chunked:
             self._transport.write(b"0\r\n\r\n")
@@ -530,22 +320,22 @@ class UpstreamConnection(TwistedProtocol):
                 body,
             )
             return
-        self._producer = None
+        self.body_producer = None
         self._transport.unregisterProducer()
         self._request_sent = True
 
     def _request_body_failed(self, reason: Failure, body: IBodyProducer) -> None:
-        if self._producer is not body:
+        if self.body_producer is not body:
             return
-        self._producer = None
+        self.body_producer = None
         self._transport.unregisterProducer()
-        self._fail(reason)
+        self.fail_exchange(reason)
 
     def _stop_request_body(self) -> None:
-        producer = self._producer
+        producer = self.body_producer
         if producer is None:
             return
-        self._producer = None
+        self.body_producer = None
         self._transport.unregisterProducer()
         try:
             producer.stopProducing()
@@ -608,7 +398,7 @@ class UpstreamConnection(TwistedProtocol):
                     # Unsolicited bytes (often a 408 just before the server closes): the
                     # connection can no longer carry a request.
                     self._on_lost(self)
-                    self._fail(None)
+                    self.fail_exchange(None)
                     return
                 else:
                     return
@@ -617,7 +407,7 @@ class UpstreamConnection(TwistedProtocol):
             if self._transport_paused or pos < end:
                 self._sync_reading()
         except Exception:
-            self._fail(Failure())
+            self.fail_exchange(Failure())
         finally:
             self._in_loop = False
         if self._lost is not None:
@@ -841,7 +631,7 @@ class UpstreamConnection(TwistedProtocol):
         self._sink_write = None
         self._response = None
         if response is not None:
-            response._connection = None
+            response.connection = None
         self._end_exchange(self._reusable and not extra and self._lost is None)
         if d is not None:
             d.callback(None)
@@ -851,7 +641,7 @@ class UpstreamConnection(TwistedProtocol):
         if self._transport_paused:
             self._transport_paused = False
             self._transport.resumeProducing()
-        if self._producer is not None:
+        if self.body_producer is not None:
             # The response is complete before the request body was sent (an early 413,
             # say): stop uploading, and drop the connection rather than flush the rest.
             self._stop_request_body()
@@ -865,10 +655,11 @@ class UpstreamConnection(TwistedProtocol):
         self._state = _CLOSED
         self._transport.loseConnection()
 
-    def _fail(self, reason: Failure | None) -> None:
+    def fail_exchange(self, reason: Failure | None) -> None:
         """
         Abort the connection and fail whatever waits on it with C{reason} (nothing when
-        it is L{None}: a canceller fails its own L{Deferred}).
+        it is L{None}: a canceller fails its own L{Deferred}). Also how
+        L{UpstreamResponse.abort} and a L{RequestBodyWriter} end an exchange.
         """
         if self._state == _CLOSED:
             return
@@ -891,15 +682,18 @@ class UpstreamConnection(TwistedProtocol):
 
     def _cancel_head(self, d: Deferred[UpstreamResponse]) -> None:
         self._head_d = None
-        self._fail(None)
+        self.fail_exchange(None)
 
     def _cancel_body(self, d: Deferred[None]) -> None:
         self._body_d = None
-        self._fail(None)
+        self.fail_exchange(None)
 
     # -- the body, as driven by UpstreamResponse ---------------------------------------
 
-    def _deliver(self, sink: BodySink) -> Deferred[None]:
+    def deliver_body(self, sink: BodySink) -> Deferred[None]:
+        """
+        Stream a body still arriving into C{sink}; see L{UpstreamResponse.deliver}.
+        """
         failure = self._failure
         if failure is not None:
             self._failure = None
@@ -913,12 +707,18 @@ class UpstreamConnection(TwistedProtocol):
             self._drain()
         return d
 
-    def _pause_body(self) -> None:
+    def pause_body(self) -> None:
+        """
+        Stop reading the body until L{resume_body}; see L{UpstreamResponse.pause}.
+        """
         if self._state == _BODY:
             self._paused = True
             self._sync_reading()
 
-    def _resume_body(self) -> None:
+    def resume_body(self) -> None:
+        """
+        Undo L{pause_body}; see L{UpstreamResponse.resume}.
+        """
         if self._paused:
             self._paused = False
             if not self._in_loop:
@@ -955,7 +755,9 @@ class UpstreamConnection(TwistedProtocol):
         if self._mode == _EOF and reason.check(ConnectionDone):
             self._finish_body(False)
             return
-        self._fail(Failure(ResponseTruncatedError(f"response body incomplete: {reason.value}")))
+        self.fail_exchange(
+            Failure(ResponseTruncatedError(f"response body incomplete: {reason.value}"))
+        )
 
     def _sync_reading(self) -> None:
         """
@@ -975,7 +777,12 @@ class UpstreamConnection(TwistedProtocol):
             else:
                 self._transport.resumeProducing()
 
-    def _detach(self, protocol: IProtocol) -> ITransport:
+    def detach(self, protocol: IProtocol) -> ITransport:
+        """
+        Hand the upgraded connection to C{protocol}; see L{UpstreamResponse.detach}.
+
+        @raise RuntimeError: It was already detached, or it is closed.
+        """
         if self._state != _UPGRADED or self._delegate is not None:
             raise RuntimeError("the connection was already detached or is closed")
         self._delegate = protocol
@@ -995,43 +802,6 @@ class UpstreamConnection(TwistedProtocol):
         if lost is not None:
             protocol.connectionLost(lost)
         return transport
-
-
-def encode_request(
-    method: bytes,
-    target: bytes,
-    headers: list[tuple[bytes, bytes]],
-    body: IBodyProducer | None,
-) -> tuple[bytes, int | None]:
-    """
-    The request line and header section, with the body's framing field added.
-
-    @return: The bytes, and the body's length (L{None} when it is chunked or absent).
-
-    @raise ValueError: A CR or LF inside the request line or a header field, or a
-        space inside the method or the target; or a body length that is neither an
-        integer nor C{UNKNOWN_LENGTH}.
-    """
-    lines = [b"%s %s HTTP/1.1\r\n" % (method, target)]
-    lines += map(_FIELD_FORMAT, headers)
-    length: int | None = None
-    if body is not None:
-        declared = body.length
-        if declared is UNKNOWN_LENGTH:
-            lines.append(b"Transfer-Encoding: chunked\r\n")
-        elif isinstance(declared, int) and declared >= 0:
-            length = declared
-            lines.append(b"Content-Length: %d\r\n" % length)
-        else:
-            raise ValueError(f"invalid request body length {declared!r}")
-    lines.append(b"\r\n")
-    head = b"".join(lines)
-    count = len(lines)
-    # Every line ends in exactly one CRLF: no CR or LF smuggled inside a value, and no
-    # space inside the method or the target.
-    if head.count(b"\n") != count or head.count(b"\r") != count or lines[0].count(b" ") != 2:
-        raise ValueError("CR, LF or space inside the request line or a header field")
-    return head, length
 
 
 def _content_length(value: bytes, previous: int | None) -> int:

@@ -1,5 +1,7 @@
 """
-Upstream addresses, connections, TLS, and the pool of idle keep-alive connections.
+The pool of upstream connections: idle keep-alive ones kept for reuse, a bound per
+upstream and the queue of requests waiting behind it, one retry on a stale connection.
+Where an upstream is and how a connection to it is made is L{edgegw.upstream.upstreams}.
 
 Pool policy: idle connections are kept per L{Upstream}, most recently used first
 (LIFO keeps a few connections warm and lets the rest reach the idle timeout), at most
@@ -19,38 +21,25 @@ from collections import deque
 from collections.abc import Callable
 from functools import partial
 from typing import Any, Final, cast
-from urllib.parse import urlsplit
 
 import attrs
-from OpenSSL.SSL import Connection as TLSConnection
-from twisted.internet.abstract import isIPAddress, isIPv6Address
 from twisted.internet.defer import CancelledError, Deferred, fail, gatherResults
-from twisted.internet.endpoints import (
-    HostnameEndpoint,
-    TCP4ClientEndpoint,
-    TCP6ClientEndpoint,
-    wrapClientTLS,
-)
 from twisted.internet.error import ConnectingCancelledError, ConnectionAborted, ConnectionClosed
-from twisted.internet.interfaces import (
-    IDelayedCall,
-    IOpenSSLClientConnectionCreator,
-    IProtocol,
-    IStreamClientEndpoint,
-)
+from twisted.internet.interfaces import IDelayedCall, IProtocol, IStreamClientEndpoint
 from twisted.internet.protocol import Factory, connectionDone
-from twisted.internet.ssl import Certificate, CertificateOptions, optionsForClientTLS
+from twisted.internet.ssl import Certificate
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 from twisted.web.iweb import IBodyProducer
-from zope.interface import implementer
 
 from edgegw.seam import IOpenSSLTrustRoot
-from edgegw.upstream.http11 import UpstreamConnection, UpstreamResponse, encode_request
+from edgegw.upstream.http11 import UpstreamConnection
+from edgegw.upstream.request_encoding import encode_request
+from edgegw.upstream.response import UpstreamResponse
+from edgegw.upstream.upstreams import Upstream, upstream_endpoint
 
-__all__ = ["Upstream", "UpstreamClient", "UpstreamUnavailableError"]
+__all__ = ["UpstreamClient", "UpstreamUnavailableError"]
 
-_DEFAULT_PORTS: Final = {"http": 80, "https": 443}
 # Methods a client may repeat without changing the outcome (RFC 9110 section 9.2.2);
 # PUT and DELETE only qualify here because retries are limited to bodiless requests.
 _RETRYABLE: Final = frozenset({b"GET", b"HEAD", b"OPTIONS", b"TRACE", b"PUT", b"DELETE"})
@@ -59,109 +48,6 @@ _RETRYABLE: Final = frozenset({b"GET", b"HEAD", b"OPTIONS", b"TRACE", b"PUT", b"
 _SWEEP_SLACK: Final = 0.001
 # Seconds between two log lines about requests answered 503 for want of a connection.
 _BUSY_LOG_INTERVAL: Final = 10.0
-
-
-def _authority(scheme: str, host: str, port: int) -> bytes:
-    try:
-        name = host.encode("ascii")
-    except UnicodeEncodeError:
-        name = host.encode("idna")
-    if ":" in host:
-        name = b"[" + name + b"]"
-    if port == _DEFAULT_PORTS.get(scheme):
-        return name
-    return b"%s:%d" % (name, port)
-
-
-@attrs.frozen(cache_hash=True)
-class Upstream:
-    """
-    Where requests go: scheme, host and port, and whether its certificate is checked.
-
-    @ivar scheme: C{"http"} or C{"https"}.
-    @ivar host: A host name or an IP literal (IPv6 without brackets).
-    @ivar port: The TCP port.
-    @ivar verify_tls: L{False} to accept any certificate (C{insecureSkipVerify}).
-    """
-
-    scheme: str = attrs.field(validator=attrs.validators.in_(("http", "https")))
-    host: str
-    port: int
-    verify_tls: bool = True
-    _authority: bytes = attrs.field(init=False, eq=False, repr=False)
-    _name: str = attrs.field(init=False, eq=False, repr=False)
-    _origin: str = attrs.field(init=False, eq=False, repr=False)
-
-    def __attrs_post_init__(self) -> None:
-        authority = _authority(self.scheme, self.host, self.port)
-        name = authority.decode("ascii")
-        object.__setattr__(self, "_authority", authority)
-        object.__setattr__(self, "_name", name)
-        object.__setattr__(self, "_origin", f"{self.scheme}://{name}")
-
-    @classmethod
-    def from_url(cls, url: str, verify_tls: bool = True) -> Upstream:
-        """
-        The upstream of a base URL such as C{"https://api.internal:8443/v1"} (the path
-        is not part of it).
-
-        @raise ValueError: Not an http or https URL with a host (and no credentials).
-        """
-        parts = urlsplit(url)
-        scheme = parts.scheme.lower()
-        if scheme not in _DEFAULT_PORTS:
-            raise ValueError(f"upstream URL must be http or https: {url!r}")
-        host = parts.hostname
-        if not host:
-            raise ValueError(f"upstream URL has no host: {url!r}")
-        if parts.username is not None or parts.password is not None:
-            raise ValueError(f"upstream URL must not carry credentials: {url!r}")
-        port = parts.port  # raises ValueError when out of range
-        if port == 0:
-            raise ValueError(f"upstream URL has port 0: {url!r}")
-        return cls(scheme, host, port or _DEFAULT_PORTS[scheme], verify_tls)
-
-    @property
-    def authority(self) -> bytes:
-        """
-        The C{Host} header value: C{host[:port]}, the port left out when it is the
-        scheme's default, an IPv6 literal in brackets.
-        """
-        return self._authority
-
-    @property
-    def name(self) -> str:
-        """
-        L{authority} as text: how the upstream is named in access-log lines.
-        """
-        return self._name
-
-    @property
-    def origin(self) -> str:
-        """
-        C{scheme://authority}: how the upstream is named in metrics and spans.
-        """
-        return self._origin
-
-
-@implementer(IOpenSSLClientConnectionCreator)
-class _UnverifiedTLS:
-    """
-    TLS for C{insecureSkipVerify}: any certificate is accepted, but the server name is
-    still sent (SNI).
-    """
-
-    def __init__(self, hostname: str) -> None:
-        self._options = CertificateOptions(verify=False)
-        self._server_name: bytes | None = None
-        if not (isIPAddress(hostname) or isIPv6Address(hostname)):
-            self._server_name = hostname.encode("idna")
-
-    def clientConnectionForTLS(self, tlsProtocol: Any) -> TLSConnection:
-        connection: TLSConnection = self._options.clientConnectionForTLS(tlsProtocol)
-        if self._server_name is not None:
-            connection.set_tlsext_host_name(self._server_name)
-        return connection
 
 
 class UpstreamUnavailableError(Exception):
@@ -556,27 +442,9 @@ class UpstreamClient:
         return _connect_cancelled(reason)
 
     def _connector(self, upstream: Upstream) -> _Connector:
-        reactor = self._reactor
-        host = upstream.host
-        timeout = self._connect_timeout
-        endpoint: IStreamClientEndpoint
-        # IP literals skip the resolver (and its thread) altogether.
-        if isIPAddress(host):
-            endpoint = TCP4ClientEndpoint(reactor, host, upstream.port, timeout)
-        elif isIPv6Address(host):
-            endpoint = TCP6ClientEndpoint(reactor, host, upstream.port, timeout)
-        else:
-            endpoint = HostnameEndpoint(reactor, host, upstream.port, timeout)
-        if upstream.scheme == "https":
-            creator: IOpenSSLClientConnectionCreator
-            if upstream.verify_tls:
-                # No ALPN offer: HTTP/1.1 is what a client without ALPN gets anyway, and
-                # some servers (a Twisted TLS listener whose factory does not negotiate
-                # protocols, as WebSocket servers often are) abort handshakes offering it.
-                creator = optionsForClientTLS(host, trustRoot=self._trust_root)
-            else:
-                creator = _UnverifiedTLS(host)
-            endpoint = wrapClientTLS(creator, endpoint)
+        endpoint = upstream_endpoint(
+            self._reactor, upstream, self._connect_timeout, self._trust_root
+        )
         factory = _ConnectionFactory(
             partial(self._release, upstream), partial(self._forget, upstream)
         )

@@ -28,7 +28,7 @@ from twisted.web.http import HTTPChannel
 from twisted.web.resource import Resource
 from twisted.web.server import Request, Site
 
-from edgegw.upstream.pool import Upstream
+from edgegw.upstream.upstreams import Upstream
 
 reactor: Any = _global_reactor
 
