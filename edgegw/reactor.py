@@ -10,7 +10,7 @@ through C{twisted.logger}, which never reads that context, and a proxied request
 four I/O events or more (the client's request, the upstream write and read, the
 response): the wrapper was ~9 % of a proxied request's samples (C{python -m bench
 profile proxy}); without it (and with the request-head timer of
-L{edgegw.server.request} no longer moved sooner) a proxied request costs 7 % less CPU,
+L{edgegw.server.channel} no longer moved sooner) a proxied request costs 7 % less CPU,
 12 % less for 64 KiB responses (C{python -m bench proxy --before}, same run).
 L{EdgeReactor} calls the event handler directly;
 a failure in it is still logged and the connection dropped, as Twisted's

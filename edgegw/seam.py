@@ -17,6 +17,7 @@ fails when a private name of those projects is used anywhere else in edgegw/.
 
 from __future__ import annotations
 
+import inspect
 import types
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, Final, TypeVar
@@ -24,6 +25,7 @@ from typing import Any, Final, TypeVar
 import attrs
 import txredisapi  # type: ignore[import-untyped]
 from hyperlink import EncodedURL
+from treq.client import HTTPClient
 from twisted.internet import _sslverify
 from twisted.internet._sslverify import IOpenSSLTrustRoot as IOpenSSLTrustRoot
 from twisted.internet.abstract import FileDescriptor
@@ -456,6 +458,42 @@ needs(FileDescriptor, "_tempDataLen", "bytes a writer holds outside its dataBuff
 
 
 # treq: how it turns the URL it is given into the request's URI.
+
+
+def relies_on(function: Callable[..., Any], text: str, use: str) -> str:
+    """
+    Probe C{function}'s source for C{text} (how it works inside, where no private name
+    says so) and record it in L{PRIVATE_NAMES}.
+
+    @return: C{text}.
+    @raise ImportError: The source does not say so (this version of its project works
+        otherwise).
+    """
+    dotted = f"{function.__module__}.{function.__qualname__}"
+    try:
+        source = inspect.getsource(function)
+    except (OSError, TypeError):
+        source = ""
+    if text not in source:
+        project = dotted.partition(".")[0]
+        raise ImportError(
+            f"edgegw relies on {dotted} doing {text} ({use}), which this version of "
+            f"{project} does not"
+        )
+    PRIVATE_NAMES.append(PrivateName(dotted, text, use))
+    return text
+
+
+relies_on(
+    HTTPClient.request,
+    "isinstance(url, EncodedURL)",
+    "an EncodedURL is taken as it is (PreparedURL)",
+)
+relies_on(
+    HTTPClient.request,
+    ".to_uri().to_text()",
+    "the request's URI is the URL's to_uri().to_text() (PreparedURL)",
+)
 
 
 class PreparedURL(EncodedURL):

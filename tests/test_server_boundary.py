@@ -11,7 +11,9 @@ import sys
 import textwrap
 from pathlib import Path
 
+from twisted.internet.error import ConnectionDone, ConnectionLost
 from twisted.internet.testing import StringTransport
+from twisted.python.failure import Failure
 from twisted.trial.unittest import SynchronousTestCase
 from twisted.web.http import HTTPChannel
 from twisted.web.server import Request, Site
@@ -25,6 +27,7 @@ from edgegw.stream.boundary import (
     IClientStream,
     UpgradeNotPossibleError,
     abort_client,
+    client_closer,
     client_gone,
     close_after_response,
     stream_of,
@@ -33,7 +36,8 @@ from edgegw.stream.boundary import (
 from tests.private_name_scan import scan
 
 ROOT = Path(__file__).parent.parent
-SEAM_MODULES = frozenset({"edgegw.seam", "edgegw.reactor"})
+SEAM_MODULES = frozenset({"edgegw.seam"})
+SEAM_CLASSES = frozenset({("edgegw.reactor", "EdgeReactor")})
 
 
 def _channel() -> tuple[GatewayChannel, StringTransport]:
@@ -111,6 +115,31 @@ class ClientStreamTests(SynchronousTestCase):
             notification.callback(None)
         self.assertEqual(released, [channel])
 
+    def test_the_closer_outlives_a_take_over(self) -> None:
+        """
+        What L{client_closer} gives drops the connection even after a tunnel has taken
+        it over from the channel (a session's logout closes its WebSocket).
+        """
+        channel, transport = _channel()
+        request = GatewayRequest(channel)
+        channel.requests.append(request)
+        close = client_closer(request)
+        assert close is not None
+        take_connection(request)
+        self.assertIsNone(channel.transport)
+        close()
+        self.assertTrue(transport.disconnecting)
+
+    def test_no_take_over_of_a_gone_client(self) -> None:
+        """
+        A client gone before the upstream's 101 arrives has no connection to hand over:
+        L{ConnectionLost}, not an upgrade refused.
+        """
+        channel, _ = _channel()
+        request = GatewayRequest(channel)
+        request.connectionLost(Failure(ConnectionDone()))
+        self.assertRaises(ConnectionLost, take_connection, request)
+
     def test_no_upgrade_without_a_client_stream(self) -> None:
         request = Request(DummyChannel())
         self.assertRaises(UpgradeNotPossibleError, take_connection, request)
@@ -139,13 +168,16 @@ class PrivateNameTests(SynchronousTestCase):
         No module of edgegw but the seam (and the reactor subclass) uses a private name
         of Twisted, treq or txredisapi.
         """
-        self.assertEqual([str(use) for use in scan("edgegw", SEAM_MODULES)], [])
+        self.assertEqual([str(use) for use in scan("edgegw", SEAM_MODULES, SEAM_CLASSES)], [])
 
     def test_the_scan_finds_each_kind_of_use(self) -> None:
         """
-        The scan above would fail: it finds a private attribute read on another object,
-        one read or overridden through C{self} in a subclass, one through C{getattr},
-        and a private module imported.
+        The scan above would fail: it finds a private attribute read on another object
+        (one of a class edgegw never imports too), read or overridden through C{self} in
+        a subclass (a class made in a function too), read through C{self} in a mixin
+        that never sets it, a module's private function, names given as strings
+        (C{getattr} with a constant, C{attrgetter}, C{vars()}), and private modules
+        imported or loaded by name; the module's own private names are not uses.
         """
         package = Path(self.mktemp())
         (package / "probe_private").mkdir(parents=True)
@@ -153,8 +185,14 @@ class PrivateNameTests(SynchronousTestCase):
         (package / "probe_private" / "uses.py").write_text(
             textwrap.dedent(
                 """
+                import importlib
+                import operator
+
                 from twisted.internet._sslverify import IOpenSSLTrustRoot
+                from twisted.web import http
                 from twisted.web.http import HTTPChannel
+
+                NAME = "_writeDisconnecting"
 
                 def gone(request):
                     return request._disconnected
@@ -166,7 +204,43 @@ class PrivateNameTests(SynchronousTestCase):
                     def first(self):
                         return getattr(self, "_HTTPChannel__first_line", 0)
 
+                class ReadAhead:
+                    def read_ahead(self):
+                        return self._handlingRequest
+
+                class Body:
+                    def __init__(self, channel):
+                        self._buffer = []
+                        self._channel = channel
+
+                    def holds(self):
+                        return bool(self._channel._busyReceiving)
+
+                def sni(request):
+                    return request.transport._tlsConnection
+
+                def escape(text):
+                    return http._escape(text)
+
+                def closing(writer):
+                    return getattr(writer, NAME)
+
+                def indirect(request, headers):
+                    return operator.attrgetter("_inFakeHead")(request), vars(headers)["_rawHeaders"]
+
+                def private_module():
+                    return importlib.import_module("twisted.internet._newtls")
+
+                def make():
+                    class Local(HTTPChannel):
+                        def _receivedHeaderSize(self):
+                            return 0
+
+                    return Local
+
                 class Own:
+                    __slots__ = ("_mine",)
+
                     def __init__(self):
                         self._mine = 1
 
@@ -185,9 +259,18 @@ class PrivateNameTests(SynchronousTestCase):
             names,
             [
                 "_HTTPChannel__first_line",
+                "_busyReceiving",
                 "_dataBuffer",
                 "_disconnected",
+                "_escape",
+                "_handlingRequest",
+                "_inFakeHead",
+                "_rawHeaders",
+                "_receivedHeaderSize",
                 "_respondToBadRequestAndDisconnect",
+                "_tlsConnection",
+                "_writeDisconnecting",
+                "twisted.internet._newtls",
                 "twisted.internet._sslverify",
             ],
         )

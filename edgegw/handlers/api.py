@@ -203,7 +203,10 @@ class ApiHandler(TerminalResource):
 
     # -- one call --------------------------------------------------------------------------
 
-    def _headers(self, exchange: Exchange) -> list[tuple[bytes, bytes]]:
+    def backend_headers(self, exchange: Exchange) -> list[tuple[bytes, bytes]]:
+        """
+        The headers every backend call of C{exchange} carries.
+        """
         request = exchange.request
         incoming = request.requestHeaders
         headers: list[tuple[bytes, bytes]] = [(b"Accept", _JSON)]
@@ -224,7 +227,7 @@ class ApiHandler(TerminalResource):
         headers.append((b"X-Forwarded-For", forwarded_for))
         return headers
 
-    async def _call(
+    async def call_backend(
         self,
         backend: _Backend,
         exchange: Exchange,
@@ -232,6 +235,9 @@ class ApiHandler(TerminalResource):
         target: bytes,
         fan_out: _FanOut,
     ) -> _Outcome:
+        """
+        One backend's call of a fan-out, and what came of it.
+        """
         principal = exchange.principal
         if backend.spec.forward_access_token and principal is not None and principal.access_token:
             token = b"Bearer " + principal.access_token.encode("ascii")
@@ -386,13 +392,13 @@ class _FanOut:
 
     def run(self) -> Deferred[list[_Outcome | None]]:
         handler = self.handler
-        headers = handler._headers(self.exchange)
+        headers = handler.backend_headers(self.exchange)
         # Start every call before watching any: a call that fails synchronously may end the
         # fan-out at once, and the calls it must then cancel have to exist already.
         for index, backend in enumerate(handler.backends):
             self.calls.append(
                 Deferred.fromCoroutine(
-                    handler._call(backend, self.exchange, headers, self.targets[index], self)
+                    handler.call_backend(backend, self.exchange, headers, self.targets[index], self)
                 )
             )
         for index, call in enumerate(self.calls):

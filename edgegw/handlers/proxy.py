@@ -31,7 +31,7 @@ from edgegw.identity.assertion import AssertionIssuer
 from edgegw.identity.cookies import set_cookie_name, without_cookies
 from edgegw.metrics.gateway_metrics import NO_METRICS, IMetrics
 from edgegw.seam import RAW_DICT_WRITABLE, raw_fields
-from edgegw.stream.boundary import client_gone, write_whole
+from edgegw.stream.boundary import UpgradeNotPossibleError, client_gone, write_whole
 from edgegw.terminal.answers import abort, write_text
 from edgegw.terminal.exchange import Exchange, exchange_of
 from edgegw.terminal.resource import TerminalResource
@@ -441,8 +441,18 @@ class ProxyHandler(TerminalResource):
                 write_text(request, 502, b"bad gateway\n")
                 return
             call.end(response.code)
+            if client_gone(request):
+                # The client left while the upstream agreed: nothing to tunnel.
+                response.abort()
+                return
             tunnel = Tunnel(request, response, self.own_cookie)
-            await tunnel.start()
+            try:
+                await tunnel.start()
+            except UpgradeNotPossibleError:
+                # The client's protocol cannot hand its connection over (HTTP/2).
+                response.abort()
+                write_text(request, 502, b"bad gateway\n")
+                return
             exchange.note("tunnel_bytes_up", tunnel.to_upstream)
             return
         self.relay_head(request, response)

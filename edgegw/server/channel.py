@@ -472,6 +472,17 @@ class GatewayChannel(LazyTimeout, ChannelSeam):
         """
         return client_gone(request)
 
+    def clientCloser(self) -> Callable[[], None] | None:
+        """
+        The transport's abort: it drops the connection whoever owns it then (this
+        channel, or a tunnel it was handed to).
+        """
+        transport: Any = self.transport
+        if transport is None:
+            return None
+        closer: Callable[[], None] = getattr(transport, "abortConnection", transport.loseConnection)
+        return closer
+
     def abortClient(self) -> None:
         """
         Drop the connection at once.

@@ -60,7 +60,7 @@ class GatewayRequest(RequestSeam):
     Twisted; so they do, at once, if the body's chunked framing turns out malformed.
 
     While a L{response_filter<IResponseFilter>} is installed (the response-plugin
-    stage), the output calls go to it instead (L{edgegw.chain.response_filter}).
+    stage), the output calls go to it instead (L{edgegw.stream.response_filter}).
 
     @ivar body: The request body.
     @ivar response_filter: Receives the output calls while set.

@@ -191,7 +191,7 @@ class _Factory(txredisapi.RedisFactory):  # type: ignore[misc]
     def addConnection(self, conn: Any) -> None:
         super().addConnection(conn)
         if conn in self.pool:
-            self.store._connected(self, conn)
+            self.store.connection_ready(self, conn)
 
 
 class _Protocol(WholeRedisReplies, txredisapi.RedisProtocol):  # type: ignore[misc]
@@ -329,7 +329,12 @@ class KvStoreService(Service):
         factory.startConnecting(self._endpoint())
         return factory
 
-    def _connected(self, factory: _Factory, conn: Any) -> None:
+    def connection_ready(self, factory: _Factory, conn: Any) -> None:
+        """
+        A connection of C{factory} (commands or pub/sub) is ready: say so in the log,
+        and on the pub/sub connection subscribe to every channel again, then settle
+        whoever waits for that.
+        """
         self._throttle.recovered(
             f"{factory.label} connection to Redis at {self.config.address} ready"
         )
@@ -450,7 +455,7 @@ class KvStoreService(Service):
         if self._subscriber is None:
             if not self.running:
                 return fail(StoreUnavailableError("the state store is not running"))
-            # The subscription is made once the connection is ready (_connected).
+            # The subscription is made once the connection is ready (connection_ready).
             self._subscriber = self._connect(_SubscriberFactory, "pub/sub")
         if len(callbacks) > 1:
             return succeed(None)

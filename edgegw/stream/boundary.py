@@ -4,7 +4,8 @@ The protocol boundary: what a request's client connection offers the layers abov
 Everything above the server layer (edge, routing, chain, handlers, plugins, auth, the
 upstream hand-offs such as the WebSocket tunnel) holds a L{twisted.web.iweb.IRequest}
 and reaches its client connection only through the functions here, which ask the
-request's stream, an L{IClientStream}. The HTTP/1.1 channel
+request's stream, an L{IClientStream} (all but L{client_gone}, which reads the request's
+own state: a request whose client is gone has no stream left). The HTTP/1.1 channel
 (L{edgegw.server.channel.GatewayChannel}) is one; HTTP/2 plugs in as another. A request
 on a channel that is none (Twisted's own, a test's) gets what Twisted's public
 interfaces give.
@@ -16,8 +17,10 @@ the request writes the head and the body, and ends, through its stream.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
+from twisted.internet.error import ConnectionLost
 from twisted.internet.interfaces import IAddress, ITransport
 from twisted.web.http_headers import Headers
 from zope.interface import Attribute, Interface
@@ -119,7 +122,16 @@ class IClientStream(Interface):
     def clientGone(request: Any) -> bool:
         """
         Whether C{request} can no longer be answered: its client connection or stream
-        is gone.
+        is gone. (The layers above ask L{client_gone}, which reads the request's own
+        state: Twisted drops a request's channel when its client goes, so such a request
+        has no stream left to ask.)
+        """
+
+    def clientCloser() -> Callable[[], None] | None:
+        """
+        What drops this client connection (HTTP/2: resets this stream) later, whoever
+        owns the connection then (the channel, or a tunnel it was handed to); L{None}
+        when the stream holds no connection.
         """
 
     def abortClient() -> None:
@@ -167,15 +179,19 @@ def abort_client(request: Any) -> None:
         getattr(transport, "abortConnection", transport.loseConnection)()
 
 
-def client_closer(request: Any) -> Any:
+def client_closer(request: Any) -> Callable[[], None] | None:
     """
     What drops C{request}'s client connection later, whoever then owns it (the HTTP
-    channel, or a tunnel it was handed to); L{None} when it is gone already.
+    channel, or a tunnel it was handed to); L{None} when there is no connection.
     """
+    stream = stream_of(request)
+    if stream is not None:
+        return stream.clientCloser()
     transport = getattr(request, "transport", None)
     if transport is None:
         return None
-    return getattr(transport, "abortConnection", transport.loseConnection)
+    closer: Callable[[], None] = getattr(transport, "abortConnection", transport.loseConnection)
+    return closer
 
 
 def close_after_response(request: Any) -> None:
@@ -210,9 +226,12 @@ def take_connection(request: Any) -> tuple[ITransport, bytes]:
     """
     Take C{request}'s connection over for an upgrade (L{IClientStream.takeConnection}).
 
+    @raise ConnectionLost: The client is gone.
     @raise UpgradeNotPossibleError: The request's protocol cannot hand it over, or its
         channel is not an L{IClientStream}.
     """
+    if client_gone(request):
+        raise ConnectionLost("the client is gone")
     stream = stream_of(request)
     if stream is None:
         raise UpgradeNotPossibleError("the request's channel cannot hand its connection over")

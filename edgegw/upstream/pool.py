@@ -80,13 +80,13 @@ class _Waiter:
     """
 
     __slots__ = (
-        "_pool",
         "body",
         "deferred",
         "head",
         "head_request",
         "inner",
         "length",
+        "queued_in",
         "rehead",
         "retryable",
         "timer",
@@ -117,14 +117,14 @@ class _Waiter:
         self.timer: IDelayedCall | None = None
         # Once dispatched: what the request now waits on.
         self.inner: Deferred[UpstreamResponse] | None = None
-        self._pool: UpstreamClient | None = None
+        self.queued_in: UpstreamClient | None = None
 
     def _cancelled(self, d: Deferred[UpstreamResponse]) -> None:
         inner = self.inner
         if inner is not None:
             inner.cancel()
-        elif self._pool is not None:
-            self._pool._dequeue(self)
+        elif self.queued_in is not None:
+            self.queued_in._dequeue(self)
 
 
 class _ConnectionFactory(Factory):
@@ -537,7 +537,7 @@ class UpstreamClient:
         else:
             queue.append(waiter)
         self._queued += 1
-        waiter._pool = self
+        waiter.queued_in = self
         timeout = self._queue_timeout if queue_timeout is None else queue_timeout
         waiter.timer = self._reactor.callLater(timeout, self._waited_too_long, waiter)
         if waiter.upgrade and self._idle.get(waiter.upstream):
@@ -556,7 +556,7 @@ class UpstreamClient:
                 self._queued -= 1
             if not queue:
                 del self._queues[waiter.upstream]
-        waiter._pool = None
+        waiter.queued_in = None
         timer = waiter.timer
         waiter.timer = None
         if timer is not None and timer.active():
