@@ -169,7 +169,10 @@ class GenerationService(MultiService):
         """
         self._replaced = True
         retiring = self.disownServiceParent()
-        assert isinstance(retiring, Deferred), "retired from a tree that is not running"
+        if not isinstance(retiring, Deferred):
+            # Out of a tree that was not running (a bug: a reload never switches into
+            # one), which stopped nothing: stopped here all the same.
+            retiring = maybeDeferred(self.stopService)
         return retiring
 
     def stopService(self) -> Deferred[None]:
@@ -191,7 +194,7 @@ class GenerationService(MultiService):
         drained.addTimeout(gateway.config.gateway.drain_timeout, self.reactor)
         # Past its drainTimeout, what the old configuration still serves (streams) is cut,
         # as a stop would: nothing keeps running on stopped services.
-        stopping: Deferred[Any] = drained.addErrback(lambda _: _abort_connections(gateway))
+        stopping: Deferred[Any] = drained.addErrback(lambda _: gateway.site.abort_connections())
         return stopping.addCallback(lambda _: gateway.site.doStop())
 
 
@@ -316,10 +319,3 @@ def discard(gateway: Gateway, export: MetricsExportService | None = None) -> Non
     writer = gateway.access_log.writer
     if writer is not None:
         writer.close()
-
-
-def _abort_connections(gateway: Gateway) -> None:
-    for channel in list(gateway.site.connections.channels):
-        transport = getattr(channel, "transport", None)
-        if transport is not None:
-            transport.abortConnection()

@@ -82,7 +82,7 @@ class ReloadingTree(Protocol):
 
     @property
     def stopping(self) -> bool:
-        """Whether the tree has begun to stop."""
+        """Whether the tree has begun to stop, or is not running."""
 
     def generation_of(self, gateway: Gateway) -> GenerationService:
         """

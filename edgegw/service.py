@@ -119,9 +119,10 @@ class GatewayService(MultiService):
     @property
     def stopping(self) -> bool:
         """
-        Whether the tree has begun to stop.
+        Whether the tree has begun to stop, or is not running (a stop that failed
+        leaves no stop under way, and a reload must not switch into such a tree).
         """
-        return self._stop_waiters is not None
+        return self._stop_waiters is not None or not self.running
 
     def generation_of(self, gateway: Gateway) -> GenerationService:
         """

@@ -675,3 +675,63 @@ class ReloadCarryTests(TestCase):
         self.assertEqual(events[:3], [("export", 0), ("exported", 0), ("export", 1)])
         self.assertEqual(sorted(events[3:]), [("exported", 1), ("shutdown", 0), ("shutdown", 1)])
         self.assertLess(events.index(("exported", 1)), events.index(("shutdown", 1)))
+
+
+class ReloadIntoAFailedStopTests(TestCase):
+    async def test_a_reload_never_switches_into_a_tree_whose_stop_failed(self) -> None:
+        """
+        A stop that fails while a reload warms up leaves no stop under way: the reload
+        still abandons its configuration (nothing of it keeps running) rather than
+        switching into a tree that is not running.
+        """
+        import edgegw.reload as reload_module
+
+        root = write_tree(self.mktemp(), {"a.yaml": GATEWAY + HEALTH})
+        service = build_service(load_config(root, {}), reactor, source=root)
+        service.privilegedStartService()
+        service.startService()
+        cold = [True]
+
+        async def cold_parts(*args: object) -> list[str]:
+            return ["forced"] if cold[0] else []
+
+        self.patch(reload_module, "cold_parts", cold_parts)
+        adopted: list[GenerationService] = []
+        adopt = service.adopt
+
+        def recording_adopt(generation: GenerationService) -> GenerationService:
+            adopted.append(generation)
+            return adopt(generation)
+
+        self.patch(service, "adopt", recording_adopt)
+        built: list[GenerationService] = []
+        generation_of = service.generation_of
+
+        def recording_generation_of(gateway: Any) -> GenerationService:
+            generation = generation_of(gateway)
+            built.append(generation)
+            return generation
+
+        self.patch(service, "generation_of", recording_generation_of)
+        reloading = service.reload()
+        await deferLater(reactor, 0.1, lambda: None)
+
+        def broken() -> None:
+            raise RuntimeError("a bug in a stop")
+
+        listener_stop = service.listener.stopService
+        self.patch(service.listener, "stopService", broken)
+        with self.assertRaises(RuntimeError):
+            await service.stopService()
+        self.assertFalse(service.running)
+        self.assertTrue(service.stopping)
+        cold[0] = False
+        self.assertFalse(await reloading)
+        self.assertEqual(adopted, [])
+        self.assertEqual(len(built), 1)
+        self.assertFalse([child.name for child in built[0] if child.running])
+        self.assertEqual(self.flushLoggedErrors(AssertionError), [])
+        # What the failed stop left running.
+        await listener_stop()
+        await service.generation.stopService()
+        service.generation.gateway.site.doStop()

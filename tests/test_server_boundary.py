@@ -148,8 +148,9 @@ class ClientStreamTests(SynchronousTestCase):
 class NoChannelOutsideTheServerTests(SynchronousTestCase):
     def test_no_module_above_the_server_reads_a_channel(self) -> None:
         """
-        Outside the server layer and the boundary, nothing reads a request's C{channel}
-        (or a parser's state): they talk to the client through L{IClientStream}.
+        Outside the server layer and the boundary, nothing reads a request's C{channel},
+        or a site's channels (or a parser's state): they talk to the client through
+        L{IClientStream}, and to the connections through the Site's own methods.
         """
         found = []
         for path in sorted((ROOT / "edgegw").rglob("*.py")):
@@ -157,7 +158,7 @@ class NoChannelOutsideTheServerTests(SynchronousTestCase):
             if relative.startswith(("edgegw/server/", "edgegw/stream/", "edgegw/seam.py")):
                 continue
             for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
-                if isinstance(node, ast.Attribute) and node.attr == "channel":
+                if isinstance(node, ast.Attribute) and node.attr in ("channel", "channels"):
                     found.append(f"{relative}:{node.lineno}")
         self.assertEqual(found, [])
 

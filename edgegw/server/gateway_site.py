@@ -200,6 +200,13 @@ class ClientConnections:
         for channel in list(self.channels):
             channel.shutDown()
 
+    def abort(self) -> None:
+        """
+        Cut every connection still open (a drain's time is up).
+        """
+        for channel in list(self.channels):
+            channel.abortClient()
+
     def open_from(self, address: IAddress) -> int:
         """
         How many connections from C{address}'s client (see L{address_key}) are counted.
@@ -277,6 +284,12 @@ class LimitedSite(Site):
         response, and refuse new ones.
         """
         self.connections.shut_down()
+
+    def abort_connections(self) -> None:
+        """
+        The drain's time is up: cut every connection still open (streams included).
+        """
+        self.connections.abort()
 
     def fit_descriptor_limit(self) -> None:
         """
