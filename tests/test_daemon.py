@@ -17,10 +17,7 @@ from twisted.application.service import IService
 from twisted.internet import reactor
 from twisted.internet.defer import Deferred, inlineCallbacks, maybeDeferred
 from twisted.internet.error import ConnectionRefusedError, ProcessTerminated
-from twisted.internet.protocol import ProcessProtocol
-from twisted.internet.task import deferLater
 from twisted.internet.utils import getProcessOutputAndValue
-from twisted.python.failure import Failure
 from twisted.trial.unittest import TestCase
 from twisted.web.server import NOT_DONE_YET, Request
 
@@ -28,63 +25,28 @@ from edgegw.config.parse import load_config
 from edgegw.service import GatewayService, build_service
 from tests.support.backends import SiteBackend
 from tests.support.configs import GATEWAY, write_tree
-from tests.support.processes import http_get, kill, port_of, raw_exchange, refused_port
+from tests.support.daemons import DAEMON_ENV, GatewayProcess, sleep, spawn_twistd
+from tests.support.processes import (
+    REPO_ROOT,
+    ProcessOutput,
+    edgegw_twistd_args,
+    http_get,
+    kill,
+    port_of,
+    raw_exchange,
+    refused_port,
+    venv_bin,
+)
 from twisted.plugins.edgegw_plugin import edgegw
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-EXAMPLE = os.path.join(ROOT, "etc", "edgegw")
-BIN = os.path.dirname(sys.executable)
-# The example's session key comes from the environment (make run makes a random one).
-# The example's metrics listener on a port of its own (9464 may be taken by `make run`).
-ENV = {
-    **os.environ,
-    "PYTHONPATH": ROOT,
-    "EDGEGW_SESSION_KEY": "k" * 32,
-    "EDGEGW_METRICS_LISTEN": "127.0.0.1:0",
-}
-
-
-class DaemonProtocol(ProcessProtocol):
-    """
-    Collects a twistd child's output; fires C{listening} with the bound port.
-    """
-
-    def __init__(self) -> None:
-        self.output = b""
-        self.listening: Deferred[int] = Deferred()
-        self.ended: Deferred[BaseException] = Deferred()
-
-    def outReceived(self, data: bytes) -> None:
-        self.output += data
-        found = re.search(rb"edgegw listening on .*?port=(\d+)", self.output)
-        if found and not self.listening.called:
-            self.listening.callback(int(found.group(1)))
-
-    errReceived = outReceived
-
-    def processEnded(self, reason: Failure) -> None:
-        if not self.listening.called:
-            self.listening.errback(RuntimeError(self.output.decode(errors="replace")))
-        self.ended.callback(reason.value or Exception("process ended"))
-
-
-def twistd(config: str, env: dict[str, str] | None = None) -> tuple[DaemonProtocol, Any]:
-    protocol = DaemonProtocol()
-    process = reactor.spawnProcess(
-        protocol,
-        os.path.join(BIN, "twistd"),
-        ["twistd", "-n", "--pidfile=", "edgegw", "--config", config],
-        env=env or ENV,
-        path=ROOT,
-    )
-    return protocol, process
+EXAMPLE = str(REPO_ROOT / "etc" / "edgegw")
 
 
 class CommandLineTests(TestCase):
     @inlineCallbacks
     def test_check_prints_route_table(self) -> Any:
         out, err, code = yield getProcessOutputAndValue(
-            os.path.join(BIN, "edgegw"), ["check", EXAMPLE], env=ENV
+            venv_bin("edgegw"), ["check", EXAMPLE], env=DAEMON_ENV
         )
         self.assertEqual(code, 0, err)
         text = out.decode()
@@ -100,10 +62,10 @@ class CommandLineTests(TestCase):
     @inlineCallbacks
     def test_twistd_check_flag(self) -> Any:
         out, err, code = yield getProcessOutputAndValue(
-            os.path.join(BIN, "twistd"),
-            ["-n", "--pidfile=", "edgegw", "--config", EXAMPLE, "--check"],
-            env=ENV,
-            path=ROOT,
+            venv_bin("twistd"),
+            [*edgegw_twistd_args(EXAMPLE), "--check"],
+            env=DAEMON_ENV,
+            path=str(REPO_ROOT),
         )
         self.assertEqual(code, 0, err)
         self.assertIn(b"GET /healthz", out)
@@ -115,10 +77,12 @@ class CommandLineTests(TestCase):
             {"a.yaml": GATEWAY + "---\nkind: Route\nmetadata: {name: r}\nspec: {match: /}\n"},
         )
         for argv in (
-            [os.path.join(BIN, "edgegw"), "check", root],
-            [os.path.join(BIN, "twistd"), "-n", "--pidfile=", "edgegw", "--config", root],
+            [venv_bin("edgegw"), "check", root],
+            [venv_bin("twistd"), *edgegw_twistd_args(root)],
         ):
-            out, err, code = yield getProcessOutputAndValue(argv[0], argv[1:], env=ENV, path=ROOT)
+            out, err, code = yield getProcessOutputAndValue(
+                argv[0], argv[1:], env=DAEMON_ENV, path=str(REPO_ROOT)
+            )
             self.assertEqual(code, 1, argv)
             text = (out + err).decode()
             self.assertIn(
@@ -138,7 +102,7 @@ class CommandLineTests(TestCase):
             },
         )
         out, err, code = yield getProcessOutputAndValue(
-            os.path.join(BIN, "edgegw"), ["check", root], env=ENV
+            venv_bin("edgegw"), ["check", root], env=DAEMON_ENV
         )
         text = (out + err).decode()
         self.assertEqual(code, 1, text)
@@ -167,14 +131,14 @@ class CommandLineTests(TestCase):
             },
         )
         out, err, code = yield getProcessOutputAndValue(
-            os.path.join(BIN, "edgegw"), ["check", root], env=ENV
+            venv_bin("edgegw"), ["check", root], env=DAEMON_ENV
         )
         self.assertEqual(code, 0, err)
         self.assertIn(b"is valid", out)
         self.assertFalse(os.path.exists(access_log))
         os.mkfifo(access_log)
         out, err, code = yield getProcessOutputAndValue(
-            os.path.join(BIN, "edgegw"), ["check", root], env=ENV
+            venv_bin("edgegw"), ["check", root], env=DAEMON_ENV
         )
         self.assertEqual(code, 1, out)
         self.assertIn(
@@ -185,7 +149,7 @@ class CommandLineTests(TestCase):
 
     @inlineCallbacks
     def test_usage(self) -> Any:
-        _, err, code = yield getProcessOutputAndValue(os.path.join(BIN, "edgegw"), [], env=ENV)
+        _, err, code = yield getProcessOutputAndValue(venv_bin("edgegw"), [], env=DAEMON_ENV)
         self.assertEqual(code, 2)
         self.assertIn(b"usage: edgegw check", err)
 
@@ -198,24 +162,22 @@ class ServeExampleTests(TestCase):
     async def test_demo_backend_behind_the_api_routes(self) -> None:
         # What `make run` starts: the demo backend, and the gateway in front of it.
         demo_port = await refused_port()
-        demo_protocol = DaemonProtocol()
-        # The demo backend prints no "listening" line: only its end matters here.
-        demo_protocol.listening.addErrback(lambda failure: None)
+        demo_protocol = ProcessOutput()
         demo = reactor.spawnProcess(
             demo_protocol,
             sys.executable,
             [
                 sys.executable,
-                os.path.join(ROOT, "examples", "demo", "backend.py"),
+                str(REPO_ROOT / "examples" / "demo" / "backend.py"),
                 "--port",
                 str(demo_port),
             ],
-            env=ENV,
+            env=DAEMON_ENV,
         )
-        self.addCleanup(lambda: demo_protocol.ended.addErrback(lambda failure: None))
+        self.addCleanup(lambda: demo_protocol.ended)
         self.addCleanup(kill, demo)
-        env = {**ENV, "EDGEGW_LISTEN": "127.0.0.1:0", "EDGEGW_DEMO_PORT": str(demo_port)}
-        protocol, process = twistd(EXAMPLE, env)
+        env = {**DAEMON_ENV, "EDGEGW_LISTEN": "127.0.0.1:0", "EDGEGW_DEMO_PORT": str(demo_port)}
+        protocol, process = spawn_twistd(EXAMPLE, env=env)
         self.addCleanup(kill, process)
         port = await protocol.listening
         base = f"http://127.0.0.1:{port}"
@@ -225,7 +187,7 @@ class ServeExampleTests(TestCase):
             if dashboard.code == 200:
                 break
             await dashboard.content()
-            await deferLater(reactor, 0.05, lambda: None)
+            await sleep(0.05)
         self.assertEqual(
             await dashboard.json(),
             {
@@ -256,12 +218,12 @@ class ServeExampleTests(TestCase):
         self.assertEqual(metrics.code, 200)
         self.assertIn(b'http_route="GET /dash/{id}"', await metrics.content())
         process.signalProcess("TERM")
-        await protocol.ended.addErrback(lambda failure: None)
+        await protocol.ended
 
     @inlineCallbacks
     def test_serves_spa_and_health_then_stops_on_sigterm(self) -> Any:
-        env = {**ENV, "EDGEGW_LISTEN": "127.0.0.1:0"}
-        protocol, process = twistd(EXAMPLE, env)
+        env = {**DAEMON_ENV, "EDGEGW_LISTEN": "127.0.0.1:0"}
+        protocol, process = spawn_twistd(EXAMPLE, env=env)
         self.addCleanup(kill, process)
         port = yield protocol.listening
         base = f"http://127.0.0.1:{port}"
@@ -279,10 +241,11 @@ class ServeExampleTests(TestCase):
         self.assertEqual(missing.code, 404)
         yield missing.content()
         process.signalProcess("TERM")
-        reason = yield protocol.ended
+        yield protocol.ended
+        reason = protocol.reason
         # twistd re-raises the signal it stopped on, so systemd sees a clean SIGTERM exit.
         self.assertIsInstance(reason, ProcessTerminated, protocol.output)
-        self.assertEqual(reason.signal, signal.SIGTERM)
+        self.assertEqual(cast(ProcessTerminated, reason).signal, signal.SIGTERM)
         self.assertIn(b"Received SIGTERM, shutting down.", protocol.output)
         self.assertIn(b"Server Shut Down.", protocol.output)
         self.assertNotIn(b"Traceback", protocol.output)
@@ -291,12 +254,8 @@ class ServeExampleTests(TestCase):
 
     @inlineCallbacks
     def test_a_chosen_reactor_is_kept(self) -> Any:
-        env = {**ENV, "EDGEGW_LISTEN": "127.0.0.1:0"}
-        protocol = DaemonProtocol()
-        argv = ["twistd", "-n", "--pidfile=", "--reactor=poll", "edgegw", "--config", EXAMPLE]
-        process = reactor.spawnProcess(
-            protocol, os.path.join(BIN, "twistd"), argv, env=env, path=ROOT
-        )
+        env = {**DAEMON_ENV, "EDGEGW_LISTEN": "127.0.0.1:0"}
+        protocol, process = spawn_twistd(EXAMPLE, "--reactor=poll", env=env)
         self.addCleanup(kill, process)
         port = yield protocol.listening
         health = yield http_get(f"http://127.0.0.1:{port}/healthz")
@@ -317,8 +276,6 @@ class LargeFileTests(TestCase):
     timeout = 30
 
     async def test_large_static_file(self) -> None:
-        from tests.support.daemons import GatewayProcess
-
         # 6 MiB: the stall wrote 128 KiB a second, past this test's 30 s timeout.
         data = os.urandom(6 * 1024 * 1024)
         gateway = GatewayProcess(self, {"a.yaml": ""})

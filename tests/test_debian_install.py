@@ -14,9 +14,10 @@ import subprocess
 
 from twisted.trial.unittest import SynchronousTestCase
 
-from tests.test_debian_package import ROOT, _package, _run
+from tests.support.processes import REPO_ROOT
+from tests.test_debian_package import _package, _run
 
-SANDBOX = os.path.join(ROOT, "tests", "support", "deb_sandbox.sh")
+SANDBOX = str(REPO_ROOT / "tests" / "support" / "deb_sandbox.sh")
 UPGRADE_VERSION = "0.1.0+upgrade1"
 
 # Runs inside the sandbox, from /sandbox (where both packages are): each step prints

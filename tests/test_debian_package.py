@@ -13,13 +13,14 @@ import subprocess
 
 from twisted.trial.unittest import SynchronousTestCase
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from tests.support.processes import REPO_ROOT
+
 VENV = "opt/venvs/edgegw"
 SITE = f"{VENV}/lib/python3.11/site-packages"
 
 
 def _package() -> str:
-    found = sorted(glob.glob(os.path.join(ROOT, "build", "deb", "edgegw_*.deb")))
+    found = sorted(glob.glob(os.path.join(REPO_ROOT, "build", "deb", "edgegw_*.deb")))
     if not found:
         raise AssertionError("no package in build/deb: run `make deb` (make test does)")
     return found[-1]
@@ -152,7 +153,7 @@ class PackageTests(SynchronousTestCase):
         for info in glob.glob(os.path.join(site, "*.dist-info")):
             name, version = os.path.basename(info).removesuffix(".dist-info").rsplit("-", 1)
             bundled[_normalise(name)] = version
-        with open(os.path.join(ROOT, "debian", "constraints.txt")) as f:
+        with open(os.path.join(REPO_ROOT, "debian", "constraints.txt")) as f:
             pinned = {
                 _normalise(name): version
                 for name, version in (

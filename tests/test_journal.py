@@ -8,12 +8,9 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import socket
 from typing import Any
 
 from twisted.internet import reactor as _reactor
-from twisted.internet.protocol import ProcessProtocol
-from twisted.internet.task import deferLater
 from twisted.internet.utils import getProcessOutputAndValue
 from twisted.logger import Logger, LogLevel
 from twisted.python.failure import Failure
@@ -21,8 +18,16 @@ from twisted.trial.unittest import SynchronousTestCase, TestCase
 
 from edgegw.journal import JsonLinesObserver
 from tests.support.configs import GATEWAY, write_tree
-from tests.support.processes import http_get, kill
-from tests.test_daemon import BIN, ENV, ROOT
+from tests.support.daemons import DAEMON_ENV, JOURNAL_LOGGER, sleep
+from tests.support.processes import (
+    REPO_ROOT,
+    ProcessOutput,
+    edgegw_twistd_args,
+    http_get,
+    kill,
+    listening_socket,
+    venv_bin,
+)
 
 reactor: Any = _reactor
 HEALTH = "spec: {match: /, handler: {type: health}}\n"
@@ -80,16 +85,6 @@ class ObserverTests(SynchronousTestCase):
         self.assertEqual((record["message"], record["access"]), ("GET /x 200", access))
 
 
-class _Quiet(ProcessProtocol):
-    def __init__(self) -> None:
-        from twisted.internet.defer import Deferred
-
-        self.ended: Deferred[None] = Deferred()
-
-    def processEnded(self, reason: Failure) -> None:
-        self.ended.callback(None)
-
-
 class BlockedStdoutTests(TestCase):
     """
     A twistd whose standard output is a pipe the test stops reading (journald falling
@@ -106,21 +101,14 @@ class BlockedStdoutTests(TestCase):
         read_end, write_end = os.pipe()
         os.set_blocking(read_end, False)
         self.addCleanup(os.close, read_end)
-        protocol = _Quiet()
+        # Its output goes to the pipe, not to the protocol: only its end is awaited.
+        protocol = ProcessOutput()
         process = reactor.spawnProcess(
             protocol,
-            os.path.join(BIN, "twistd"),
-            [
-                "twistd",
-                "-n",
-                "--pidfile=",
-                "--logger=edgegw.journal.observer",
-                "edgegw",
-                "--config",
-                root,
-            ],
-            env=ENV,
-            path=ROOT,
+            venv_bin("twistd"),
+            ["twistd", *edgegw_twistd_args(root, JOURNAL_LOGGER)],
+            env=DAEMON_ENV,
+            path=str(REPO_ROOT),
             childFDs={0: "w", 1: write_end, 2: write_end},
         )
         os.close(write_end)
@@ -137,7 +125,7 @@ class BlockedStdoutTests(TestCase):
                     port = int(record["message"].rsplit("port=", 1)[1].split(")")[0])
             if port:
                 break
-            await deferLater(reactor, 0.01, lambda: None)
+            await sleep(0.01)
         self.assertTrue(port, received)
         # From now on nobody reads: each request's access-log line (~250 bytes) goes to
         # the pipe, whose 64 KiB are full after a few hundred.
@@ -173,9 +161,7 @@ class StartupFailureTests(TestCase):
     timeout = 30
 
     async def test_bind_failure_is_logged(self) -> None:
-        taken = socket.socket()
-        taken.bind(("127.0.0.1", 0))
-        taken.listen(1)
+        taken = listening_socket()
         self.addCleanup(taken.close)
         port = taken.getsockname()[1]
         root = write_tree(
@@ -187,10 +173,10 @@ class StartupFailureTests(TestCase):
             },
         )
         out, err, code = await getProcessOutputAndValue(
-            os.path.join(BIN, "twistd"),
-            ["-n", "--pidfile=", "--logger=edgegw.journal.observer", "edgegw", "--config", root],
-            env=ENV,
-            path=ROOT,
+            venv_bin("twistd"),
+            edgegw_twistd_args(root, JOURNAL_LOGGER),
+            env=DAEMON_ENV,
+            path=str(REPO_ROOT),
         )
         self.assertEqual(code, 1)
         messages = [

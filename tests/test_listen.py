@@ -3,7 +3,6 @@ Tests for L{edgegw.server.listen}.
 """
 
 import os
-import socket
 from typing import Any
 
 from twisted.internet import reactor
@@ -18,11 +17,13 @@ from edgegw.config.addresses import endpoint_description
 from edgegw.config.parse import load_config
 from edgegw.service import GatewayService
 from tests.support.configs import GATEWAY, write_tree
+from tests.support.daemons import spawn_socket_activated
 from tests.support.processes import (
     connections_closed,
     http_client,
     http_get,
     kill,
+    listening_socket,
     port_of,
 )
 
@@ -118,10 +119,7 @@ class ListenOverSocketsTests(TestCase):
 class SocketActivationTests(TestCase):
     @inlineCallbacks
     def test_systemd_endpoint(self) -> Any:
-        listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        listener.bind(("127.0.0.1", 0))
-        listener.listen(16)
+        listener = listening_socket()
         self.addCleanup(listener.close)
         port = listener.getsockname()[1]
         root = write_tree(
@@ -132,22 +130,7 @@ class SocketActivationTests(TestCase):
                 "{type: health}}\n"
             },
         )
-        from tests.test_daemon import BIN, ENV, ROOT, DaemonProtocol
-
-        protocol = DaemonProtocol()
-        twistd = os.path.join(BIN, "twistd")
-        process = reactor.spawnProcess(
-            protocol,
-            "/bin/sh",
-            [
-                "sh",
-                "-c",
-                f'export LISTEN_PID=$$; exec "{twistd}" -n --pidfile= edgegw --config {root}',
-            ],
-            env={**ENV, "LISTEN_FDS": "1", "LISTEN_FDNAMES": "edgegw.socket"},
-            path=ROOT,
-            childFDs={0: "w", 1: "r", 2: "r", 3: listener.fileno()},
-        )
+        protocol, process = spawn_socket_activated(listener, root, "edgegw.socket")
         self.addCleanup(kill, process)
         yield protocol.listening
         response = yield http_get(f"http://127.0.0.1:{port}/")

@@ -1,13 +1,12 @@
 """
 Tests for the per-route pipeline: composition, recover, request-id, access-log,
-projection, cancellation and in-flight tracking.
+cancellation and in-flight tracking (the projection stage's are in test_projection.py).
 """
 
 from __future__ import annotations
 
 import json
 import os
-from collections.abc import Sequence
 from typing import Any, cast
 
 from twisted.internet.defer import CancelledError, Deferred
@@ -20,13 +19,11 @@ from edgegw.assembly.edge_site import edge_site
 from edgegw.assembly.route_chains import RouteWiring, route_runner
 from edgegw.chain.access_log import AccessLog, _encode
 from edgegw.chain.pipeline import InFlight, RouteRunner, compose
-from edgegw.chain.projection import projection
 from edgegw.chain.render import render_stage
 from edgegw.chain.request_id import new_request_id, sane_request_id
 from edgegw.config.effective import effective_routes
 from edgegw.config.model import GatewaySpec
 from edgegw.edge.site import MuxDispatcher
-from edgegw.identity.principal import Principal
 from edgegw.line_writer import LineWriter
 from edgegw.routing.mux import Mux
 from edgegw.terminal.exchange import Exchange, Handler, Stage, exchange_of
@@ -365,116 +362,6 @@ class AccessLineEncodingTests(SynchronousTestCase):
         record: dict[str, Any] = {"notes": {"a": [1]}}
         self.assertRaises(TypeError, _encode, {"notes": {"a": [object()]}})
         self.assertEqual(_encode(record), '{"notes":{"a":[1]}}')
-
-
-class ProjectionTests(SynchronousTestCase):
-    def test_inbound_user_headers_stripped(self) -> None:
-        seen: list[list[tuple[bytes, Sequence[bytes]]]] = []
-
-        async def terminal(exchange: Exchange) -> None:
-            seen.append(list(exchange.request.requestHeaders.getAllRawHeaders()))
-            await ok_terminal(exchange)
-
-        Harness(self, terminal).client.request(
-            "GET", "/", [("X-User-Id", "admin"), ("x-user-groups", "root"), ("X-Usr", "kept")]
-        )
-        names = [name.lower() for name, _ in seen[0]]
-        self.assertNotIn(b"x-user-id", names)
-        self.assertNotIn(b"x-user-groups", names)
-        self.assertIn(b"x-usr", names)
-
-    def test_principal_projected(self) -> None:
-        seen: dict[bytes, Sequence[bytes]] = {}
-
-        async def set_principal(exchange: Exchange, next: Handler) -> None:
-            exchange.principal = Principal(
-                subject="user-1",
-                passport={
-                    "email": "a@example.com",
-                    "given_name": "Ann",
-                    "roles": ["a,b", "c"],
-                    "verified": True,
-                    "nothing": None,
-                    "name": "Zoë\r\nX: y",
-                },
-                groups=("admins", "dev,ops"),
-            )
-            await next(exchange)
-
-        async def terminal(exchange: Exchange) -> None:
-            seen.update(dict(exchange.request.requestHeaders.getAllRawHeaders()))
-            await ok_terminal(exchange)
-
-        client = Harness(
-            self, terminal, stages=[set_principal, projection(b"X-User-Teams", None)]
-        ).client
-        client.request("GET", "/", {"X-User-Id": "forged"})
-        self.assertEqual(seen[b"X-User-Id"], [b"user-1"])
-        self.assertEqual(seen[b"X-User-Teams"], [b"admins,dev%2Cops"])
-        self.assertEqual(seen[b"X-User-Email"], [b"a@example.com"])
-        self.assertEqual(seen[b"X-User-Given-Name"], [b"Ann"])
-        self.assertEqual(seen[b"X-User-Roles"], [b"a%2Cb,c"])
-        self.assertEqual(seen[b"X-User-Verified"], [b"true"])
-        self.assertEqual(seen[b"X-User-Name"], [b"Zo%C3%AB%0D%0AX: y"])
-        self.assertNotIn(b"X-User-Nothing", seen)
-
-    def test_principal_projected_through_set_raw_headers(self) -> None:
-        """
-        On a Twisted whose Headers is not the plain dict the fast path writes into, the
-        same headers are set through Headers.setRawHeaders.
-        """
-        from edgegw.chain import projection as module
-
-        self.patch(module, "_DIRECT", False)
-        self.test_principal_projected()
-
-    def test_principal_projected_twice_from_the_memo(self) -> None:
-        """
-        A principal's second request gets the headers rendered for its first.
-        """
-        principal = Principal(subject="user-1", passport={"email": "a@example.com"})
-        seen: list[dict[bytes, Sequence[bytes]]] = []
-
-        async def set_principal(exchange: Exchange, next: Handler) -> None:
-            exchange.principal = principal
-            await next(exchange)
-
-        async def terminal(exchange: Exchange) -> None:
-            seen.append(dict(exchange.request.requestHeaders.getAllRawHeaders()))
-            await ok_terminal(exchange)
-
-        client = Harness(
-            self, terminal, stages=[set_principal, projection(b"X-User-Groups", None)]
-        ).client
-        client.request("GET", "/", {"X-User-Email": "forged"})
-        client.request("GET", "/", {"X-User-Email": "forged"})
-        self.assertEqual(len(principal.memo), 1)
-        for headers in seen:
-            self.assertEqual(headers[b"X-User-Id"], [b"user-1"])
-            self.assertEqual(headers[b"X-User-Email"], [b"a@example.com"])
-
-    def test_explicit_claims_map(self) -> None:
-        seen: list[dict[bytes, list[bytes]]] = []
-
-        async def set_principal(exchange: Exchange, next: Handler) -> None:
-            exchange.principal = Principal("s", {"email": "e@x", "name": "N"}, ())
-            await next(exchange)
-
-        async def terminal(exchange: Exchange) -> None:
-            headers = exchange.request.requestHeaders
-            seen.append({name: list(values) for name, values in headers.getAllRawHeaders()})
-            await ok_terminal(exchange)
-
-        stage = projection(b"X-User-Groups", {"email": "X-Mail"})
-        client = Harness(self, terminal, stages=[set_principal, stage]).client
-        response = client.request("GET", "/", {"X-User-Name": "forged"})
-        self.assertEqual(response.status, 200)
-        # Only the subject and the mapped claim: no header for the unmapped claim, none
-        # for the empty groups, and the forged X-User-* header is gone.
-        self.assertEqual(
-            seen,
-            [{b"Host": [b"gateway.test"], b"X-User-Id": [b"s"], b"X-Mail": [b"e@x"]}],
-        )
 
 
 class CancellationTests(SynchronousTestCase):

@@ -34,7 +34,8 @@ from edgegw.plugins.manifest import PACKAGED_MARKER, install_manifest, requireme
 from edgegw.plugins.registry import plugin_names
 from tests.support.backends import SiteBackend
 from tests.support.configs import GATEWAY, write_tree
-from tests.support.processes import http_get, kill
+from tests.support.daemons import TwistdOutput
+from tests.support.processes import REPO_ROOT, edgegw_twistd_args, http_get, kill
 from tests.support.wheels import (
     ACME_DISTRIBUTION,
     ACME_HEADER,
@@ -43,9 +44,7 @@ from tests.support.wheels import (
     build_wheel,
     record_hash,
 )
-from tests.test_daemon import DaemonProtocol
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # The test environment's own site-packages (where Twisted, pip and edgegw's metadata are).
 SITE_PACKAGES = sysconfig.get_paths()["purelib"]
 INSTALL_HINT = "(install it with: edgegw plugins install CONFIG)"
@@ -204,7 +203,7 @@ class ManifestCheckTests(SynchronousTestCase):
             [sys.executable, "-m", "edgegw", "check", root],
             capture_output=True,
             text=True,
-            cwd=ROOT,
+            cwd=REPO_ROOT,
             check=False,
         )
         self.assertEqual((result.returncode, result.stdout), (1, ""), result.stderr)
@@ -637,7 +636,7 @@ class InstallIntoAnEnvironmentTests(TestCase):
         plugin_config(self.config, ["acme_edge.plugin@v1.0.0"], backend.port)
         code, out, err = await self.env.edgegw("check", self.config)
         self.assertEqual(code, 0, err)
-        daemon = DaemonProtocol()
+        daemon = TwistdOutput()
         process = reactor.spawnProcess(
             daemon,
             self.env.python,
@@ -645,11 +644,7 @@ class InstallIntoAnEnvironmentTests(TestCase):
                 self.env.python,
                 "-c",
                 "import sys; from twisted.scripts.twistd import run; sys.argv[0] = 'twistd'; run()",
-                "-n",
-                "--pidfile=",
-                "edgegw",
-                "--config",
-                self.config,
+                *edgegw_twistd_args(self.config),
             ],
             env=self.env.environ,
             path=self.env.cwd,

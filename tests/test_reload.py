@@ -15,15 +15,14 @@ from typing import Any
 from twisted.internet import reactor as _reactor
 from twisted.internet.defer import Deferred
 from twisted.internet.protocol import DatagramProtocol
-from twisted.internet.task import deferLater
 from twisted.trial.unittest import SynchronousTestCase, TestCase
 from twisted.web.server import NOT_DONE_YET, Request
 
 from edgegw.notify import SystemdNotifier
 from tests.support.backends import SiteBackend
 from tests.support.configs import GATEWAY, write_tree
+from tests.support.daemons import DAEMON_ENV, sleep, spawn_twistd
 from tests.support.processes import http_get, kill, raw_exchange
-from tests.test_daemon import ENV, twistd
 
 reactor: Any = _reactor
 
@@ -130,8 +129,8 @@ class ReloadTests(TestCase):
         )
 
     async def start(self) -> int:
-        env = {**ENV, "NOTIFY_SOCKET": self.socket_path}
-        self.protocol, self.process = twistd(self.root, env)
+        env = {**DAEMON_ENV, "NOTIFY_SOCKET": self.socket_path}
+        self.protocol, self.process = spawn_twistd(self.root, env=env)
         self.addCleanup(lambda: self.protocol.ended)
         self.addCleanup(kill, self.process)
         port = await self.protocol.listening
@@ -147,12 +146,12 @@ class ReloadTests(TestCase):
             output = self.protocol.output.decode()
             if text in output:
                 return output
-            await deferLater(reactor, 0.01, lambda: None)
+            await sleep(0.01)
         raise AssertionError(f"{text!r} not in {self.protocol.output!r}")
 
     async def test_ready_only_once_listening(self) -> None:
-        env = {**ENV, "NOTIFY_SOCKET": self.socket_path}
-        protocol, process = twistd(self.root, env)
+        env = {**DAEMON_ENV, "NOTIFY_SOCKET": self.socket_path}
+        protocol, process = spawn_twistd(self.root, env=env)
         self.addCleanup(lambda: protocol.ended)
         self.addCleanup(kill, process)
         await self.notes.wait_for("READY=1")
@@ -173,7 +172,7 @@ class ReloadTests(TestCase):
         for _ in range(200):
             if self.held:
                 break
-            await deferLater(reactor, 0.01, lambda: None)
+            await sleep(0.01)
         self.assertEqual(len(self.held), 1)
         with open(os.path.join(self.root, "20-new.yaml"), "w") as stream:
             stream.write(_route("new", "/new", "{type: health}"))
@@ -209,7 +208,7 @@ class ReloadTests(TestCase):
         for _ in range(200):
             if self.held:
                 break
-            await deferLater(reactor, 0.01, lambda: None)
+            await sleep(0.01)
         os.kill(self.process.pid, signal.SIGHUP)
         await self.notes.wait_for("READY=1", 2)
         answer = await in_flight.addTimeout(10, reactor)

@@ -10,12 +10,12 @@ import os
 import re
 import shutil
 import subprocess
-import sys
 
 from twisted.trial.unittest import SynchronousTestCase
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-UNITS = os.path.join(ROOT, "systemd")
+from tests.support.processes import REPO_ROOT, venv_bin
+
+UNITS = str(REPO_ROOT / "systemd")
 PREFIX = "/opt/venvs/edgegw"
 """Where the package installs the gateway's virtual environment (the units name it)."""
 
@@ -54,7 +54,7 @@ class UnitFileTests(SynchronousTestCase):
         os.makedirs(bin_dir)
         for command in ("edgegw", "twistd"):
             os.symlink(
-                os.path.join(os.path.dirname(sys.executable), command),
+                venv_bin(command),
                 os.path.join(bin_dir, command),
             )
         for name in os.listdir(UNITS):

@@ -18,45 +18,18 @@ from twisted.trial.unittest import TestCase
 
 from edgegw.server.listen import SharedSocketEndpoint
 from tests.support.configs import write_tree
-from tests.support.processes import http_get, kill
-from tests.test_daemon import BIN, ENV, ROOT, DaemonProtocol
+from tests.support.daemons import JOURNAL_LOGGER, TwistdOutput, sleep, spawn_socket_activated
+from tests.support.processes import REPO_ROOT, http_get, kill, listening_socket
 
 reactor: Any = _reactor
-PACKAGED = os.path.join(ROOT, "etc", "edgegw-package")
+PACKAGED = str(REPO_ROOT / "etc" / "edgegw-package")
 
 
-def shared_listener() -> socket.socket:
-    """
-    A listening socket on 127.0.0.1, as edgegw.socket would hold it.
-    """
-    listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    listener.bind(("127.0.0.1", 0))
-    listener.listen(128)
-    return listener
-
-
-def worker(test: TestCase, listener: socket.socket, config: str) -> DaemonProtocol:
+def worker(test: TestCase, listener: socket.socket, config: str) -> TwistdOutput:
     """
     One gateway process given C{listener} as systemd gives it a socket.
     """
-    protocol = DaemonProtocol()
-    twistd = os.path.join(BIN, "twistd")
-    process = reactor.spawnProcess(
-        protocol,
-        "/bin/sh",
-        [
-            "sh",
-            "-c",
-            'export LISTEN_PID=$$; exec "$0" -n --pidfile= '
-            '--logger=edgegw.journal.observer edgegw --config "$1"',
-            twistd,
-            config,
-        ],
-        env={**ENV, "LISTEN_FDS": "1", "LISTEN_FDNAMES": "edgegw"},
-        path=ROOT,
-        childFDs={0: "w", 1: "r", 2: "r", 3: listener.fileno()},
-    )
+    protocol, process = spawn_socket_activated(listener, config, "edgegw", JOURNAL_LOGGER)
     test.addCleanup(lambda: protocol.ended)
     test.addCleanup(kill, process)
     return protocol
@@ -74,7 +47,7 @@ class WorkerTests(TestCase):
         A shared listening socket (closed when the test ends), its port, and a copy of
         the packaged configuration.
         """
-        listener = shared_listener()
+        listener = listening_socket()
         self.addCleanup(listener.close)
         config = write_tree(
             self.mktemp(),
@@ -100,7 +73,7 @@ class WorkerTests(TestCase):
             served = [_served(each.output) for each in workers]
             if sum(served) == 200:
                 break
-            await _sleep(0.05)
+            await sleep(0.05)
         # Both processes answered some of the requests, on the one socket.
         self.assertTrue(all(count > 0 for count in served), served)
         self.assertEqual(sum(served), 200)
@@ -131,7 +104,7 @@ class WorkerTests(TestCase):
         scales its accept batch (it takes up to 100 at once, and more as long as there
         are).
         """
-        listener = shared_listener()
+        listener = listening_socket()
         self.addCleanup(listener.close)
         built: list[Protocol] = []
 
@@ -195,7 +168,7 @@ class WorkerTests(TestCase):
             served = [_served(each.output) for each in workers]
             if sum(served) == 80:
                 break
-            await _sleep(0.05)
+            await sleep(0.05)
         self.assertEqual(sum(served), 80)
         # Scheduling decides how even the shares are (two workers may share a core
         # with the tests around them): what matters is that neither is left out.
@@ -213,9 +186,3 @@ def _served(output: bytes) -> int:
 def _read(path: str) -> str:
     with open(path, encoding="utf-8") as stream:
         return stream.read()
-
-
-async def _sleep(seconds: float) -> None:
-    from twisted.internet.task import deferLater
-
-    await deferLater(reactor, seconds, lambda: None)

@@ -1,8 +1,9 @@
 """
 Real gateway processes for tests: C{twistd -n edgegw --config DIR} spawned from the test
-process, as an operator runs several instances side by side; plus the small client such
-tests need around them (one raw HTTP exchange; one Redis command is
-L{tests.support.redis.redis_command}).
+process, as an operator runs it (L{spawn_twistd}), as systemd starts it on a socket it
+holds (L{spawn_socket_activated}), or several instances side by side
+(L{GatewayProcess}); plus the small client such tests need around them (one raw HTTP
+exchange; one Redis command is L{tests.support.redis.redis_command}).
 
 Each L{GatewayProcess} is SIGKILLed and awaited when its test ends; its output (logs and
 access log) is written to C{gateway.log} in its configuration directory as it arrives,
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import os
 import re
+import socket
 from typing import Any
 
 from twisted.internet import reactor as _global_reactor
@@ -34,13 +36,38 @@ from tests.support.rawclient import connect
 reactor: Any = _global_reactor
 
 __all__ = [
+    "DAEMON_ENV",
+    "JOURNAL_LOGGER",
     "GatewayProcess",
     "HttpAnswer",
+    "TwistdOutput",
     "http_exchange",
     "sleep",
+    "spawn_socket_activated",
+    "spawn_twistd",
 ]
 
 START_TIMEOUT = 30.0
+
+# The example's session key comes from the environment (make run makes a random one),
+# and its metrics listener gets a port of its own (9464 may be taken by `make run`).
+DAEMON_ENV: dict[str, str] = {
+    **os.environ,
+    "PYTHONPATH": str(REPO_ROOT),
+    "EDGEGW_SESSION_KEY": "k" * 32,
+    "EDGEGW_METRICS_LISTEN": "127.0.0.1:0",
+}
+"""
+The environment of the daemons L{spawn_twistd} and L{spawn_socket_activated} start:
+this process's, with the repository first on the import path and what the example
+configuration (C{etc/edgegw}) reads from the environment.
+"""
+
+JOURNAL_LOGGER = "--logger=edgegw.journal.observer"
+"""
+The twistd option the systemd units run the daemon with: its log as JSON lines for
+journald.
+"""
 
 
 async def sleep(seconds: float) -> None:
@@ -50,13 +77,14 @@ async def sleep(seconds: float) -> None:
     await deferLater(reactor, seconds, lambda: None)
 
 
-class _Output(ProcessOutput):
+class TwistdOutput(ProcessOutput):
     """
-    Collects a twistd child's output (also into a file); fires C{listening} with the
-    port it bound and C{ended} when it exits.
+    Collects a twistd child's output (also into a file when C{log_path} is given);
+    fires C{listening} with the port it bound (or fails it with the output if the
+    process exits first) and C{ended} when it exits.
     """
 
-    def __init__(self, log_path: str) -> None:
+    def __init__(self, log_path: str | None = None) -> None:
         super().__init__(log_path)
         self.listening: Deferred[int] = Deferred()
 
@@ -74,6 +102,59 @@ class _Output(ProcessOutput):
         super().processEnded(reason)
 
 
+def spawn_twistd(
+    config: str,
+    *twistd_options: str,
+    env: dict[str, str] | None = None,
+    log_path: str | None = None,
+) -> tuple[TwistdOutput, Any]:
+    """
+    Spawn C{twistd -n --pidfile= [TWISTD_OPTIONS] edgegw --config CONFIG} from the
+    repository root, as operators run the daemon.
+
+    @param env: The child's environment; L{DAEMON_ENV} when not given.
+    @param log_path: A file the child's output is also appended to.
+    @return: The protocol collecting its output, and the process.
+    """
+    protocol = TwistdOutput(log_path)
+    process = reactor.spawnProcess(
+        protocol,
+        venv_bin("twistd"),
+        ["twistd", *edgegw_twistd_args(config, *twistd_options)],
+        env=DAEMON_ENV if env is None else env,
+        path=str(REPO_ROOT),
+    )
+    return protocol, process
+
+
+def spawn_socket_activated(
+    listener: socket.socket, config: str, fd_name: str, *twistd_options: str
+) -> tuple[TwistdOutput, Any]:
+    """
+    Spawn the daemon as L{spawn_twistd} does, but as systemd starts a socket-activated
+    unit: C{listener} at descriptor 3, C{LISTEN_FDS=1}, C{LISTEN_FDNAMES=fd_name} and
+    C{LISTEN_PID} the daemon's own pid (a shell exports it, then execs twistd).
+
+    @return: The protocol collecting its output, and the process.
+    """
+    protocol = TwistdOutput()
+    process = reactor.spawnProcess(
+        protocol,
+        "/bin/sh",
+        [
+            "sh",
+            "-c",
+            'export LISTEN_PID=$$; exec "$0" "$@"',
+            venv_bin("twistd"),
+            *edgegw_twistd_args(config, *twistd_options),
+        ],
+        env={**DAEMON_ENV, "LISTEN_FDS": "1", "LISTEN_FDNAMES": fd_name},
+        path=str(REPO_ROOT),
+        childFDs={0: "w", 1: "r", 2: "r", 3: listener.fileno()},
+    )
+    return protocol, process
+
+
 class GatewayProcess:
     """
     One gateway process serving the configuration C{files} (name -> YAML text), written
@@ -87,7 +168,7 @@ class GatewayProcess:
         self.name = name
         self.directory = write_tree(test.mktemp(), files)
         self.port = 0
-        self._protocol: _Output | None = None
+        self._protocol: TwistdOutput | None = None
         self._process: Any = None
 
     @property
@@ -124,15 +205,12 @@ class GatewayProcess:
 
         @return: Its port.
         """
-        protocol = _Output(os.path.join(self.directory, "gateway.log"))
-        self._protocol = protocol
-        self._process = reactor.spawnProcess(
-            protocol,
-            venv_bin("twistd"),
-            ["twistd", *edgegw_twistd_args(self.directory)],
+        protocol, self._process = spawn_twistd(
+            self.directory,
             env={**os.environ, "PYTHONPATH": str(REPO_ROOT)},
-            path=str(REPO_ROOT),
+            log_path=os.path.join(self.directory, "gateway.log"),
         )
+        self._protocol = protocol
         self.test.addCleanup(self.stop)
         self.port = await protocol.listening.addTimeout(START_TIMEOUT, reactor)
         return self.port

@@ -2,9 +2,9 @@
 Processes and ports: the helpers the tests and the benchmarks (C{bench/}) share.
 
 What needs no reactor comes first (the repository root, the virtualenv's scripts, a
-free port, the gateway's twistd command line), so that the benchmark harness, which
-runs no reactor, imports it too; then the reactor-side helpers of tests that listen on
-sockets or spawn processes.
+free port or a held one, the gateway's twistd command line), so that the benchmark
+harness, which runs no reactor, imports it too; then the reactor-side helpers of tests
+that listen on sockets or spawn processes.
 """
 
 from __future__ import annotations
@@ -44,20 +44,37 @@ def free_port() -> int:
         return port
 
 
-def edgegw_twistd_args(config: str | Path) -> list[str]:
+def listening_socket() -> socket.socket:
+    """
+    A socket listening on 127.0.0.1 on a free port, held until it is closed: the one
+    systemd's C{edgegw.socket} holds and passes to the gateway, or a port a gateway
+    then fails to bind.
+    """
+    listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(128)
+    return listener
+
+
+def edgegw_twistd_args(config: str | Path, *twistd_options: str) -> list[str]:
     """
     What follows the program name in the command line that runs the gateway as
     operators do, in the foreground and without a pid file, on the configuration
-    C{config}: C{twistd -n --pidfile= edgegw --config CONFIG}.
+    C{config}: C{twistd -n --pidfile= [TWISTD_OPTIONS] edgegw --config CONFIG}.
+
+    @param twistd_options: twistd's own options besides C{-n --pidfile=}, such as
+        C{--reactor=poll} or C{--logger=edgegw.journal.observer}.
     """
-    return ["-n", "--pidfile=", "edgegw", "--config", str(config)]
+    return ["-n", "--pidfile=", *twistd_options, "edgegw", "--config", str(config)]
 
 
 class ProcessOutput(ProcessProtocol):
     """
     Collects a child's output (stdout and stderr together in L{output}, also appended
     to the file C{log_path} as it arrives when one is given); C{ended} fires once it
-    has exited.
+    has exited, and C{reason} then says how (a L{twisted.internet.error.ProcessDone} or
+    L{twisted.internet.error.ProcessTerminated}).
     """
 
     def __init__(self, log_path: str | None = None) -> None:
@@ -65,6 +82,7 @@ class ProcessOutput(ProcessProtocol):
         self.log = None if log_path is None else open(log_path, "ab")  # noqa: SIM115 (closed at exit)
         self.ended: Deferred[None] = Deferred()
         self.exited = False
+        self.reason: BaseException | None = None
 
     def outReceived(self, data: bytes) -> None:
         self.output += data
@@ -77,6 +95,7 @@ class ProcessOutput(ProcessProtocol):
 
     def processEnded(self, reason: Failure) -> None:
         self.exited = True
+        self.reason = reason.value
         if self.log is not None:
             self.log.close()
         self.ended.callback(None)
