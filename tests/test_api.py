@@ -505,7 +505,7 @@ class LiveTests(LiveTestCase):
 
 class CallRecordTests(LiveTestCase):
     async def test_each_call_in_the_access_log(self) -> None:
-        from tests.test_pipeline import capture_log
+        from tests.support.log_capture import capture_log
 
         events = capture_log(self)
         port = self.gateway(
@@ -525,7 +525,7 @@ class CallRecordTests(LiveTestCase):
         self.assertIsInstance(calls["ok"]["ms"], float)
 
     async def test_oversized_bodies_drop_the_backend_connection(self) -> None:
-        from tests.test_pipeline import capture_log
+        from tests.support.log_capture import capture_log
 
         events = capture_log(self)
         port = self.gateway(
@@ -590,7 +590,7 @@ class BackendCallTests(LiveTestCase):
         self.assertEqual(json.loads(body)["x"]["uri"], "/json/7?expand=1&page=2")
 
     async def test_cancelled_calls_are_in_the_access_log(self) -> None:
-        from tests.test_pipeline import capture_log
+        from tests.support.log_capture import capture_log
 
         events = capture_log(self)
         port = self.gateway(

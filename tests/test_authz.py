@@ -23,8 +23,8 @@ from edgegw.config.model import LabelExpression, RequireSpec, Selector
 from edgegw.identity.principal import Principal
 from edgegw.terminal.exchange import Exchange
 from tests.support.configs import load_text, write_tree
+from tests.support.log_capture import capture_log
 from tests.support.memory import MemoryClient
-from tests.test_pipeline import capture_log
 
 
 def rego_file(test: SynchronousTestCase, source: str, name: str = "authz.rego") -> str:

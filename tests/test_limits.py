@@ -439,7 +439,7 @@ class UpstreamBoundTests(TestCase):
         self.assertEqual(backend.site.connections, 1)
 
     async def test_route_timeout_then_503(self) -> None:
-        from tests.test_pipeline import capture_log
+        from tests.support.log_capture import capture_log
 
         events = capture_log(self)
         backend, gateway, port, upstream = self.start("maxConnectionsPerUpstream: 1")

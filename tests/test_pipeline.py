@@ -11,7 +11,7 @@ from typing import Any, cast
 
 from twisted.internet.defer import CancelledError, Deferred
 from twisted.internet.task import Clock
-from twisted.logger import ILogObserver, LogLevel, globalLogPublisher
+from twisted.logger import LogLevel
 from twisted.trial.unittest import SynchronousTestCase
 from twisted.web.server import Request
 
@@ -30,15 +30,8 @@ from edgegw.terminal.exchange import Exchange, Handler, Stage, exchange_of
 from edgegw.terminal.resource import TerminalResource
 from edgegw.terminal.route import CompiledRoute
 from tests.support.configs import load_text
+from tests.support.log_capture import capture_log
 from tests.support.memory import MemoryClient
-
-
-def capture_log(test: SynchronousTestCase) -> list[dict[str, Any]]:
-    events: list[dict[str, Any]] = []
-    observer = cast(ILogObserver, events.append)
-    globalLogPublisher.addObserver(observer)
-    test.addCleanup(globalLogPublisher.removeObserver, observer)
-    return events
 
 
 class FunctionTerminal(TerminalResource):

@@ -10,13 +10,12 @@ import io
 import json
 import os
 from collections.abc import Mapping, Sequence
-from typing import Any, cast
+from typing import Any
 
 from twisted.internet import reactor as _reactor
 from twisted.internet.defer import ensureDeferred
 from twisted.internet.protocol import Factory
 from twisted.internet.task import deferLater
-from twisted.logger import ILogObserver, globalLogPublisher
 from twisted.trial.unittest import TestCase
 from twisted.web.server import NOT_DONE_YET, Request
 from wsproto import ConnectionType, WSConnection
@@ -34,6 +33,7 @@ from edgegw.plugins.stages import PluginError, _ResponseWatcher
 from edgegw.upstream.pool import UpstreamClient
 from tests.support.backends import RawBackend, RawConnection, RawRequest, SiteBackend
 from tests.support.configs import GATEWAY, write_tree
+from tests.support.log_capture import capture_log
 from tests.support.plugin_dists import PluginBoomError, install_distribution, install_plugins
 from tests.support.processes import connections_closed, listen_local, port_of
 from tests.support.rawclient import connect, response_complete
@@ -209,17 +209,6 @@ async def fetch_raw(port: int, data: bytes) -> bytes:
 async def sleep(seconds: float) -> None:
     """Wait C{seconds} on the real reactor."""
     await deferLater(reactor, seconds, lambda: None)
-
-
-def capture_log(test: TestCase) -> list[dict[str, Any]]:
-    """
-    Every log event from now until C{test} ends.
-    """
-    events: list[dict[str, Any]] = []
-    observer = cast(ILogObserver, events.append)
-    globalLogPublisher.addObserver(observer)
-    test.addCleanup(globalLogPublisher.removeObserver, observer)
-    return events
 
 
 def plugin_failures(events: list[dict[str, Any]]) -> list[PluginError]:

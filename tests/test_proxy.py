@@ -47,11 +47,11 @@ from edgegw.handlers.proxy import ProxyHandler
 from edgegw.stream.response_headers import ResponseHeaders
 from edgegw.upstream.pool import UpstreamClient
 from edgegw.upstream.response import UpstreamResponse
+from tests.support.certificates import make_certificate
 from tests.support.configs import GATEWAY, write_tree
 from tests.support.gateways import serve_yaml
 from tests.support.processes import listen_local, port_of, refused_port
 from tests.support.rawclient import RawClient, connect, response_complete
-from tests.test_listen import make_certificate
 
 
 class Backend(Resource):
@@ -663,7 +663,7 @@ class ProxiedHeadTests(ProxyTestCase):
 
 class ProxyCallRecordTests(ProxyTestCase):
     async def test_call_in_the_access_log(self) -> None:
-        from tests.test_pipeline import capture_log
+        from tests.support.log_capture import capture_log
 
         events = capture_log(self)
         port = self.gateway()

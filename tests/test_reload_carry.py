@@ -38,13 +38,13 @@ from edgegw.service import GatewayService, build_service
 from edgegw.tap import reload_and_refreeze, tune_garbage_collector
 from tests.support.backends import SiteBackend, answer
 from tests.support.browser import Browser
+from tests.support.certificates import make_certificate
 from tests.support.configs import GATEWAY, write_tree
 from tests.support.fake_idp import FakeIdP
 from tests.support.otlp_metrics import CollectedPoint, start_http_metrics
 from tests.support.processes import port_of
 from tests.support.redis import redis_server
 from tests.support.sessions import KEY, server_session_config
-from tests.test_listen import make_certificate
 
 reactor: Any = _reactor
 

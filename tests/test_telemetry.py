@@ -25,10 +25,10 @@ from edgegw.config.parse import load_config
 from edgegw.telemetry import CorrelationTracer, traces_url
 from edgegw.upstream.pool import UpstreamClient
 from tests.support.configs import GATEWAY, load_text, problems_of, write_tree
+from tests.support.log_capture import capture_log
 from tests.support.memory import MemoryClient
 from tests.support.processes import listen_local, port_of, refused_port
 from tests.support.rawclient import connect, response_complete
-from tests.test_pipeline import capture_log
 
 TELEMETRY = """\
 kind: Telemetry

@@ -5,11 +5,10 @@ chain; and the mux's two kinds of target (a route's chain, a plain Resource).
 
 from __future__ import annotations
 
-from typing import Any, cast
+from typing import Any
 
 from twisted.internet.defer import CancelledError, Deferred
 from twisted.internet.task import Clock
-from twisted.logger import ILogObserver, globalLogPublisher
 from twisted.trial.unittest import SynchronousTestCase
 from twisted.web.resource import Resource
 from twisted.web.server import NOT_DONE_YET, Request, Site
@@ -28,6 +27,7 @@ from edgegw.terminal.exchange import exchange_of
 from edgegw.terminal.resource import TerminalResource
 from edgegw.terminal.route import CompiledRoute
 from tests.support.configs import load_text
+from tests.support.log_capture import capture_log
 from tests.support.memory import MemoryClient
 
 
@@ -79,14 +79,6 @@ class Plain(Resource):
             self.pending.append(request)
             return NOT_DONE_YET
         return b"plain answer"
-
-
-def capture_log(test: SynchronousTestCase) -> list[dict[str, Any]]:
-    events: list[dict[str, Any]] = []
-    observer = cast(ILogObserver, events.append)
-    globalLogPublisher.addObserver(observer)
-    test.addCleanup(globalLogPublisher.removeObserver, observer)
-    return events
 
 
 def gateway_with(

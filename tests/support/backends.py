@@ -257,7 +257,7 @@ def tls_site_backend(
     A started L{SiteBackend} over TLS with a fresh self-signed certificate for
     C{hostname}; returns it and the certificate (the trust root clients need).
     """
-    from tests.test_listen import make_certificate
+    from tests.support.certificates import make_certificate
 
     os.makedirs(directory, exist_ok=True)
     key_path, _, cert_pem = make_certificate(directory, hostname)
