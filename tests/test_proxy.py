@@ -436,6 +436,27 @@ class WebSocketTests(ProxyTestCase):
         client.send(ws.send(CloseConnection(code=1000)))
         await client.closed
 
+    async def test_an_upgrade_the_client_protocol_cannot_hand_over_is_a_502(self) -> None:
+        """
+        Where the client's protocol cannot hand its connection over (HTTP/2), the
+        upstream's 101 is not relayed: the client gets 502 and the request is answered.
+        """
+        from edgegw.handlers import tunnel as tunnel_module
+        from edgegw.stream.boundary import UpgradeNotPossibleError
+
+        def cannot(request: object) -> tuple[object, bytes]:
+            raise UpgradeNotPossibleError("not on this protocol")
+
+        self.patch(tunnel_module, "take_connection", cannot)
+        port = self.ws_gateway()
+        client = await connect(port)
+        client.send(
+            WSConnection(ConnectionType.CLIENT).send(WSRequest(host="gateway.test", target="/ws"))
+        )
+        status, _, body = parse(await client.until(response_complete))
+        self.assertEqual((status, body), (502, b"bad gateway\n"))
+        await client.close()
+
     async def test_refused_upgrade_passes_through(self) -> None:
         port = self.ws_gateway()
         client = await connect(port)
