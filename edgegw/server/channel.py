@@ -487,9 +487,9 @@ class GatewayChannel(LazyTimeout, ChannelSeam):
         """
         Drop the connection at once.
         """
-        transport = self.transport
-        if transport is not None:
-            getattr(transport, "abortConnection", transport.loseConnection)()
+        close = self.clientCloser()
+        if close is not None:
+            close()
 
     def closeAfterResponse(self) -> None:
         """
