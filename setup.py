@@ -29,6 +29,9 @@ setup(
     #     pool slots reconnect through ClientService with capped backoff; 1.5.0 and older
     #     dial reactor.connectTCP/connectSSL themselves with a ReconnectingClientFactory
     #     (1.4.7 and older cannot AUTH with a user name either, for Redis 6 ACL users).
+    #   h2 4.1: HTTP/2 for browsers (edgegw/server/h2/); 4.1 is the first release of the
+    #     4.x line whose frame and HPACK limits (max_inbound_frame_size, the decoder's
+    #     max_header_list_size) the server sets, on hpack 4 and hyperframe 6.
     #   opentelemetry 1.35: before it, the OTLP/gRPC exporter's User-Agent does not reach
     #     the collector when headers are configured (gRPC replaces it; test_otlp_support).
     # Twisted private names the code relies on: docs/architecture.md, "Twisted private
@@ -47,6 +50,7 @@ setup(
         "PyJWT>=2.10.1,<3",
         "PyNaCl>=1.5.0,<2",
         "txredisapi>=1.6.0,<2",
+        "h2>=4.1,<5",
         "opentelemetry-api>=1.35,<2",
         "opentelemetry-sdk>=1.35,<2",
         "opentelemetry-exporter-otlp-proto-http>=1.35,<2",

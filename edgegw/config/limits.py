@@ -33,6 +33,9 @@ def read_limits(node: Node | None) -> LimitsSpec:
         upstream_queue_timeout=_duration(
             node, "upstreamQueueTimeout", _DEFAULTS.upstream_queue_timeout
         ),
+        max_streams_per_connection=node.integer(
+            "maxStreamsPerConnection", _DEFAULTS.max_streams_per_connection, minimum=1
+        ),
     )
     node.finish()
     return limits

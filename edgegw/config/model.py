@@ -199,6 +199,8 @@ class LimitsSpec:
         bound); requests beyond it wait for one.
     @ivar upstream_queue_timeout: The longest such wait when the route has no timeout
         (api calls included); then 503.
+    @ivar max_streams_per_connection: The most concurrent streams on one HTTP/2
+        connection (SETTINGS_MAX_CONCURRENT_STREAMS).
     """
 
     header_timeout: float = 60.0
@@ -208,6 +210,7 @@ class LimitsSpec:
     max_connections_per_address: int = 512
     max_connections_per_upstream: int = 1024
     upstream_queue_timeout: float = 60.0
+    max_streams_per_connection: int = 100
 
 
 @attrs.frozen
