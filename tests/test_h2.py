@@ -14,6 +14,23 @@ from tests.support.gateways import start_gateway
 from tests.support.h2client import connect_h2, listen_tls
 
 
+class H2StreamInterfaceTests(TestCase):
+    """
+    An HTTP/2 stream is the request's IClientStream, as the HTTP/1.1 channel is.
+    """
+
+    def test_provides_client_stream(self) -> None:
+        from zope.interface.verify import verifyClass
+
+        from edgegw.server.h2.stream import H2ClientStream
+        from edgegw.stream.boundary import IClientStream, UpgradeNotPossibleError
+
+        self.assertTrue(verifyClass(IClientStream, H2ClientStream))
+        stream = H2ClientStream(None, 1, None)  # type: ignore[arg-type]
+        self.assertEqual(stream.protocolName, b"h2")
+        self.assertRaises(UpgradeNotPossibleError, stream.takeConnection, None)
+
+
 class H2ThroughTheGatewayTests(TestCase):
     """
     Requests over HTTP/2 reach the same routes, handlers and backends as over HTTP/1.1.
@@ -126,4 +143,130 @@ class H2ThroughTheGatewayTests(TestCase):
         del reactor
 
 
-del answer
+class H2HandlersTests(TestCase):
+    """
+    The static, api and proxy handlers, cookies and the access log over HTTP/2.
+    """
+
+    tls_certificate: bytes
+
+    def serve(self, routes: str) -> int:
+        import json as _json  # noqa: F401
+        import os
+
+        from twisted.internet import reactor
+
+        from edgegw.assembly.assemble import build_gateway
+        from edgegw.config.parse import load_config
+        from edgegw.upstream.pool import UpstreamClient
+        from tests.support.configs import GATEWAY, write_tree
+
+        self.root = os.path.abspath(self.mktemp())
+        os.makedirs(os.path.join(self.root, "site"))
+        with open(os.path.join(self.root, "site", "index.html"), "wb") as f:
+            f.write(b"<!doctype html><p>app</p>")
+        with open(os.path.join(self.root, "site", "big.bin"), "wb") as f:
+            f.write(bytes(range(256)) * 1024)
+        tree = write_tree(self.mktemp(), {"a.yaml": GATEWAY + routes.replace("ROOT", self.root)})
+        client = UpstreamClient(reactor)
+        built = build_gateway(load_config(tree, {}), reactor, client)
+        self.addCleanup(client.close)
+        return listen_tls(self, built.site)
+
+    STATIC = """\
+---
+kind: Route
+metadata: {name: app}
+spec:
+  match: "/"
+  handler: {type: static, dir: "ROOT/site", spaFallback: true}
+"""
+
+    async def test_static_range_and_conditional(self) -> None:
+        """
+        Static files over h2: whole, a Range (206), a conditional GET (304), HEAD.
+        """
+        port = self.serve(self.STATIC)
+        client = await connect_h2(self, port)
+        whole = await client.request(b"GET", b"/big.bin")
+        self.assertEqual((whole.status, len(whole.body)), (200, 256 * 1024))
+        self.assertEqual(whole.body, bytes(range(256)) * 1024)
+        part = await client.request(b"GET", b"/big.bin", [(b"range", b"bytes=10-19")])
+        self.assertEqual((part.status, part.body), (206, bytes(range(10, 20))))
+        etag = whole.header(b"etag")
+        modified = whole.header(b"last-modified")
+        validator = [(b"if-none-match", etag)] if etag else [(b"if-modified-since", modified)]
+        self.assertTrue(etag or modified)
+        again = await client.request(b"GET", b"/big.bin", validator)  # type: ignore[arg-type]
+        self.assertEqual((again.status, again.body), (304, b""))
+        head = await client.request(b"HEAD", b"/big.bin")
+        self.assertEqual((head.status, head.body), (200, b""))
+        self.assertEqual(head.header(b"content-length"), b"%d" % (256 * 1024))
+        fallback = await client.request(b"GET", b"/deep/link")
+        self.assertEqual((fallback.status, fallback.body), (200, b"<!doctype html><p>app</p>"))
+
+    async def test_api_fan_out(self) -> None:
+        """
+        An api route's concurrent calls are merged and answered over h2.
+        """
+        import json
+
+        one = SiteBackend(
+            answer(body=b'{"name":"ann"}', headers=[(b"content-type", b"application/json")])
+        ).start()
+        two = SiteBackend(
+            answer(body=b"[1,2]", headers=[(b"content-type", b"application/json")])
+        ).start()
+        self.addCleanup(one.stop)
+        self.addCleanup(two.stop)
+        port = self.serve(
+            f"""\
+---
+kind: Route
+metadata: {{name: dash}}
+spec:
+  match: "GET /dash"
+  access: {{auth: public}}
+  handler:
+    type: api
+    backends:
+      - {{group: user, upstream: "http://127.0.0.1:{one.port}", path: "/u"}}
+      - {{group: orders, upstream: "http://127.0.0.1:{two.port}", path: "/o"}}
+"""
+        )
+        client = await connect_h2(self, port)
+        response = await client.request(b"GET", b"/dash")
+        self.assertEqual(response.status, 200)
+        self.assertEqual(json.loads(response.body), {"user": {"name": "ann"}, "orders": [1, 2]})
+
+    async def test_cookies_both_ways_and_access_log(self) -> None:
+        """
+        Cookie crumbs reach the backend joined; several Set-Cookie fields reach the
+        client; the access log says HTTP/2.
+        """
+        from tests.support.log_capture import capture_log
+
+        events = capture_log(self)
+        backend = SiteBackend(
+            answer(body=b"ok", headers=[(b"set-cookie", b"a=1"), (b"set-cookie", b"b=2")])
+        ).start()
+        self.addCleanup(backend.stop)
+        port = self.serve(
+            f"""\
+---
+kind: Route
+metadata: {{name: p}}
+spec:
+  match: "/"
+  handler:
+    {{type: reverse-proxy, upstream: "http://127.0.0.1:{backend.port}", forwardCookies: true}}
+"""
+        )
+        client = await connect_h2(self, port)
+        response = await client.request(b"GET", b"/x", [(b"cookie", b"a=1"), (b"cookie", b"b=2")])
+        self.assertEqual(response.status, 200)
+        self.assertEqual(backend.requests[-1].header(b"cookie"), b"a=1; b=2")
+        self.assertEqual([v for k, v in response.headers if k == b"set-cookie"], [b"a=1", b"b=2"])
+        records = [e["access"] for e in events if e.get("log_namespace") == "edgegw.access"]
+        self.assertEqual(records[-1]["protocol"], "HTTP/2")
+        self.assertEqual(records[-1]["status"], 200)

@@ -17,7 +17,13 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Final
 
 from twisted.internet.error import ConnectionLost
-from twisted.internet.interfaces import IAddress, IDelayedCall, IPushProducer, ITransport
+from twisted.internet.interfaces import (
+    IAddress,
+    IDelayedCall,
+    IPullProducer,
+    IPushProducer,
+    ITransport,
+)
 from twisted.python.failure import Failure
 from twisted.web.http_headers import Headers
 from zope.interface import implementer
@@ -75,8 +81,11 @@ class H2ClientStream:
         self.body_received = 0
         self._unacknowledged = 0
         self._body_paused = False
-        self._producer: IPushProducer | None = None
+        self._producer: Any = None
         self._producer_paused = False
+        self._streaming = True
+        self._pulling = False
+        self._pull_again = False
         self.send_timer: IDelayedCall | None = None
         self.body_timer: IDelayedCall | None = None
 
@@ -157,13 +166,17 @@ class H2ClientStream:
             self.connection.end_stream(self)
         request.finish()
 
-    def registerProducer(self, producer: IPushProducer, streaming: bool) -> None:
+    def registerProducer(self, producer: IPushProducer | IPullProducer, streaming: bool) -> None:
         """
-        Pause C{producer} while the response waits for the client's window.
+        Pause C{producer} (a push producer) while the response waits for the client's
+        window; ask C{producer} (a pull producer) for more whenever little waits.
         """
         self._producer = producer
         self._producer_paused = False
-        if self.pending_bytes > HIGH_WATER:
+        self._streaming = streaming
+        if not streaming:
+            self._pull()
+        elif self.pending_bytes > HIGH_WATER:
             self.pause_producer()
 
     def unregisterProducer(self) -> None:
@@ -264,21 +277,46 @@ class H2ClientStream:
 
     def pause_producer(self) -> None:
         """
-        Too much waits for the client's window: pause the producer.
+        Too much waits for the client's window: pause a push producer (a pull
+        producer is simply not asked).
         """
         producer = self._producer
-        if producer is not None and not self._producer_paused:
+        if producer is not None and self._streaming and not self._producer_paused:
             self._producer_paused = True
             producer.pauseProducing()
 
     def resume_producer(self) -> None:
         """
-        Little waits now: resume a paused producer.
+        Little waits now: resume a paused push producer, or ask a pull producer for
+        more.
         """
         producer = self._producer
-        if producer is not None and self._producer_paused:
+        if producer is None:
+            return
+        if not self._streaming:
+            self._pull()
+        elif self._producer_paused:
             self._producer_paused = False
             producer.resumeProducing()
+
+    def _pull(self) -> None:
+        # A pull producer writes from its resumeProducing, which sends and may ask for
+        # more at once: asked again from this loop, not from within itself.
+        if self._pulling:
+            self._pull_again = True
+            return
+        self._pulling = True
+        try:
+            while True:
+                self._pull_again = False
+                producer = self._producer
+                if producer is None or self.closed or self.pending_bytes >= LOW_WATER:
+                    return
+                producer.resumeProducing()
+                if not self._pull_again:
+                    return
+        finally:
+            self._pulling = False
 
     def lost(self, why: str) -> None:
         """
