@@ -270,3 +270,77 @@ spec:
         records = [e["access"] for e in events if e.get("log_namespace") == "edgegw.access"]
         self.assertEqual(records[-1]["protocol"], "HTTP/2")
         self.assertEqual(records[-1]["status"], 200)
+
+
+class EventBudgetTests(TestCase):
+    """
+    The token bucket behind the flood limits.
+    """
+
+    def test_burst_then_rate(self) -> None:
+        from twisted.internet.task import Clock
+
+        from edgegw.server.h2.budget import EventBudget
+
+        clock = Clock()
+        budget = EventBudget(3, 2, clock)
+        self.assertEqual([budget.spend() for _ in range(4)], [True, True, True, False])
+        clock.advance(0.5)
+        self.assertEqual([budget.spend(), budget.spend()], [True, False])
+        clock.advance(100)
+        self.assertEqual([budget.spend() for _ in range(4)], [True, True, True, False])
+        budget.refund(10)
+        self.assertEqual([budget.spend() for _ in range(4)], [True, True, True, False])
+
+
+class ResponseFieldEncoderTests(TestCase):
+    """
+    The response HPACK encoder decodes as hpack decodes, indexes shared fields once,
+    never indexes secrets, and follows the client's table size.
+    """
+
+    FIELDS = [
+        (b":status", b"200"),
+        (b"date", b"Sun, 29 Nov 2026 10:00:00 GMT"),
+        (b"x-frame-options", b"DENY"),
+        (b"server", b"edgegw"),
+        (b"content-type", b"text/html"),
+        (b"content-length", b"123"),
+        (b"set-cookie", b"sid=secret"),
+        (b"x-long", b"v" * 300),
+    ]
+
+    def test_round_trip_and_table_sizes(self) -> None:
+        from hpack import Decoder
+
+        from edgegw.server.h2.field_encoder import ResponseFieldEncoder
+
+        encoder = ResponseFieldEncoder()
+        decoder = Decoder()
+        sizes = []
+        for i in range(120):
+            fields = [*self.FIELDS, (b"x-n", b"%d" % i)]
+            block = encoder.encode(fields)
+            sizes.append(len(block))
+            self.assertEqual([tuple(f) for f in decoder.decode(block, raw=True)], fields)
+            if i == 40:
+                encoder.header_table_size = 64
+            elif i == 60:
+                encoder.header_table_size = 0
+            elif i == 80:
+                encoder.header_table_size = 4096
+        # Shared fields are sent as indexes after the first response.
+        self.assertLess(sizes[1], sizes[0] - 300)
+        # With no table, everything is a literal again.
+        self.assertGreater(sizes[61], sizes[1] + 300)
+
+    def test_secrets_never_indexed(self) -> None:
+        from edgegw.server.h2.field_encoder import ResponseFieldEncoder
+
+        encoder = ResponseFieldEncoder()
+        first = encoder.encode([(b"set-cookie", b"sid=secret")])
+        second = encoder.encode([(b"set-cookie", b"sid=secret")])
+        self.assertEqual(first, second)
+        self.assertIn(b"sid=secret", second)
+        # 0001xxxx: never indexed.
+        self.assertEqual(first[0] & 0xF0, 0x10)

@@ -41,7 +41,6 @@ from h2.events import (
 )
 from h2.exceptions import ProtocolError, StreamClosedError
 from h2.settings import SettingCodes, Settings
-from hpack import NeverIndexedHeaderTuple
 from hyperframe.frame import GoAwayFrame
 from twisted.internet.interfaces import IAddress, IPushProducer, ISSLTransport
 from twisted.internet.protocol import Protocol, connectionDone
@@ -53,6 +52,7 @@ from zope.interface import implementer
 from edgegw.config.model import LimitsSpec
 from edgegw.seam import raw_fields
 from edgegw.server.h2.budget import EventBudget
+from edgegw.server.h2.field_encoder import ResponseFieldEncoder
 from edgegw.server.h2.request_head import (
     CONNECTION_SPECIFIC,
     HeaderListTooLargeError,
@@ -148,6 +148,7 @@ class H2ServerConnection(Protocol):
             )
         )
         self._h2.local_settings = _settings(limits)
+        self._h2.encoder = ResponseFieldEncoder()
         self._h2.decoder.max_header_list_size = HPACK_LIST_BOUND
         self._peer: IAddress | None = None
         self._host: IAddress | None = None
@@ -292,10 +293,7 @@ class H2ServerConnection(Protocol):
             name = name.lower()
             if name in CONNECTION_SPECIFIC:
                 continue
-            if name == b"set-cookie":
-                fields += [NeverIndexedHeaderTuple(name, value) for value in values]
-            else:
-                fields += [(name, value) for value in values]
+            fields += [(name, value) for value in values]
         self._h2.send_headers(stream.stream_id, fields)
         self._flush_soon()
 
