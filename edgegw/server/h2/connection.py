@@ -281,9 +281,12 @@ class H2ServerConnection(Protocol):
         if transport is not None and not self._gone:
             transport.abortConnection()
 
-    def send_head(self, stream: H2ClientStream, code: bytes, headers: Headers) -> None:
+    def send_head(
+        self, stream: H2ClientStream, code: bytes, headers: Headers, flush: bool = True
+    ) -> None:
         """
-        Send C{stream}'s response head.
+        Send C{stream}'s response head (written to the transport now when C{flush}, else
+        with what follows it).
         """
         fields: list[tuple[bytes, bytes]] = [(b":status", code), (b"date", date_value())]
         fixed = getattr(headers, "fixed", b"")
@@ -295,7 +298,8 @@ class H2ServerConnection(Protocol):
                 continue
             fields += [(name, value) for value in values]
         self._h2.send_headers(stream.stream_id, fields)
-        self._flush_soon()
+        if flush:
+            self._flush_soon()
 
     def send_continue(self, stream: H2ClientStream) -> None:
         """

@@ -159,7 +159,8 @@ class H2ClientStream:
         _version, code, _reason, headers = head
         if not self.closed and not self.headers_sent:
             self.headers_sent = True
-            self.connection.send_head(self, code, headers)
+            # One TLS record with the body that ends the stream.
+            self.connection.send_head(self, code, headers, flush=False)
             self.ended = True
             self.pending.append(body)
             self.pending_bytes += len(body)
