@@ -143,7 +143,8 @@ def prepare(
     a configuration that never serves must send nothing.
 
     @return: The new generation, running, and the TLS context its listen address asks
-        for, its files read again (L{ListenerService.read_tls}).
+        for, its files read again (L{ListenerService.read_tls}), or its C{tls} block's
+        contexts.
     """
     assert tree.source is not None
     old = tree.generation.gateway
@@ -156,6 +157,9 @@ def prepare(
         # the same listen value, new files at the same paths are a new certificate.
         tls = tree.listener.read_tls(config.gateway.location)
         new = build_gateway(config, tree.reactor, metrics_from=old.metrics, **tree.build_options)
+        if new.tls is not None:
+            # Gateway.spec.tls: its certificates were read and checked by the load.
+            tls = new.tls
         open_access_log(new)
         generation = tree.generation_of(new)
         if new.idp is not None and old.idp is not None and new.idp.take_over(old.idp):
@@ -252,8 +256,9 @@ def switch(tree: ReloadingTree, new: GenerationService, tls: IOpenSSLContextFact
 
 def check_restart_fields(config: Config, running: Config) -> None:
     """
-    Refuse a reload that changes what only a restart can: the listen address and the
-    metrics scrape listener's.
+    Refuse a reload that changes what only a restart can: the listen address, whether
+    it speaks TLS (C{tls} set or not), the redirect listener's address, and the metrics
+    scrape listener's.
 
     @raise ConfigError: Located at the field that changed.
     """
@@ -264,6 +269,15 @@ def check_restart_fields(config: Config, running: Config) -> None:
             "spec.listen",
             f"changed from {before} to {listen}: a new listen address needs a restart "
             "(the running configuration keeps serving)",
+        )
+        raise ConfigError([problem])
+    tls, old_tls = config.gateway.tls is not None, running.gateway.tls is not None
+    if tls != old_tls:
+        problem = Problem(
+            config.gateway.location,
+            "spec.tls",
+            f"{'added' if tls else 'removed'}: turning TLS on or off on the listener needs "
+            "a restart (the running configuration keeps serving)",
         )
         raise ConfigError([problem])
     scrape, old_scrape = _scrape_address(config), _scrape_address(running)

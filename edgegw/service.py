@@ -75,7 +75,9 @@ class GatewayService(MultiService):
         self.source = source
         self.notifier = notifier or SystemdNotifier({})
         self.build_options = build_options
-        self.listener = ListenerService(gateway.config.gateway.listen, gateway.site, reactor)
+        self.listener = ListenerService(
+            gateway.config.gateway.listen, gateway.site, reactor, gateway.tls
+        )
         self.listener.setName("listener")
         self.listener.setServiceParent(self)
         # Like the listener, the scrape listener outlives reloads (they swap its registry).
