@@ -78,13 +78,18 @@ def check(source: str, out: TextIO = sys.stdout, err: TextIO = sys.stderr) -> in
         _write(err, f"edgegw: {e.render()}\n")
         return 1
     listen = config.gateway.listen
-    if not endpoint_description(listen).startswith("systemd:"):
-        # Socket activation has no socket at check time; everything else (TLS key and
-        # certificate files included) is built as startup would.
+    listeners = [(service.listener, "spec.listen")]
+    if service.redirect_listener is not None:
+        listeners.append((service.redirect_listener, "spec.redirectHTTP.listen"))
+    for listener, field in listeners:
+        if endpoint_description(listener.listen).startswith("systemd:"):
+            # Socket activation has no socket at check time; everything else (TLS key
+            # and certificate files included) is built as startup would.
+            continue
         try:
-            service.listener.build_endpoint()
+            listener.build_endpoint()
         except ValueError as e:
-            problem = Problem(config.gateway.location, "spec.listen", str(e))
+            problem = Problem(config.gateway.location, field, str(e))
             _write(err, f"edgegw: {ConfigError([problem]).render()}\n")
             return 1
     gateway = service.gateway

@@ -33,7 +33,7 @@ from tests.support.backends import SiteBackend, answer
 from tests.support.certificates import CertificateAuthority
 from tests.support.configs import write_tree
 from tests.support.daemons import spawn_socket_activated
-from tests.support.processes import kill, listening_socket, port_of
+from tests.support.processes import kill, listening_socket, port_of, raw_exchange
 from tests.support.tls_client import client_context, get_request, handshake
 
 HEALTH = "---\nkind: Route\nmetadata: {name: h}\nspec: {match: /healthz, handler: {type: health}}\n"
@@ -561,25 +561,33 @@ class SocketActivationTests(TestCase):
     async def test_systemd_socket_wrapped_in_tls(self) -> None:
         """
         The socket systemd passes in (the worker template's shared one) is served with
-        TLS.
+        TLS; a second one serves redirectHTTP, naming the first one's port.
         """
         directory = os.path.abspath(self.mktemp())
         os.makedirs(directory)
         ca = CertificateAuthority()
         key, cert, leaf = ca.issue(directory, ["localhost"])
-        listener = listening_socket()
-        self.addCleanup(listener.close)
-        port = listener.getsockname()[1]
+        listeners = [listening_socket(), listening_socket()]
+        for listener in listeners:
+            self.addCleanup(listener.close)
+        port, redirect_port = (listener.getsockname()[1] for listener in listeners)
         root = write_tree(
             os.path.join(directory, "config"),
-            {"a.yaml": tls_gateway([(cert, key)], listen="systemd:domain=INET:index=0") + HEALTH},
+            {
+                "a.yaml": tls_gateway([(cert, key)], listen="systemd:domain=INET:index=0")
+                + '  redirectHTTP: {listen: "systemd:domain=INET:index=1"}\n'
+                + HEALTH
+            },
         )
-        protocol, process = spawn_socket_activated(listener, root, "edgegw.socket")
+        protocol, process = spawn_socket_activated(listeners, root, "https:http")
         self.addCleanup(kill, process)
         await protocol.listening
         context = client_context(ca.root_pem)
         handshaken = await handshake(port, context=context, request=get_request("/healthz"))
         self.assertEqual(handshaken.certificate, der(leaf))
         self.assertTrue(handshaken.response.startswith(b"HTTP/1.1 200 "), handshaken.response)
+        redirected = await raw_exchange(redirect_port, get_request("/healthz?a", "localhost"))
+        self.assertTrue(redirected.startswith(b"HTTP/1.1 308 "), redirected)
+        self.assertIn(b"\r\nLocation: https://localhost:%d/healthz?a\r\n" % port, redirected)
         process.signalProcess("TERM")
         await protocol.ended

@@ -35,9 +35,11 @@ from edgegw.authz.policy import compile_policies
 from edgegw.chain.access_log import AccessLog
 from edgegw.chain.pipeline import InFlight, IRouteTarget
 from edgegw.chain.resource_target import ResourceTarget
+from edgegw.config.addresses import listen_port
 from edgegw.config.effective import effective_routes
 from edgegw.config.errors import Problems
 from edgegw.config.model import Config
+from edgegw.edge.https_redirect import HttpsRedirect
 from edgegw.edge.site import MuxDispatcher
 from edgegw.handlers.readiness import Readiness, ReadinessResource
 from edgegw.identity.provider import IdentityProvider
@@ -48,6 +50,7 @@ from edgegw.plugins.manifest import check_manifest
 from edgegw.plugins.messages import Protected
 from edgegw.plugins.registry import configure_plugins
 from edgegw.server.gateway_site import GatewaySite
+from edgegw.server.redirect_site import RedirectSite
 from edgegw.server.tls_contexts import CertificateContextError, ServerTLS, server_tls
 from edgegw.sessions.server import ServerSessions
 from edgegw.state.measured import MeasuredStore
@@ -78,6 +81,7 @@ class Gateway:
     @ivar readiness: What the readiness endpoint is told, with C{readiness}.
     @ivar tls: The TLS contexts of C{Gateway.spec.tls} (built at load, so that a reload
         reads the certificates again), when it is set.
+    @ivar redirect_site: The Site of C{Gateway.spec.redirectHTTP}'s listener, when set.
     """
 
     config: Config
@@ -95,6 +99,7 @@ class Gateway:
     metrics: GatewayMetrics | None = None
     readiness: Readiness | None = None
     tls: ServerTLS | None = None
+    redirect_site: RedirectSite | None = None
 
 
 def build_gateway(
@@ -231,6 +236,7 @@ def build_gateway(
             metrics=metrics,
             readiness=readiness,
             tls=tls,
+            redirect_site=_redirect_site(config, reactor),
         )
     except BaseException:
         # Its export thread started with it; nothing else built here holds anything.
@@ -252,3 +258,16 @@ def _tls(config: Config, problems: Problems) -> ServerTLS | None:
     except CertificateContextError as e:
         problems.add(config.gateway.location, f"spec.tls.certificates[{e.index}]", str(e))
         return None
+
+
+def _redirect_site(config: Config, reactor: IReactorTime) -> RedirectSite | None:
+    """
+    The Site of C{Gateway.spec.redirectHTTP}'s listener, naming C{httpsPort}, else the
+    port C{listen} names (one it names only once bound, the listener gives it).
+    """
+    spec = config.gateway
+    redirect = spec.redirect_http
+    if redirect is None:
+        return None
+    port = redirect.https_port if redirect.https_port is not None else listen_port(spec.listen)
+    return RedirectSite(HttpsRedirect(port, redirect.acme_webroot), spec.limits, reactor)

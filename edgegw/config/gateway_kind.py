@@ -10,7 +10,7 @@ import ipaddress
 import os
 import stat
 
-from edgegw.config.addresses import endpoint_description
+from edgegw.config.addresses import endpoint_description, listen_port
 from edgegw.config.fields import Node
 from edgegw.config.identity import read_identity
 from edgegw.config.limits import read_limits
@@ -72,7 +72,7 @@ def read_gateway(spec: Node, base_dir: str) -> GatewaySpec:
     if redirect is not None:
         if tls is None:
             spec.error("redirectHTTP", "requires tls (the HTTPS listener it redirects to)")
-        elif redirect.listen == listen:
+        elif redirect.listen == listen and listen_port(listen) is not None:
             spec.error("redirectHTTP.listen", f"is listen's address too ({listen})")
     return GatewaySpec(
         listen=listen,
