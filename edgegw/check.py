@@ -12,6 +12,7 @@ from twisted.internet.task import Clock
 
 from edgegw.config.addresses import endpoint_description
 from edgegw.config.errors import ConfigError, Problem
+from edgegw.config.model import Config
 from edgegw.config.parse import load_config
 from edgegw.service import build_service
 from edgegw.terminal.route import CompiledRoute
@@ -97,7 +98,9 @@ def check(source: str, out: TextIO = sys.stdout, err: TextIO = sys.stderr) -> in
         out,
         f"edgegw: configuration {source} is valid: {len(config.files)} file(s), "
         f"{len(gateway.routes)} route(s), listening on {listen} "
-        f"({endpoint_description(listen)})\n\n" + route_table(gateway.routes) + "\n",
+        f"({endpoint_description(listen)}){_tls_summary(config)}\n\n"
+        + route_table(gateway.routes)
+        + "\n",
     )
     if gateway.auth_endpoints:
         idp = config.idp
@@ -109,6 +112,23 @@ def check(source: str, out: TextIO = sys.stdout, err: TextIO = sys.stderr) -> in
             + "\n",
         )
     return 0
+
+
+def _tls_summary(config: Config) -> str:
+    """
+    What C{edgegw check} says of C{tls} and C{redirectHTTP}: the names served, the
+    protocols, the redirect listener.
+    """
+    tls = config.gateway.tls
+    if tls is None:
+        return ""
+    names = ", ".join(name for spec in tls.certificates for name in spec.names)
+    protocols = "h2, http/1.1" if tls.http2 else "http/1.1"
+    summary = f" with TLS {tls.min_version}+ for {names} ({protocols})"
+    redirect = config.gateway.redirect_http
+    if redirect is not None:
+        summary += f"; redirecting plain HTTP on {redirect.listen} to https"
+    return summary
 
 
 def _write(stream: TextIO, text: str) -> None:

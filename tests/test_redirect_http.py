@@ -144,6 +144,11 @@ class ConfigTests(SynchronousTestCase):
         path = self.write(gateway(self.cert, self.key, '{listen: "127.0.0.1:8081"}'))
         out, err = io.StringIO(), io.StringIO()
         self.assertEqual(check(path, out, err), 0, err.getvalue())
+        self.assertIn(
+            " with TLS 1.2+ for localhost (h2, http/1.1); redirecting plain HTTP on "
+            "127.0.0.1:8081 to https\n",
+            out.getvalue(),
+        )
 
     def test_listen_port(self) -> None:
         cases = {
