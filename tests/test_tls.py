@@ -541,6 +541,13 @@ class ListenerTests(TestCase):
         self.assertTrue(await service.reload())
         self.assertEqual((await handshake(port, "other.example")).certificate, der(other[2]))
         self.assertEqual((await handshake(port)).certificate, der(renewed[2]))
+        # http2 turned off: ALPN offers http/1.1 alone from the switch on.
+        h2 = client_context(alpn=["h2", "http/1.1"])
+        self.assertEqual((await handshake(port, context=h2)).alpn, "h2")
+        write_tree(root, {"a.yaml": tls_gateway([first[:2]], "    http2: false\n") + HEALTH})
+        self.assertTrue(await service.reload())
+        self.assertFalse(service.gateway.site.http2)
+        self.assertEqual((await handshake(port, context=h2)).alpn, "http/1.1")
 
     async def test_reload_cannot_turn_tls_off(self) -> None:
         first = self.issue("a", ["localhost"])
