@@ -414,6 +414,8 @@ class GatewaySite(LimitedSite):
     metrics: IMetrics | None = None
     # Plain HTTP/1.1 channels: the gateway negotiates no HTTP/2.
     protocol = GatewayChannel  # type: ignore[assignment]
+    # Served behind Gateway.spec.tls with http2 on (ALPN may choose h2).
+    http2: bool = False
 
     def log(self, request: object) -> None:
         pass
