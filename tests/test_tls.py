@@ -508,6 +508,34 @@ class ListenerTests(TestCase):
         self.assertTrue(proxied.response.endswith(b"from the backend"), proxied.response)
         self.assertEqual(backend.requests[0].header(b"x-forwarded-proto"), b"https")
 
+    async def test_h2_end_to_end(self) -> None:
+        """
+        A client offering h2 gets HTTP/2 on the spec.tls listener, through the whole
+        gateway; with http2 false the same client gets HTTP/1.1.
+        """
+        from tests.support.h2client import connect_h2
+
+        backend = SiteBackend(answer(body=b"from the backend")).start()
+        self.addCleanup(backend.stop)
+        certificate = self.issue("a", ["localhost"])
+        proxy = (
+            "---\nkind: Route\nmetadata: {name: p}\nspec:\n  match: /api/\n"
+            "  access: {auth: public}\n"
+            f'  handler: {{type: reverse-proxy, upstream: "http://127.0.0.1:{backend.port}"}}\n'
+        )
+        _, port = self.serve(tls_gateway([certificate[:2]]) + HEALTH + proxy)
+        self.tls_certificate = self.ca.root_pem
+        client = await connect_h2(self, port, [b"h2", b"http/1.1"])
+        proxied = await client.request(b"GET", b"/api/x")
+        self.assertEqual(client.negotiated, b"h2")
+        self.assertEqual((proxied.status, proxied.body), (200, b"from the backend"))
+        self.assertEqual(backend.requests[0].header(b"x-forwarded-proto"), b"https")
+        _, port = self.serve(tls_gateway([certificate[:2]], "    http2: false\n") + HEALTH)
+        context = client_context(self.ca.root_pem, alpn=["h2", "http/1.1"])
+        health = await handshake(port, context=context, request=get_request("/healthz"))
+        self.assertEqual(health.alpn, "http/1.1")
+        self.assertTrue(health.response.startswith(b"HTTP/1.1 200 "), health.response)
+
     async def test_reload_switches_certificates(self) -> None:
         """
         A reload reads the certificate files again: new connections get the new
@@ -593,6 +621,14 @@ class SocketActivationTests(TestCase):
         handshaken = await handshake(port, context=context, request=get_request("/healthz"))
         self.assertEqual(handshaken.certificate, der(leaf))
         self.assertTrue(handshaken.response.startswith(b"HTTP/1.1 200 "), handshaken.response)
+        from tests.support.h2client import connect_h2
+
+        self.tls_certificate = ca.root_pem
+        client = await connect_h2(self, port, [b"h2", b"http/1.1"])
+        over_h2 = await client.request(b"GET", b"/healthz")
+        self.assertEqual((client.negotiated, over_h2.status), (b"h2", 200))
+        client.close()
+        await client.closed
         redirected = await raw_exchange(redirect_port, get_request("/healthz?a", "localhost"))
         self.assertTrue(redirected.startswith(b"HTTP/1.1 308 "), redirected)
         self.assertIn(b"\r\nLocation: https://localhost:%d/healthz?a\r\n" % port, redirected)

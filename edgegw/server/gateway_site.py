@@ -412,10 +412,8 @@ class GatewaySite(LimitedSite):
     requestFactory = GatewayRequest  # type: ignore[assignment]
     # Counts what the channels refuse themselves (400, 408, 414, 431), with metrics on.
     metrics: IMetrics | None = None
-    # Plain HTTP/1.1 channels: the gateway negotiates no HTTP/2.
+    # The HTTP/1.1 channels (HTTP/2 connections are chosen at the TLS handshake).
     protocol = GatewayChannel  # type: ignore[assignment]
-    # Served behind Gateway.spec.tls with http2 on (ALPN may choose h2).
-    http2: bool = False
 
     def log(self, request: object) -> None:
         pass
