@@ -398,7 +398,7 @@ spec:
             self.assertEqual(response.status, 200)
         self.assertEqual(response.header(b"x-plugin"), b"seen")
         self.assertIsNone(response.header(b"x-from-backend"))
-        counts = {values: point.count for _, values, point in metrics.server_duration.points()}
+        counts = {v: p.count for _, v, p in metrics.server_duration.points()}  # type: ignore[attr-defined]
         self.assertEqual(counts, {("/api/", "GET", "2xx"): 3})
         bad = await h2.request(b"GET", b"/api/x", [(b"connection", b"close")])
         self.assertIsNotNone(bad.reset)

@@ -26,7 +26,7 @@ __all__ = ["ResponseFieldEncoder", "encode_integer"]
 
 _STATIC: Final = HeaderTable.STATIC_TABLE
 _STATIC_FIELDS: Final = {field: index for index, field in enumerate(_STATIC, 1)}
-_STATIC_NAMES: Final = {}
+_STATIC_NAMES: Final[dict[bytes, int]] = {}
 for _index, (_name, _) in enumerate(_STATIC, 1):
     _STATIC_NAMES.setdefault(_name, _index)
 
