@@ -53,6 +53,7 @@ from edgegw.config.model import LimitsSpec
 from edgegw.seam import raw_fields
 from edgegw.server.h2.budget import EventBudget
 from edgegw.server.h2.field_encoder import ResponseFieldEncoder
+from edgegw.server.h2.frame_watch import HeaderBlockWatch
 from edgegw.server.h2.request_head import (
     CONNECTION_SPECIFIC,
     HeaderListTooLargeError,
@@ -90,15 +91,33 @@ The connection's receive window: room for several request bodies at once, each
 stream's own window (65,535 bytes) bounding what one paused body holds.
 """
 
+CONNECTION_HIGH_WATER: Final = 1024 * 1024
+CONNECTION_LOW_WATER: Final = 256 * 1024
+"""
+Response bytes waiting on one connection, all streams together, beyond which every
+producer that writes is paused (and below which they resume): what one client's
+connection can make the gateway hold, whatever its number of streams.
+"""
+
+HEADER_BLOCK_BOUND: Final = HPACK_LIST_BOUND
+"""
+The most bytes a header block may take across its HEADERS and CONTINUATION frames
+(CVE-2024-27316); beyond it, GOAWAY with ENHANCE_YOUR_CALM.
+"""
+
+REFUND_BYTES: Final = 8192
+"""Response bytes sent that earn back one control-frame token."""
+
 CONTROL_FRAMES_BURST: Final = 1000
 CONTROL_FRAMES_PER_SECOND: Final = 500
 """
 The budget for frames that ask for nothing (SETTINGS, PING, PRIORITY, WINDOW_UPDATE,
 empty DATA, unknown types): a burst, and a rate; each DATA frame sent earns one back
-(a client reading a large response acknowledges it with WINDOW_UPDATE frames).
+(a client reading a large response acknowledges it with WINDOW_UPDATE frames) per
+L{REFUND_BYTES} sent.
 """
 
-_ANSWER_431: Final = b"request header fields too large\n"
+_WINDOW_SETTINGS: Final = frozenset({SettingCodes.INITIAL_WINDOW_SIZE, SettingCodes.MAX_FRAME_SIZE})
 _CONTROL_EVENTS: Final = (
     PingReceived,
     RemoteSettingsChanged,
@@ -161,6 +180,11 @@ class H2ServerConnection(Protocol):
         self._idle_call: Any = None
         self._close_call: Any = None
         self._fixed: tuple[bytes, list[tuple[bytes, bytes]]] = (b"", [])
+        self._watch = HeaderBlockWatch()
+        self._header_call: Any = None
+        self._stall_call: Any = None
+        self._pending_total = 0
+        self._held: set[H2ClientStream] = set()
         streams = limits.max_streams_per_connection
         self._resets = EventBudget(2 * streams, streams, self._reactor)
         self._control = EventBudget(CONTROL_FRAMES_BURST, CONTROL_FRAMES_PER_SECOND, self._reactor)
@@ -182,6 +206,8 @@ class H2ServerConnection(Protocol):
         if self._gone:
             return
         self._receiving = True
+        watch = self._watch
+        watch.feed(data)
         try:
             try:
                 events = self._h2.receive_data(data)
@@ -193,14 +219,17 @@ class H2ServerConnection(Protocol):
                     return
         finally:
             self._receiving = False
+        if (watch.open or self._header_call is not None) and self._watch_header_block():
+            return
         self._flush()
 
     def connectionLost(self, reason: Failure = connectionDone) -> None:
         self._gone = True
-        for call in (self._idle_call, self._close_call):
+        for call in (self._idle_call, self._close_call, self._header_call, self._stall_call):
             if call is not None and call.active():
                 call.cancel()
-        self._idle_call = self._close_call = None
+        self._idle_call = self._close_call = self._header_call = self._stall_call = None
+        self._held.clear()
         streams, self.streams = self.streams, {}
         self._waiting.clear()
         for stream in streams.values():
@@ -213,11 +242,25 @@ class H2ServerConnection(Protocol):
 
     def pauseProducing(self) -> None:
         self._send_paused = True
+        # Nor read more while the client reads nothing: what it sends would be answered
+        # into a full buffer (PING and SETTINGS acknowledgements, refusals).
+        transport: Any = self.transport
+        transport.pauseProducing()
         for stream in self._waiting.values():
             self._arm_send_timer(stream)
+        # Whatever is or is not waiting in the streams (an idle event stream, PING
+        # acknowledgements): a client that reads nothing for this long is dropped.
+        if self._stall_call is None:
+            self._stall_call = self._reactor.callLater(self.limits.send_timeout, self.abortClient)
 
     def resumeProducing(self) -> None:
         self._send_paused = False
+        call, self._stall_call = self._stall_call, None
+        if call is not None and call.active():
+            call.cancel()
+        transport: Any = self.transport
+        if not self._gone:
+            transport.resumeProducing()
         self._send_waiting()
         self._flush()
 
@@ -309,22 +352,40 @@ class H2ServerConnection(Protocol):
         self._arm_body_timer(stream)
         self._flush_soon()
 
-    def send_pending(self, stream: H2ClientStream) -> None:
+    def send_pending(self, stream: H2ClientStream, added: int) -> None:
         """
-        Send what C{stream} has waiting, as far as the windows allow.
+        Send what C{stream} has waiting (C{added} bytes more), as far as the windows
+        allow; pause its producer while too much waits, on it or on the connection.
         """
+        self._pending_total += added
         self._send(stream)
-        if stream.pending_bytes > HIGH_WATER:
+        if stream.pending_bytes > HIGH_WATER or self._pending_total > CONNECTION_HIGH_WATER:
             stream.pause_producer()
+            self._held.add(stream)
         self._flush_soon()
 
-    def end_stream(self, stream: H2ClientStream) -> None:
+    def end_stream(self, stream: H2ClientStream, added: int = 0) -> None:
         """
-        C{stream}'s response is complete: end it once its body is sent.
+        C{stream}'s response is complete (its last C{added} bytes just queued): end it
+        once its body is sent.
         """
+        self._pending_total += added
         stream.end_after_pending = True
         self._send(stream)
         self._flush_soon()
+
+    def output_full(self) -> bool:
+        """
+        Whether the connection holds too many response bytes for producers to write
+        more.
+        """
+        return self._pending_total > CONNECTION_HIGH_WATER
+
+    def output_dropped(self, count: int) -> None:
+        """
+        C{count} waiting response bytes were dropped (their stream is gone).
+        """
+        self._pending_total -= count
 
     def reset_stream(self, stream: H2ClientStream, code: int = ErrorCodes.INTERNAL_ERROR) -> None:
         """
@@ -332,10 +393,11 @@ class H2ServerConnection(Protocol):
         """
         if stream.closed:
             return
-        self._forget(stream)
         if not self._gone:
             with contextlib.suppress(ProtocolError, StreamClosedError):
                 self._h2.reset_stream(stream.stream_id, code)
+        self._settle_window(stream)
+        self._forget(stream)
         stream.lost("the stream was reset")
         self._flush_soon()
 
@@ -348,15 +410,14 @@ class H2ServerConnection(Protocol):
             timer.cancel()
         stream.body_timer = None
 
-    def body_resumed(self, stream: H2ClientStream, unacknowledged: int) -> None:
+    def body_resumed(self, stream: H2ClientStream) -> None:
         """
         C{stream}'s body consumer resumed: acknowledge what it has taken.
         """
-        if stream.closed or self._gone:
+        if self._gone:
             return
-        if unacknowledged:
-            self._acknowledge(stream, unacknowledged)
-        if not stream.body_complete:
+        self._settle_window(stream)
+        if not stream.body_complete and not stream.closed:
             self._arm_body_timer(stream)
         self._flush_soon()
 
@@ -383,8 +444,12 @@ class H2ServerConnection(Protocol):
         elif kind is ConnectionTerminated:
             # The client has gone away: h2 sends nothing more on this connection.
             self._close()
-        elif kind in _CONTROL_EVENTS and not self._control.spend():
-            self._calm(kind.__name__)
+        elif kind in _CONTROL_EVENTS:
+            if not self._control.spend():
+                self._calm(kind.__name__)
+            elif kind is RemoteSettingsChanged and _WINDOW_SETTINGS & event.changed_settings.keys():
+                # A larger initial window opens every stream's (RFC 9113 section 6.9.2).
+                self._send_waiting()
         return self._gone
 
     def _request(self, stream_id: int, fields: Any, ended: bool) -> None:
@@ -420,7 +485,10 @@ class H2ServerConnection(Protocol):
         stream.body_complete = False
         stream.body_expected = head.content_length
         request.gotLength(head.content_length)
-        self._arm_body_timer(stream)
+        expect = headers.getRawHeaders(b"expect")
+        if not (expect and expect[0].lower() == b"100-continue"):
+            # Else from the 100 Continue, as on HTTP/1.1.
+            self._arm_body_timer(stream)
         request.dispatchEarly(head.method, head.target, b"HTTP/2")
 
     def _data(self, event: DataReceived) -> None:
@@ -432,17 +500,25 @@ class H2ServerConnection(Protocol):
         stream = self.streams.get(event.stream_id)
         if stream is None or stream.closed or stream.body_complete:
             # A stream refused or done with: its bytes count against the windows only.
-            self._h2.acknowledge_received_data(length, event.stream_id)
+            with contextlib.suppress(ProtocolError, StreamClosedError):
+                self._h2.acknowledge_received_data(length, event.stream_id)
             return
+        received = stream.body_received = stream.body_received + len(data)
         expected = stream.body_expected
-        if expected is not None and stream.body_received + len(data) > expected:
-            # h2 raises for this as well; the gateway does not rely on it.
-            self.reset_stream(stream, ErrorCodes.PROTOCOL_ERROR)
-            return
-        acknowledged = stream.data_received(data, length)
-        if acknowledged and not stream.closed:
-            self._acknowledge(stream, acknowledged)
-        if not stream.body_complete and not stream.closed:
+        if expected is not None:
+            if received > expected:
+                # h2 raises for this as well; the gateway does not rely on it.
+                stream.unacknowledged += length
+                self.reset_stream(stream, ErrorCodes.PROTOCOL_ERROR)
+                return
+            if received == expected and event.stream_ended is None and data:
+                # Complete but for END_STREAM: the last byte waits for it.
+                stream.held = data[-1:]
+                data = data[:-1]
+        stream.data_received(data, length)
+        if stream.closed or stream.body_complete or not stream.body_paused:
+            self._settle_window(stream)
+        if not (stream.body_complete or stream.closed or stream.body_paused):
             self._arm_body_timer(stream)
 
     def _ended(self, stream_id: int) -> None:
@@ -453,7 +529,12 @@ class H2ServerConnection(Protocol):
         if expected is not None and stream.body_received != expected:
             self.reset_stream(stream, ErrorCodes.PROTOCOL_ERROR)
             return
+        held, stream.held = stream.held, b""
+        if held and not stream.data_received(held, 0):
+            # Its consumer gave up on it on the way (the stream was reset).
+            return
         stream.body_complete = True
+        self._settle_window(stream)
         timer = stream.body_timer
         if timer is not None and timer.active():
             timer.cancel()
@@ -466,6 +547,7 @@ class H2ServerConnection(Protocol):
     def _reset(self, stream_id: int) -> None:
         stream = self.streams.get(stream_id)
         if stream is not None:
+            self._settle_window(stream)
             self._forget(stream)
             stream.lost("the client reset the stream")
         if not self._resets.spend():
@@ -491,9 +573,10 @@ class H2ServerConnection(Protocol):
             else:
                 pending.popleft()
             stream.pending_bytes -= len(chunk)
+            self._pending_total -= len(chunk)
             last = not pending and stream.end_after_pending
             h2.send_data(stream_id, chunk, end_stream=last)
-            self._control.refund()
+            self._control.refund(len(chunk) / REFUND_BYTES)
             sent = True
             if last:
                 self._finished(stream)
@@ -512,7 +595,8 @@ class H2ServerConnection(Protocol):
             if timer is not None and timer.active():
                 timer.cancel()
             stream.send_timer = None
-        if stream.pending_bytes < LOW_WATER:
+        if stream.pending_bytes < LOW_WATER and self._pending_total < CONNECTION_LOW_WATER:
+            self._held.discard(stream)
             stream.resume_producer()
 
     def _send_waiting(self) -> None:
@@ -520,6 +604,11 @@ class H2ServerConnection(Protocol):
             if self._send_paused:
                 break
             self._send(stream)
+        if self._held and self._pending_total < CONNECTION_LOW_WATER:
+            for stream in list(self._held):
+                if stream.pending_bytes < LOW_WATER:
+                    self._held.discard(stream)
+                    stream.resume_producer()
 
     def _finished(self, stream: H2ClientStream) -> None:
         """
@@ -535,6 +624,8 @@ class H2ServerConnection(Protocol):
             with contextlib.suppress(ProtocolError, StreamClosedError):
                 self._h2.reset_stream(stream.stream_id, ErrorCodes.NO_ERROR)
             stream.body_complete = True
+            stream.held = b""
+            self._settle_window(stream)
             timer = stream.body_timer
             if timer is not None and timer.active():
                 timer.cancel()
@@ -548,8 +639,11 @@ class H2ServerConnection(Protocol):
     def _maybe_done(self, stream: H2ClientStream) -> None:
         if stream.closed and stream.body_complete:
             self._forget(stream)
+            # Nothing more for it to do: no reference from the stream keeps it alive.
+            stream.request = None
 
     def _forget(self, stream: H2ClientStream) -> None:
+        self._held.discard(stream)
         stream_id = stream.stream_id
         if self.streams.pop(stream_id, None) is not None and not self.streams:
             if self._draining:
@@ -558,9 +652,15 @@ class H2ServerConnection(Protocol):
                 self._idle()
         self._waiting.pop(stream_id, None)
 
-    def _acknowledge(self, stream: H2ClientStream, length: int) -> None:
-        with contextlib.suppress(ProtocolError, StreamClosedError):
-            self._h2.acknowledge_received_data(length, stream.stream_id)
+    def _settle_window(self, stream: H2ClientStream) -> None:
+        """
+        Acknowledge what C{stream} received and held unacknowledged: its consumer took
+        it, or the stream is done with (the connection's window gets it back either way).
+        """
+        count, stream.unacknowledged = stream.unacknowledged, 0
+        if count and not self._gone:
+            with contextlib.suppress(ProtocolError, StreamClosedError):
+                self._h2.acknowledge_received_data(count, stream.stream_id)
 
     def _flush_soon(self) -> None:
         if not self._receiving:
@@ -575,18 +675,14 @@ class H2ServerConnection(Protocol):
     # Refusals and errors.
 
     def _answer_431(self, stream_id: int, ended: bool) -> None:
+        # A head alone, needing no window.
         h2 = self._h2
-        h2.send_headers(
-            stream_id,
-            [
-                (b":status", b"431"),
-                (b"content-type", b"text/plain; charset=utf-8"),
-                (b"content-length", b"%d" % len(_ANSWER_431)),
-            ],
-        )
-        h2.send_data(stream_id, _ANSWER_431, end_stream=True)
-        if not ended:
-            h2.reset_stream(stream_id, ErrorCodes.NO_ERROR)
+        with contextlib.suppress(ProtocolError, StreamClosedError):
+            h2.send_headers(
+                stream_id, [(b":status", b"431"), (b"content-length", b"0")], end_stream=True
+            )
+            if not ended:
+                h2.reset_stream(stream_id, ErrorCodes.NO_ERROR)
 
     def _count_refusal(self, code: int, reason: str) -> None:
         metrics = getattr(self.site, "metrics", None)
@@ -627,21 +723,22 @@ class H2ServerConnection(Protocol):
         self._waiting.clear()
         for stream in streams.values():
             stream.lost("the connection closed")
-        transport: Any = self.transport
-        transport.loseConnection()
-        self._close_call = self._reactor.callLater(
-            self.limits.send_timeout, transport.abortConnection
-        )
+        self._lose_transport()
 
     def _close_when_idle(self) -> None:
         if not self.streams and not self._gone:
             self._flush()
-            transport: Any = self.transport
             self._gone = True
-            transport.loseConnection()
-            self._close_call = self._reactor.callLater(
-                self.limits.send_timeout, transport.abortConnection
-            )
+            self._lose_transport()
+
+    def _lose_transport(self) -> None:
+        transport: Any = self.transport
+        # The TLS layer closes only once no producer is registered with it.
+        transport.unregisterProducer()
+        transport.loseConnection()
+        self._close_call = self._reactor.callLater(
+            self.limits.send_timeout, transport.abortConnection
+        )
 
     # Timers.
 
@@ -665,6 +762,36 @@ class H2ServerConnection(Protocol):
             self._h2.close_connection(ErrorCodes.NO_ERROR)
         self._flush()
         self._close()
+
+    def _watch_header_block(self) -> bool:
+        """
+        Bound a header block still arriving: in bytes (L{HEADER_BLOCK_BOUND}) and in
+        time (C{limits.headerTimeout}, whatever streams are open). Whether the
+        connection is gone now.
+        """
+        watch = self._watch
+        if not watch.open:
+            call, self._header_call = self._header_call, None
+            if call is not None and call.active():
+                call.cancel()
+            return False
+        if watch.block_bytes > HEADER_BLOCK_BOUND:
+            self._calm("header block bytes (CONTINUATION)")
+            return True
+        if self._header_call is None:
+            self._header_call = self._reactor.callLater(
+                self.limits.header_timeout, self._header_timed_out
+            )
+        return False
+
+    def _header_timed_out(self) -> None:
+        self._header_call = None
+        if self._watch.open and not self._gone:
+            self.log.debug("HTTP/2 header block from {peer} overdue", peer=str(self.getPeer()))
+            with contextlib.suppress(ProtocolError):
+                self._h2.close_connection(ErrorCodes.PROTOCOL_ERROR)
+            self._flush()
+            self._close()
 
     def _arm_body_timer(self, stream: H2ClientStream) -> None:
         timeout = self.limits.body_timeout

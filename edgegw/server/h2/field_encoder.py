@@ -60,6 +60,9 @@ VARYING: Final = frozenset(
 
 _ENTRY_OVERHEAD: Final = 32
 
+MAX_TABLE_SIZE: Final = 4096
+"""The most dynamic-table bytes used, whatever size the client allows."""
+
 
 def encode_integer(value: int, prefix_bits: int, first: int) -> bytes:
     """
@@ -98,7 +101,7 @@ class ResponseFieldEncoder:
     """
 
     def __init__(self) -> None:
-        self._max_size = 4096
+        self._max_size = MAX_TABLE_SIZE
         self._used = 0
         # The fields in the dynamic table, oldest first.
         self._entries: list[tuple[bytes, bytes]] = []
@@ -115,6 +118,10 @@ class ResponseFieldEncoder:
 
     @header_table_size.setter
     def header_table_size(self, value: int) -> None:
+        # An encoder may use less than the client allows (RFC 7541 section 4.2): never
+        # more than the default, whatever a client announces (memory, and the cost of
+        # re-indexing).
+        value = min(value, MAX_TABLE_SIZE)
         if value == self._max_size:
             return
         self._max_size = value

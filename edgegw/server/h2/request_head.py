@@ -34,6 +34,7 @@ MAX_CONTENT_LENGTH_DIGITS: Final = 15
 """As on HTTP/1.1 (L{edgegw.server.channel}): a length every backend reads exactly."""
 
 _FIELD_NAME: Final = re.compile(rb"[!#$%&'*+\-.^_`|~0-9a-z]+\Z")
+_METHOD: Final = re.compile(rb"[!#$%&'*+\-.^_`|~0-9A-Za-z]+\Z")
 _BAD_VALUE: Final = re.compile(rb"[\x00\r\n]|\A[ \t]|[ \t]\Z")
 _PSEUDO: Final = frozenset({b":method", b":scheme", b":path", b":authority"})
 _SCHEMES: Final = frozenset({b"https", b"http"})
@@ -100,7 +101,12 @@ def read_request_head(
     count = 0
     for name, value in fields:
         count += 1
-        size += len(name) + len(value) + _FIELD_OVERHEAD
+        if name == b"cookie":
+            # Crumbs count as the one line they are joined into (as on HTTP/1.1): a
+            # browser splits a large Cookie into many.
+            size += len(value) + 2
+        else:
+            size += len(name) + len(value) + _FIELD_OVERHEAD
         if size > max_size or count > max_fields:
             raise HeaderListTooLargeError()
         if _BAD_VALUE.search(value) is not None:
@@ -140,6 +146,9 @@ def read_request_head(
     method = pseudo.get(b":method")
     if not method:
         raise MalformedRequestError(":method missing")
+    if _METHOD.match(method) is None:
+        # A backend's request line would read it otherwise (a tab, a space).
+        raise MalformedRequestError(":method not a token")
     authority = pseudo.get(b":authority")
     if method == b"CONNECT":
         if authority is None or b":scheme" in pseudo or b":path" in pseudo:

@@ -51,14 +51,17 @@ class H2ClientStream:
     @ivar stream_id: The stream's id.
     @ivar request: Its request.
     @ivar site: The site (Twisted's request reads C{channel.site}).
-    @ivar transport: The stream itself (Twisted's request keeps C{channel.transport}):
-        what a request does to its transport stays within its stream.
     @ivar pending: Response bytes waiting for the client's window.
     @ivar pending_bytes: How many.
     @ivar headers_sent: Whether the response head was sent.
     @ivar ended: Whether the response was ended (END_STREAM queued or sent).
     @ivar closed: Whether the stream is gone (reset, or the connection lost).
     @ivar body_complete: Whether the whole request body arrived.
+    @ivar body_received: Request body bytes received (held ones included).
+    @ivar unacknowledged: Flow-controlled bytes received and not yet acknowledged (held
+        back while the body's consumer is paused).
+    @ivar held: The last byte of a body of declared length, held until END_STREAM (an
+        upstream never sees a complete request the client may yet make too long).
     """
 
     protocolName = b"h2"
@@ -68,7 +71,6 @@ class H2ClientStream:
         self.connection = connection
         self.stream_id = stream_id
         self.site = site
-        self.transport = self
         self.request: GatewayRequest | None = None
         self.pending: deque[bytes] = deque()
         self.pending_bytes = 0
@@ -79,8 +81,9 @@ class H2ClientStream:
         self.body_complete = True
         self.body_expected: int | None = None
         self.body_received = 0
-        self._unacknowledged = 0
-        self._body_paused = False
+        self.unacknowledged = 0
+        self.held = b""
+        self.body_paused = False
         self._producer: Any = None
         self._producer_paused = False
         self._streaming = True
@@ -90,6 +93,15 @@ class H2ClientStream:
         self.body_timer: IDelayedCall | None = None
 
     # What Twisted's request asks of its channel.
+
+    @property
+    def transport(self) -> H2ClientStream:
+        """
+        The stream itself (Twisted's request keeps C{channel.transport}): what a request
+        does to its transport stays within its stream. (A property: an attribute would
+        make every stream a reference cycle, freed only by the cycle collector.)
+        """
+        return self
 
     def getPeer(self) -> IAddress:
         """
@@ -131,7 +143,7 @@ class H2ClientStream:
             return
         self.pending.append(data)
         self.pending_bytes += len(data)
-        self.connection.send_pending(self)
+        self.connection.send_pending(self, len(data))
 
     def writeSequence(self, data: list[bytes]) -> None:
         """
@@ -164,7 +176,7 @@ class H2ClientStream:
             self.ended = True
             self.pending.append(body)
             self.pending_bytes += len(body)
-            self.connection.end_stream(self)
+            self.connection.end_stream(self, len(body))
         request.finish()
 
     def registerProducer(self, producer: IPushProducer | IPullProducer, streaming: bool) -> None:
@@ -207,18 +219,17 @@ class H2ClientStream:
         """
         Acknowledge no more of the request body: the client's window closes.
         """
-        if not self._body_paused:
-            self._body_paused = True
+        if not self.body_paused:
+            self.body_paused = True
             self.connection.body_paused(self)
 
     def resumeBody(self) -> None:
         """
         Acknowledge what arrived meanwhile: the client sends again.
         """
-        if self._body_paused:
-            self._body_paused = False
-            unacknowledged, self._unacknowledged = self._unacknowledged, 0
-            self.connection.body_resumed(self, unacknowledged)
+        if self.body_paused:
+            self.body_paused = False
+            self.connection.body_resumed(self)
 
     def continueBody(self) -> None:
         """
@@ -262,19 +273,17 @@ class H2ClientStream:
 
     # Called by the connection.
 
-    def data_received(self, data: bytes, flow_length: int) -> int:
+    def data_received(self, data: bytes, flow_length: int) -> bool:
         """
-        Request body bytes arrived; return how many of the flow-controlled bytes to
-        acknowledge now (none while the body's consumer is paused).
+        Pass request body bytes on; C{flow_length} more flow-controlled bytes await
+        their acknowledgement (L{unacknowledged}). Whether the stream is still open
+        (its consumer may reset it on the way).
         """
-        self.body_received += len(data)
+        self.unacknowledged += flow_length
         request = self.request
         if request is not None and data:
             request.handleContentChunk(data)
-        if self._body_paused:
-            self._unacknowledged += flow_length
-            return 0
-        return flow_length
+        return not self.closed
 
     def pause_producer(self) -> None:
         """
@@ -311,7 +320,12 @@ class H2ClientStream:
             while True:
                 self._pull_again = False
                 producer = self._producer
-                if producer is None or self.closed or self.pending_bytes >= LOW_WATER:
+                if (
+                    producer is None
+                    or self.closed
+                    or self.pending_bytes >= LOW_WATER
+                    or self.connection.output_full()
+                ):
                     return
                 producer.resumeProducing()
                 if not self._pull_again:
@@ -327,6 +341,7 @@ class H2ClientStream:
         if self.closed:
             return
         self.closed = True
+        self.connection.output_dropped(self.pending_bytes)
         self.pending.clear()
         self.pending_bytes = 0
         for timer in (self.send_timer, self.body_timer):
@@ -336,6 +351,7 @@ class H2ClientStream:
         producer = self._producer
         self._producer = None
         request = self.request
+        self.request = None
         if request is not None and not request.finished:
             request.connectionLost(Failure(ConnectionLost(why)))
         elif producer is not None:

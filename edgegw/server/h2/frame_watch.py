@@ -1,0 +1,75 @@
+"""
+Following a client's HTTP/2 frame boundaries, to see a header block still arriving.
+
+The h2 library collects a header block's HEADERS and CONTINUATION frames out of sight
+(up to 64 frames of up to 16 KiB). L{HeaderBlockWatch} reads only the 9-byte frame
+headers of what the client sends (skipping payloads), so the connection can bound a
+block in bytes and in time whatever streams are open (CVE-2024-27316).
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+__all__ = ["HeaderBlockWatch"]
+
+PREFACE_LENGTH: Final = 24
+"""The client connection preface (C{PRI * HTTP/2.0...}), before the first frame."""
+
+_HEADERS: Final = 0x1
+_CONTINUATION: Final = 0x9
+_END_HEADERS: Final = 0x4
+
+
+class HeaderBlockWatch:
+    """
+    Where a client's frames begin and end, and whether a header block is open.
+
+    @ivar open: Whether a HEADERS frame without END_HEADERS awaits its CONTINUATIONs.
+    @ivar block_bytes: The open block's bytes so far (its frames' payloads).
+    """
+
+    __slots__ = ("_head", "_preface", "_skip", "block_bytes", "open")
+
+    def __init__(self) -> None:
+        self.open = False
+        self.block_bytes = 0
+        self._preface = PREFACE_LENGTH
+        self._skip = 0
+        self._head = b""
+
+    def feed(self, data: bytes) -> None:
+        """
+        Follow C{data}, the next bytes the client sent.
+        """
+        position = 0
+        size = len(data)
+        if self._preface:
+            taken = min(self._preface, size)
+            self._preface -= taken
+            position = taken
+        while position < size:
+            if self._skip:
+                taken = min(self._skip, size - position)
+                self._skip -= taken
+                position += taken
+                continue
+            missing = 9 - len(self._head)
+            piece = data[position : position + missing]
+            position += len(piece)
+            head = self._head + piece if self._head else piece
+            if len(head) < 9:
+                self._head = head
+                return
+            self._head = b""
+            length = int.from_bytes(head[:3], "big")
+            kind = head[3]
+            if kind == _HEADERS:
+                self.open = not head[4] & _END_HEADERS
+                self.block_bytes = length if self.open else 0
+            elif kind == _CONTINUATION and self.open:
+                self.block_bytes += length
+                if head[4] & _END_HEADERS:
+                    self.open = False
+                    self.block_bytes = 0
+            self._skip = length
