@@ -1,7 +1,7 @@
 """
 The benchmark harness's command line: C{python -m bench COMMAND}, where COMMAND is one of
 proxy, memory, api, authz, telemetry, session, server-session, bearer, plugins, metrics,
-workers, suite, soak, profile, chain.
+workers, suite, tls, pageload, soak, profile, chain.
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ from bench import (
     soak,
     suite,
     telemetry,
+    tls,
     variants,
     workers,
 )
@@ -361,6 +362,35 @@ def parser() -> argparse.ArgumentParser:
         suite.Settings(),
         "wrk connections (every row; the c1 rows are also loaded at 1)",
     )
+    tls_defaults = tls.Settings()
+    secure = _wrk_options(
+        commands.add_parser(
+            "tls",
+            help="HTTPS: h2, HTTP/1.1 over TLS, plain and new handshakes; edgegw, nginx, Caddy",
+            description=tls.__doc__,
+            formatter_class=argparse.RawDescriptionHelpFormatter,
+        ),
+        tls_defaults,
+        "wrk connections on the keep-alive rows (tls, plain)",
+    )
+    secure.add_argument(
+        "--h2-clients",
+        type=_positive,
+        default=tls_defaults.h2_clients,
+        help="h2load connections on the h2 rows (default %(default)s)",
+    )
+    secure.add_argument(
+        "--h2-streams",
+        type=_positive,
+        default=tls_defaults.h2_streams,
+        help="h2load concurrent streams per connection (default %(default)s)",
+    )
+    secure.add_argument(
+        "--handshake-connections",
+        type=_positive,
+        default=tls_defaults.handshake_connections,
+        help="wrk connections on the new-tls rows (default %(default)s)",
+    )
     soaking = commands.add_parser(
         "soak",
         help="a session route at 80 %% of capacity for 30 minutes: RSS flat, no errors",
@@ -460,6 +490,15 @@ def main(argv: Sequence[str] | None = None) -> int:
             return workers.run(variants.Settings(**_wrk_settings(args)))
         if args.command == "suite":
             return suite.run(suite.Settings(**_wrk_settings(args)))
+        if args.command == "tls":
+            return tls.run(
+                tls.Settings(
+                    **_wrk_settings(args),
+                    h2_clients=args.h2_clients,
+                    h2_streams=args.h2_streams,
+                    handshake_connections=args.handshake_connections,
+                )
+            )
         if args.command == "soak":
             return soak.run(
                 soak.Settings(
