@@ -12,6 +12,7 @@ from twisted.internet.task import Clock
 
 from edgegw.config.addresses import endpoint_description
 from edgegw.config.errors import ConfigError, Problem
+from edgegw.config.model import Config
 from edgegw.config.parse import load_config
 from edgegw.service import build_service
 from edgegw.terminal.route import CompiledRoute
@@ -78,13 +79,18 @@ def check(source: str, out: TextIO = sys.stdout, err: TextIO = sys.stderr) -> in
         _write(err, f"edgegw: {e.render()}\n")
         return 1
     listen = config.gateway.listen
-    if not endpoint_description(listen).startswith("systemd:"):
-        # Socket activation has no socket at check time; everything else (TLS key and
-        # certificate files included) is built as startup would.
+    listeners = [(service.listener, "spec.listen")]
+    if service.redirect_listener is not None:
+        listeners.append((service.redirect_listener, "spec.redirectHTTP.listen"))
+    for listener, field in listeners:
+        if endpoint_description(listener.listen).startswith("systemd:"):
+            # Socket activation has no socket at check time; everything else (TLS key
+            # and certificate files included) is built as startup would.
+            continue
         try:
-            service.listener.build_endpoint()
+            listener.build_endpoint()
         except ValueError as e:
-            problem = Problem(config.gateway.location, "spec.listen", str(e))
+            problem = Problem(config.gateway.location, field, str(e))
             _write(err, f"edgegw: {ConfigError([problem]).render()}\n")
             return 1
     gateway = service.gateway
@@ -92,7 +98,9 @@ def check(source: str, out: TextIO = sys.stdout, err: TextIO = sys.stderr) -> in
         out,
         f"edgegw: configuration {source} is valid: {len(config.files)} file(s), "
         f"{len(gateway.routes)} route(s), listening on {listen} "
-        f"({endpoint_description(listen)})\n\n" + route_table(gateway.routes) + "\n",
+        f"({endpoint_description(listen)}){_tls_summary(config)}\n\n"
+        + route_table(gateway.routes)
+        + "\n",
     )
     if gateway.auth_endpoints:
         idp = config.idp
@@ -104,6 +112,23 @@ def check(source: str, out: TextIO = sys.stdout, err: TextIO = sys.stderr) -> in
             + "\n",
         )
     return 0
+
+
+def _tls_summary(config: Config) -> str:
+    """
+    What C{edgegw check} says of C{tls} and C{redirectHTTP}: the names served, the
+    protocols, the redirect listener.
+    """
+    tls = config.gateway.tls
+    if tls is None:
+        return ""
+    names = ", ".join(name for spec in tls.certificates for name in spec.names)
+    protocols = "h2, http/1.1" if tls.http2 else "http/1.1"
+    summary = f" with TLS {tls.min_version}+ for {names} ({protocols})"
+    redirect = config.gateway.redirect_http
+    if redirect is not None:
+        summary += f"; redirecting plain HTTP on {redirect.listen} to https"
+    return summary
 
 
 def _write(stream: TextIO, text: str) -> None:

@@ -38,6 +38,7 @@ from edgegw.chain.access_log import AccessLog
 from edgegw.config.errors import ConfigError, Problem
 from edgegw.metrics.otlp import MetricsExportService
 from edgegw.metrics.serve import export_service
+from edgegw.server.gateway_site import LimitedSite
 from edgegw.telemetry import Telemetry
 from edgegw.upstream.pool import UpstreamClient
 
@@ -189,13 +190,26 @@ class GenerationService(MultiService):
 
     def _drain(self) -> Deferred[Any]:
         gateway = self.gateway
+        sites: list[LimitedSite] = [gateway.site]
+        if gateway.redirect_site is not None:
+            sites.append(gateway.redirect_site)
         drained = gateway.inflight.drain()
-        gateway.site.shut_down()
+        for site in sites:
+            site.shut_down()
         drained.addTimeout(gateway.config.gateway.drain_timeout, self.reactor)
+
+        def abort(_: object) -> None:
+            for site in sites:
+                site.abort_connections()
+
+        def stop(_: object) -> None:
+            for site in sites:
+                site.doStop()
+
         # Past its drainTimeout, what the old configuration still serves (streams) is cut,
         # as a stop would: nothing keeps running on stopped services.
-        stopping: Deferred[Any] = drained.addErrback(lambda _: gateway.site.abort_connections())
-        return stopping.addCallback(lambda _: gateway.site.doStop())
+        stopping: Deferred[Any] = drained.addErrback(abort)
+        return stopping.addCallback(stop)
 
 
 def stop_child(result: object, child: IService) -> Deferred[Any]:

@@ -1,6 +1,7 @@
 """
 The gateway's listening socket, as a service: bound before twistd drops privileges,
-its TLS files read again and its Site switched by a reload.
+its TLS files read again (an C{ssl:} endpoint) or its TLS contexts replaced
+(C{Gateway.spec.tls}) and its Site switched by a reload.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from edgegw.seam import endpoint_tls_context
 from edgegw.server.gateway_site import LimitedSite
 from edgegw.server.listen import (
     ReloadableContext,
+    TLSServerEndpoint,
     UnreadableTLSFilesError,
     server_endpoint,
     tls_context,
@@ -71,10 +73,16 @@ class ListenerService(StreamServerEndpointService):
     raised to fit the site's connection cap (or the cap lowered to fit the limit).
     """
 
-    def __init__(self, listen: str, factory: Any, reactor: Any) -> None:
+    def __init__(
+        self, listen: str, factory: Any, reactor: Any, tls: IOpenSSLContextFactory | None = None
+    ) -> None:
+        """
+        @param tls: The contexts of C{Gateway.spec.tls}: the socket is wrapped in TLS.
+        """
         super().__init__(None, factory)
         self.listen = listen
         self.reactor = reactor
+        self.tls = tls
         self._recording: _RecordingEndpoint | None = None
 
     @property
@@ -110,12 +118,16 @@ class ListenerService(StreamServerEndpointService):
 
     def use_tls(self, context: IOpenSSLContextFactory) -> None:
         """
-        New connections get C{context} (its certificate); open ones keep theirs.
+        New connections get C{context} (its certificates); open ones keep theirs.
         """
         assert self._recording is not None
         endpoint = self._recording.endpoint
-        assert isinstance(endpoint, SSL4ServerEndpoint)
-        reloadable = endpoint_tls_context(endpoint)
+        reloadable: object
+        if isinstance(endpoint, TLSServerEndpoint):
+            reloadable = endpoint.context
+        else:
+            assert isinstance(endpoint, SSL4ServerEndpoint)
+            reloadable = endpoint_tls_context(endpoint)
         assert isinstance(reloadable, ReloadableContext)
         reloadable.current = context
 
@@ -141,11 +153,12 @@ class ListenerService(StreamServerEndpointService):
 
     def build_endpoint(self) -> IStreamServerEndpoint:
         """
-        The server endpoint for the listen address (TLS files are read here).
+        The server endpoint for the listen address (an C{ssl:} endpoint's TLS files are
+        read here), wrapped in TLS with C{Gateway.spec.tls}.
 
         @raise ValueError: With a message that says what is wrong.
         """
-        return server_endpoint(self.reactor, self.listen)
+        return server_endpoint(self.reactor, self.listen, self.tls)
 
     def privilegedStartService(self) -> None:
         """

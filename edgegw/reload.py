@@ -6,8 +6,8 @@ Reloading the configuration (SIGHUP): the steps of one reload.
      generation of services outside the tree;
   2. L{warm_up}: wait, at most L{WARM_UP_TIMEOUT} seconds, until its IdP is discovered
      (or carried over) and its state store answers;
-  3. L{switch}: put the new generation in the tree, send new connections to its Site,
-     hand the metrics over;
+  3. L{switch}: put the new generation in the tree, send new connections to its Site
+     (and its TLS contexts, and its redirect Site), hand the metrics over;
   4. retire: the replaced generation leaves the tree, drains and stops
      (L{GenerationService.retire<edgegw.generation.GenerationService.retire>}).
 
@@ -21,7 +21,7 @@ from collections.abc import Mapping
 from typing import Any, Protocol
 
 from twisted.internet.defer import Deferred
-from twisted.internet.interfaces import IOpenSSLContextFactory
+from twisted.internet.interfaces import IListeningPort, IOpenSSLContextFactory
 from twisted.internet.task import deferLater
 from twisted.logger import Logger
 from twisted.python.failure import Failure
@@ -67,6 +67,10 @@ class ReloadingTree(Protocol):
     @property
     def listener(self) -> ListenerService:
         """The listening socket (it outlives reloads)."""
+
+    @property
+    def redirect_listener(self) -> ListenerService | None:
+        """The redirectHTTP listener, if any (it outlives reloads)."""
 
     @property
     def metrics_listener(self) -> ScrapeListener | None:
@@ -143,7 +147,8 @@ def prepare(
     a configuration that never serves must send nothing.
 
     @return: The new generation, running, and the TLS context its listen address asks
-        for, its files read again (L{ListenerService.read_tls}).
+        for, its files read again (L{ListenerService.read_tls}), or its C{tls} block's
+        contexts.
     """
     assert tree.source is not None
     old = tree.generation.gateway
@@ -156,6 +161,9 @@ def prepare(
         # the same listen value, new files at the same paths are a new certificate.
         tls = tree.listener.read_tls(config.gateway.location)
         new = build_gateway(config, tree.reactor, metrics_from=old.metrics, **tree.build_options)
+        if new.tls is not None:
+            # Gateway.spec.tls: its certificates were read and checked by the load.
+            tls = new.tls
         open_access_log(new)
         generation = tree.generation_of(new)
         if new.idp is not None and old.idp is not None and new.idp.take_over(old.idp):
@@ -212,6 +220,9 @@ def switch(tree: ReloadingTree, new: GenerationService, tls: IOpenSSLContextFact
     tree.listener.switch_site(gateway.site)
     if tls is not None:
         tree.listener.use_tls(tls)
+    if tree.redirect_listener is not None and gateway.redirect_site is not None:
+        redirect_to(gateway, tree.listener.port)
+        tree.redirect_listener.switch_site(gateway.redirect_site)
     if old.gateway.readiness is not None:
         old.gateway.readiness.draining = True
     if gateway.readiness is not None:
@@ -250,10 +261,21 @@ def switch(tree: ReloadingTree, new: GenerationService, tls: IOpenSSLContextFact
     tree.until_retired(retiring)
 
 
+def redirect_to(gateway: Gateway, port: IListeningPort | None) -> None:
+    """
+    Have C{gateway}'s redirect Site (if any) name the port the TLS listener is bound to,
+    when neither C{redirectHTTP.httpsPort} nor C{listen} named one.
+    """
+    site = gateway.redirect_site
+    if site is not None and port is not None:
+        site.default_https_port(getattr(port.getHost(), "port", None))
+
+
 def check_restart_fields(config: Config, running: Config) -> None:
     """
-    Refuse a reload that changes what only a restart can: the listen address and the
-    metrics scrape listener's.
+    Refuse a reload that changes what only a restart can: the listen address, whether
+    it speaks TLS (C{tls} set or not), the redirect listener's address (or whether there
+    is one), and the metrics scrape listener's.
 
     @raise ConfigError: Located at the field that changed.
     """
@@ -264,6 +286,24 @@ def check_restart_fields(config: Config, running: Config) -> None:
             "spec.listen",
             f"changed from {before} to {listen}: a new listen address needs a restart "
             "(the running configuration keeps serving)",
+        )
+        raise ConfigError([problem])
+    tls, old_tls = config.gateway.tls is not None, running.gateway.tls is not None
+    if tls != old_tls:
+        problem = Problem(
+            config.gateway.location,
+            "spec.tls",
+            f"{'added' if tls else 'removed'}: turning TLS on or off on the listener needs "
+            "a restart (the running configuration keeps serving)",
+        )
+        raise ConfigError([problem])
+    redirect, old_redirect = _redirect_address(config), _redirect_address(running)
+    if redirect != old_redirect:
+        problem = Problem(
+            config.gateway.location,
+            "spec.redirectHTTP.listen",
+            f"changed from {old_redirect or 'none'} to {redirect or 'none'}: the redirect "
+            "listener needs a restart (the running configuration keeps serving)",
         )
         raise ConfigError([problem])
     scrape, old_scrape = _scrape_address(config), _scrape_address(running)
@@ -321,3 +361,11 @@ def _scrape_address(config: Config) -> str | None:
     telemetry = config.telemetry
     metrics = telemetry.metrics if telemetry is not None else None
     return metrics.prometheus_listen if metrics is not None else None
+
+
+def _redirect_address(config: Config) -> str | None:
+    """
+    The redirectHTTP listener's address in C{config}, if any.
+    """
+    redirect = config.gateway.redirect_http
+    return redirect.listen if redirect is not None else None

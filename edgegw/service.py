@@ -4,15 +4,17 @@ The gateway as a tree of Twisted services.
 L{GatewayService} (a C{MultiService}) has these children, in start order:
 
   - C{listener}: L{ListenerService<edgegw.listener.ListenerService>}, the listening
-    socket serving the gateway's Site;
+    socket serving the gateway's Site (behind TLS with C{Gateway.spec.tls});
+  - C{redirect-listener}: with C{Gateway.spec.redirectHTTP}, a second one, whose Site
+    redirects plain HTTP to the first;
   - C{metrics-scrape}: with C{Telemetry.metrics.prometheus}, the scrape listener;
   - the serving generation: L{GenerationService<edgegw.generation.GenerationService>},
     the services of one configuration (access log, upstream pool, state store and
     sessions, IdP, telemetry, metrics export), which a reload replaces
-    (L{edgegw.reload}). Both listeners outlive reloads.
+    (L{edgegw.reload}). The listeners outlive reloads.
 
 Stopping (SIGTERM under twistd) runs in a stated order: idle keep-alive client
-connections are closed, the listener stops accepting, the requests in flight drain (up
+connections are closed, the listeners stop accepting, the requests in flight drain (up
 to C{Gateway.spec.drainTimeout}; every further response closes its connection), then the
 other children stop one after another, in reverse start order, each waiting for the one
 before (the generation's own children likewise).
@@ -37,7 +39,7 @@ from edgegw.generation import GenerationService, build_generation, stop_child
 from edgegw.listener import ListenerService
 from edgegw.metrics.serve import ScrapeListener, scrape_root
 from edgegw.notify import SystemdNotifier
-from edgegw.reload import WARM_UP_TIMEOUT, reload_configuration
+from edgegw.reload import WARM_UP_TIMEOUT, redirect_to, reload_configuration
 from edgegw.server.scrape_site import ScrapeSite
 
 _log = Logger(namespace="edgegw.service")
@@ -75,9 +77,20 @@ class GatewayService(MultiService):
         self.source = source
         self.notifier = notifier or SystemdNotifier({})
         self.build_options = build_options
-        self.listener = ListenerService(gateway.config.gateway.listen, gateway.site, reactor)
+        self.listener = ListenerService(
+            gateway.config.gateway.listen, gateway.site, reactor, gateway.tls
+        )
         self.listener.setName("listener")
         self.listener.setServiceParent(self)
+        # With redirectHTTP, the plain-HTTP listener redirecting to the TLS one (it
+        # outlives reloads too: they switch its Site).
+        self.redirect_listener: ListenerService | None = None
+        redirect = gateway.config.gateway.redirect_http
+        if redirect is not None and gateway.redirect_site is not None:
+            listener = ListenerService(redirect.listen, gateway.redirect_site, reactor)
+            listener.setName("redirect-listener")
+            listener.setServiceParent(self)
+            self.redirect_listener = listener
         # Like the listener, the scrape listener outlives reloads (they swap its registry).
         self.metrics_listener = _scrape_listener(gateway, reactor)
         if self.metrics_listener is not None:
@@ -169,6 +182,13 @@ class GatewayService(MultiService):
         """
         super().startService()
         port = self.listener.port
+        redirect = self.redirect_listener
+        if redirect is not None and redirect.port is not None:
+            redirect_to(self.gateway, port)
+            _log.info(
+                "redirecting plain HTTP on {address} to https",
+                address=redirect.port.getHost(),
+            )
         if port is not None:
             if self.gateway.readiness is not None:
                 self.gateway.readiness.listening = True
@@ -269,10 +289,15 @@ class GatewayService(MultiService):
         Service.stopService(self)
         # From now on every response closes its connection, those in flight included.
         drained = self._drain()
+        listeners = [self.listener]
+        if self.redirect_listener is not None:
+            listeners.append(self.redirect_listener)
         stopping: Deferred[Any] = stop_child(None, self.listener)
+        if self.redirect_listener is not None:
+            stopping.addCallback(stop_child, self.redirect_listener)
         stopping.addCallback(lambda _: drained)
         for child in reversed(list(self)):
-            if child is not self.listener:
+            if child not in listeners:
                 stopping.addCallback(stop_child, child)
         # And what a reload replaced, if it has not finished yet, and a configuration
         # warming up (abandoned: its reload stops its services).
@@ -301,6 +326,8 @@ class GatewayService(MultiService):
         drained = inflight.drain()
         # An idle keep-alive connection would otherwise carry new requests until the end.
         self.gateway.site.shut_down()
+        if self.gateway.redirect_site is not None:
+            self.gateway.redirect_site.shut_down()
         for retiring in self._retiring:
             # Their gateways are draining already; keep the tree's stop within its own.
             retiring.addTimeout(self.gateway.config.gateway.drain_timeout, self.reactor)

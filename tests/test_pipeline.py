@@ -227,6 +227,7 @@ class AccessLogTests(SynchronousTestCase):
             {
                 "method": "GET",
                 "path": "/items/7",
+                "protocol": "HTTP/1.1",
                 "status": 200,
                 "bytes": 2,
                 "request_id": "req-1",
@@ -288,6 +289,7 @@ class AccessFileLineTests(SynchronousTestCase):
             {
                 "method": "GET",
                 "path": "/items/%C3%A9",
+                "protocol": "HTTP/1.1",
                 "status": 200,
                 "bytes": 2,
                 "route": "GET /items/{id}",

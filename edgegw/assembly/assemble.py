@@ -35,9 +35,11 @@ from edgegw.authz.policy import compile_policies
 from edgegw.chain.access_log import AccessLog
 from edgegw.chain.pipeline import InFlight, IRouteTarget
 from edgegw.chain.resource_target import ResourceTarget
+from edgegw.config.addresses import listen_port
 from edgegw.config.effective import effective_routes
 from edgegw.config.errors import Problems
 from edgegw.config.model import Config
+from edgegw.edge.https_redirect import HttpsRedirect
 from edgegw.edge.site import MuxDispatcher
 from edgegw.handlers.readiness import Readiness, ReadinessResource
 from edgegw.identity.provider import IdentityProvider
@@ -48,6 +50,8 @@ from edgegw.plugins.manifest import check_manifest
 from edgegw.plugins.messages import Protected
 from edgegw.plugins.registry import configure_plugins
 from edgegw.server.gateway_site import GatewaySite
+from edgegw.server.redirect_site import RedirectSite
+from edgegw.server.tls_contexts import CertificateContextError, ServerTLS, server_tls
 from edgegw.sessions.server import ServerSessions
 from edgegw.state.measured import MeasuredStore
 from edgegw.state.store import IStateStore
@@ -75,6 +79,9 @@ class Gateway:
     @ivar sessions: The server-side sessions (a service), with a C{stateProvider}.
     @ivar metrics: The gateway's instruments, with C{Telemetry.metrics}.
     @ivar readiness: What the readiness endpoint is told, with C{readiness}.
+    @ivar tls: The TLS contexts of C{Gateway.spec.tls} (built at load, so that a reload
+        reads the certificates again), when it is set.
+    @ivar redirect_site: The Site of C{Gateway.spec.redirectHTTP}'s listener, when set.
     """
 
     config: Config
@@ -91,6 +98,8 @@ class Gateway:
     sessions: ServerSessions | None = None
     metrics: GatewayMetrics | None = None
     readiness: Readiness | None = None
+    tls: ServerTLS | None = None
+    redirect_site: RedirectSite | None = None
 
 
 def build_gateway(
@@ -117,6 +126,7 @@ def build_gateway(
     problems = Problems()
     check_state_providers(config, problems)
     check_manifest(config.gateway, problems)
+    tls = _tls(config, problems)
     # Built only from a config that passed: a provider's build may assume its own checks.
     store = None if problems else state_store(config, reactor, state_options or {})
     inflight = InFlight()
@@ -208,6 +218,8 @@ def build_gateway(
             if ("POST", path) in endpoints
         )
         site = edge_site(config.gateway, dispatcher, reactor, access, telemetry, exempt, metrics)
+        # The HTTP/2 protocol is chosen per connection by what ALPN negotiated.
+        site.http2 = tls is not None and tls.http2
         return Gateway(
             config=config,
             site=site,
@@ -223,9 +235,39 @@ def build_gateway(
             sessions=identity.server if identity is not None else None,
             metrics=metrics,
             readiness=readiness,
+            tls=tls,
+            redirect_site=_redirect_site(config, reactor),
         )
     except BaseException:
         # Its export thread started with it; nothing else built here holds anything.
         if telemetry is not None:
             telemetry.discard()
         raise
+
+
+def _tls(config: Config, problems: Problems) -> ServerTLS | None:
+    """
+    The TLS contexts of C{Gateway.spec.tls} (its files were read and checked at load);
+    what OpenSSL still refuses is a problem at the certificate's entry.
+    """
+    spec = config.gateway.tls
+    if spec is None or not spec.certificates:
+        return None
+    try:
+        return server_tls(spec)
+    except CertificateContextError as e:
+        problems.add(config.gateway.location, f"spec.tls.certificates[{e.index}]", str(e))
+        return None
+
+
+def _redirect_site(config: Config, reactor: IReactorTime) -> RedirectSite | None:
+    """
+    The Site of C{Gateway.spec.redirectHTTP}'s listener, naming C{httpsPort}, else the
+    port C{listen} names (one it names only once bound, the listener gives it).
+    """
+    spec = config.gateway
+    redirect = spec.redirect_http
+    if redirect is None:
+        return None
+    port = redirect.https_port if redirect.https_port is not None else listen_port(spec.listen)
+    return RedirectSite(HttpsRedirect(port, redirect.acme_webroot), spec.limits, reactor)

@@ -236,6 +236,7 @@ def _record(
     return {
         "method": request.method.decode("latin-1"),
         "path": request.path.decode("latin-1"),
+        "protocol": request.clientproto.decode("latin-1"),
         "status": status,
         "duration_ms": round(elapsed * 1000, 3),
         "bytes": request.sentLength,

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import re
 
-__all__ = ["endpoint_description", "is_host_port"]
+__all__ = ["endpoint_description", "is_host_port", "listen_port"]
 
 _ENDPOINT_TYPES = ("tcp:", "tcp6:", "ssl:", "systemd:", "unix:")
 _PORT = re.compile(r"\d{1,5}\Z")
@@ -50,3 +50,20 @@ def is_host_port(address: str) -> bool:
     """
     host, sep, port = address.rpartition(":")
     return bool(sep and host and port.isdigit() and 0 < int(port) < 65536)
+
+
+def listen_port(listen: str) -> int | None:
+    """
+    The TCP port a listen address names (C{":443"}, C{"HOST:8443"}, C{"tcp:443:..."});
+    L{None} when it names none before it is bound (C{systemd:}, C{unix:}, port 0).
+
+    @raise ValueError: The address is not valid (L{endpoint_description}).
+    """
+    description = endpoint_description(listen)
+    kind, _, rest = description.partition(":")
+    if kind not in ("tcp", "tcp6", "ssl"):
+        return None
+    port = rest.split(":", 1)[0]
+    if port.startswith("port="):
+        port = port[len("port=") :]
+    return int(port) if port.isdigit() and int(port) else None

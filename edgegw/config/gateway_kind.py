@@ -1,6 +1,7 @@
 """
 The Gateway kind: listen address, trusted proxies, plugins, drain timeout, and its auth and
-accessLog blocks; its larger blocks have modules of their own.
+accessLog blocks; its larger blocks have modules of their own (tls and redirectHTTP:
+L{edgegw.config.tls_block}).
 """
 
 from __future__ import annotations
@@ -9,7 +10,7 @@ import ipaddress
 import os
 import stat
 
-from edgegw.config.addresses import endpoint_description
+from edgegw.config.addresses import endpoint_description, listen_port
 from edgegw.config.fields import Node
 from edgegw.config.identity import read_identity
 from edgegw.config.limits import read_limits
@@ -18,6 +19,7 @@ from edgegw.config.plugin_refs import parse_manifest_entry
 from edgegw.config.security_block import read_security
 from edgegw.config.session_block import read_session
 from edgegw.config.state import read_state_ref
+from edgegw.config.tls_block import read_redirect_http, read_tls
 from edgegw.config.urls import check_local_path
 
 __all__ = ["read_gateway"]
@@ -27,7 +29,8 @@ def read_gateway(spec: Node, base_dir: str) -> GatewaySpec:
     """
     The Gateway resource's spec.
 
-    @param base_dir: The directory of its file, for a relative access-log output.
+    @param base_dir: The directory of its file, for a relative access-log output,
+        certificate files and ACME webroot.
     """
     listen = spec.string("listen", ":8080") or ":8080"
     try:
@@ -58,6 +61,19 @@ def read_gateway(spec: Node, base_dir: str) -> GatewaySpec:
     state = read_state_ref(spec.mapping("stateProvider"))
     if state is not None and session is None:
         spec.error("stateProvider", "requires a session block (its key encrypts the record)")
+    tls = read_tls(spec.mapping("tls"), base_dir)
+    if tls is not None and listen.startswith("ssl:"):
+        spec.error(
+            "tls",
+            'listen is an "ssl:" endpoint, which configures TLS itself: use tls with a '
+            'plain listen address (such as ":443"), or the "ssl:" endpoint alone',
+        )
+    redirect = read_redirect_http(spec.mapping("redirectHTTP"), base_dir)
+    if redirect is not None:
+        if tls is None:
+            spec.error("redirectHTTP", "requires tls (the HTTPS listener it redirects to)")
+        elif redirect.listen == listen and listen_port(listen) is not None:
+            spec.error("redirectHTTP.listen", f"is listen's address too ({listen})")
     return GatewaySpec(
         listen=listen,
         trusted_proxies=trusted,
@@ -71,6 +87,8 @@ def read_gateway(spec: Node, base_dir: str) -> GatewaySpec:
         access_log=_access_log(spec.mapping("accessLog"), base_dir),
         limits=read_limits(spec.mapping("limits")),
         readiness_path=_readiness(spec.mapping("readiness")),
+        tls=tls,
+        redirect_http=redirect,
     )
 
 

@@ -214,6 +214,61 @@ class LimitsSpec:
 
 
 @attrs.frozen
+class CertificateSpec:
+    """
+    One entry of C{Gateway.spec.tls.certificates}, read and checked at load.
+
+    @ivar cert_file: The PEM file of the certificate and its chain (leaf first), its
+        path resolved against the directory of the YAML file.
+    @ivar key_file: The PEM file of its private key (unencrypted), resolved likewise.
+    @ivar names: The host names it serves (its DNS subjectAltNames, else a common name
+        that is a host name), lowercase; C{*.example.com} for a wildcard.
+    @ivar chain_pem: The certificates as read (what is served: the files are not read
+        again until a reload).
+    @ivar key_pem: The private key as read.
+    """
+
+    cert_file: str
+    key_file: str
+    names: tuple[str, ...] = ()
+    chain_pem: bytes = attrs.field(default=b"", repr=False)
+    key_pem: bytes = attrs.field(default=b"", repr=False)
+
+
+@attrs.frozen
+class TlsSpec:
+    """
+    C{Gateway.spec.tls}: TLS on the gateway's listener.
+
+    @ivar certificates: At least one; chosen by SNI, the first for clients without SNI
+        or with a name no certificate has.
+    @ivar min_version: C{"1.2"} or C{"1.3"}.
+    @ivar http2: Whether ALPN offers C{h2} (then C{http/1.1}).
+    """
+
+    certificates: tuple[CertificateSpec, ...]
+    min_version: str = "1.2"
+    http2: bool = True
+
+
+@attrs.frozen
+class RedirectHttpSpec:
+    """
+    C{Gateway.spec.redirectHTTP}: a plain-HTTP listener that sends every request to the
+    TLS listener (308), serving only ACME HTTP-01 challenges.
+
+    @ivar listen: Its listen address (the forms of C{listen}, not C{ssl:}).
+    @ivar acme_webroot: The directory whose C{.well-known/acme-challenge/} files are
+        served (certbot's C{--webroot -w}), resolved against the YAML file; L{None}: none.
+    @ivar https_port: The port the redirects name; L{None}: the TLS listener's own.
+    """
+
+    listen: str
+    acme_webroot: str | None = None
+    https_port: int | None = None
+
+
+@attrs.frozen
 class GatewaySpec:
     """The one C{Gateway} resource."""
 
@@ -229,6 +284,8 @@ class GatewaySpec:
     access_log: AccessLogSpec = AccessLogSpec()
     limits: LimitsSpec = LimitsSpec()
     readiness_path: str | None = None
+    tls: TlsSpec | None = None
+    redirect_http: RedirectHttpSpec | None = None
     location: Location | None = attrs.field(default=None, eq=False, repr=False)
 
 

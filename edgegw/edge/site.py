@@ -184,8 +184,9 @@ class EdgeResource(Resource):
             request.path = target.split(b"?", 1)[0]
         host_header = request_headers.getRawHeaders(b"host")
         if host_header is None or host_header == [b""]:
-            # RFC 9110 section 4.2.1: an http URI has a non-empty host.
-            if request.clientproto == b"HTTP/1.1":
+            # RFC 9110 section 4.2.1: an http URI has a non-empty host (HTTP/2: from
+            # :authority or Host).
+            if request.clientproto != b"HTTP/1.0":
                 return self._refuse(request, "host_missing")
             host = ""
         elif len(host_header) != 1:

@@ -13,7 +13,9 @@ from __future__ import annotations
 import ipaddress
 import resource
 from collections.abc import Callable
+from functools import partial
 from typing import Any, Final, cast
+from typing import Protocol as TypingProtocol
 
 from twisted.internet.interfaces import IAddress, IReactorTime
 from twisted.internet.protocol import Protocol
@@ -24,6 +26,8 @@ from twisted.web.server import Site
 from edgegw.config.model import LimitsSpec
 from edgegw.metrics.gateway_metrics import IMetrics
 from edgegw.server.channel import GatewayChannel
+from edgegw.server.h2.connection import H2ServerConnection
+from edgegw.server.negotiate import NegotiatingConnection
 from edgegw.server.request import GatewayRequest
 
 __all__ = [
@@ -67,6 +71,25 @@ def address_key(address: IAddress | None) -> Any:
     if packed[:12] == _IPV4_MAPPED:
         return str(ipaddress.IPv4Address(packed[12:]))
     return packed[:8]
+
+
+class ClientConnection(TypingProtocol):
+    """
+    What the site counts as one client connection: an HTTP/1.1 channel, an HTTP/2
+    connection, or a TLS connection whose protocol is not chosen yet.
+    """
+
+    _release: Callable[[Any], object] | None
+
+    def shutDown(self) -> None:
+        """
+        The gateway is draining: close when idle, else after what is in flight.
+        """
+
+    def abortClient(self) -> None:
+        """
+        Drop the connection at once.
+        """
 
 
 class _Refused(Protocol):
@@ -114,14 +137,14 @@ class ClientConnections:
         self.max_connections = max_connections
         self.max_per_address = max_per_address
         self.count = 0
-        self.channels: set[GatewayChannel] = set()
+        self.channels: set[ClientConnection] = set()
         self.refused_over_total = 0
         self.refused_over_address = 0
         self.on_refused: Callable[[str], None] | None = None
         self._clock = clock
         self._trusted_peer = trusted_peer
         self._per_address: dict[Any, int] = {}
-        self._keys: dict[GatewayChannel, Any] = {}
+        self._keys: dict[ClientConnection, Any] = {}
         self._next_log = 0.0
         self._unlogged_total = 0
         self._unlogged_address = 0
@@ -168,7 +191,7 @@ class ClientConnections:
         self.count += 1
         return key
 
-    def opened(self, channel: GatewayChannel, key: Any) -> None:
+    def opened(self, channel: ClientConnection, key: Any) -> None:
         """
         C{channel} is the connection L{admit} let in, with C{key}.
         """
@@ -177,7 +200,19 @@ class ClientConnections:
             self._keys[channel] = key
         channel._release = self.lost
 
-    def lost(self, channel: GatewayChannel) -> None:
+    def hand_over(self, negotiating: ClientConnection, chosen: ClientConnection) -> None:
+        """
+        C{chosen} (the protocol ALPN chose) takes C{negotiating}'s place in the count.
+        """
+        self.channels.discard(negotiating)
+        negotiating._release = None
+        self.channels.add(chosen)
+        key = self._keys.pop(negotiating, None)
+        if key is not None:
+            self._keys[chosen] = key
+        chosen._release = self.lost
+
+    def lost(self, channel: ClientConnection) -> None:
         """
         C{channel} is gone (or its tunnel has ended).
         """
@@ -238,7 +273,11 @@ class LimitedSite(Site):
 
     @ivar limits: The limits applied.
     @ivar connections: The open connections, counted against the caps.
+    @ivar http2: Whether the site is served over TLS with ALPN offering C{h2}: each
+        connection's protocol is then chosen at its handshake.
     """
+
+    http2 = False
 
     def __init__(
         self,
@@ -270,13 +309,34 @@ class LimitedSite(Site):
             # Not None, which a plain TCP port would close at once too: a TLS port would
             # wrap None and fail.
             return _Refused()
+        if self.http2:
+            negotiating = NegotiatingConnection(
+                partial(self._negotiated, addr), self.limits.header_timeout, self.reactor
+            )
+            connections.opened(negotiating, key)
+            return negotiating
+        channel = self._http11(addr)
+        connections.opened(channel, key)
+        return channel
+
+    def _http11(self, addr: IAddress | None) -> GatewayChannel:
         channel = cast(GatewayChannel, Site.buildProtocol(self, addr))
         limits = self.limits
         channel.headerTimeout = limits.header_timeout
         channel.bodyTimeout = limits.body_timeout
         channel.sendTimeout = limits.send_timeout
-        connections.opened(channel, key)
         return channel
+
+    def _negotiated(
+        self, addr: IAddress | None, name: bytes | None, negotiating: NegotiatingConnection
+    ) -> Protocol:
+        chosen: GatewayChannel | H2ServerConnection
+        if name == b"h2":
+            chosen = H2ServerConnection(self, self.limits, self.timeOut)
+        else:
+            chosen = self._http11(addr)
+        self.connections.hand_over(negotiating, chosen)
+        return chosen
 
     def shut_down(self) -> None:
         """
@@ -352,7 +412,7 @@ class GatewaySite(LimitedSite):
     requestFactory = GatewayRequest  # type: ignore[assignment]
     # Counts what the channels refuse themselves (400, 408, 414, 431), with metrics on.
     metrics: IMetrics | None = None
-    # Plain HTTP/1.1 channels: the gateway negotiates no HTTP/2.
+    # The HTTP/1.1 channels (HTTP/2 connections are chosen at the TLS handshake).
     protocol = GatewayChannel  # type: ignore[assignment]
 
     def log(self, request: object) -> None:

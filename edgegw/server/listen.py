@@ -1,7 +1,7 @@
 """
-Turning C{Gateway.spec.listen} into a Twisted server endpoint, keeping a TLS listener's
-certificate current across reloads, and sharing an inherited socket fairly among worker
-processes.
+Turning C{Gateway.spec.listen} into a Twisted server endpoint (wrapped in TLS with
+C{Gateway.spec.tls}: L{TLSServerEndpoint}), keeping a TLS listener's certificate current
+across reloads, and sharing an inherited socket fairly among worker processes.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from twisted.internet.interfaces import (
     IProtocolFactory,
     IStreamServerEndpoint,
 )
+from twisted.protocols.tls import TLSMemoryBIOFactory
 from zope.interface import implementer
 
 from edgegw.config.addresses import endpoint_description
@@ -31,6 +32,7 @@ from edgegw.seam import adopt_listening_port, endpoint_tls_context, set_endpoint
 __all__ = [
     "ReloadableContext",
     "SharedSocketEndpoint",
+    "TLSServerEndpoint",
     "UnreadableTLSFilesError",
     "server_endpoint",
     "tls_context",
@@ -83,15 +85,48 @@ class UnreadableTLSFilesError(ValueError):
     """
 
 
-def server_endpoint(reactor: Any, listen: str) -> IStreamServerEndpoint:
+@implementer(IStreamServerEndpoint)
+class TLSServerEndpoint:
+    """
+    A stream endpoint (TCP, an inherited socket) whose connections speak TLS, server
+    side: C{Gateway.spec.tls}.
+
+    @ivar endpoint: The endpoint wrapped.
+    @ivar context: Asked for each new connection's context; its C{current} is what a
+        reload replaces.
+    """
+
+    def __init__(self, endpoint: IStreamServerEndpoint, context: ReloadableContext) -> None:
+        self.endpoint = endpoint
+        self.context = context
+
+    def listen(self, protocolFactory: IProtocolFactory) -> defer.Deferred[IListeningPort]:
+        """
+        Listen with C{protocolFactory} behind TLS (the port's factory is the
+        C{TLSMemoryBIOFactory}, its C{wrappedFactory} the Site).
+        """
+        factory = TLSMemoryBIOFactory(self.context, False, protocolFactory)
+        listening: defer.Deferred[IListeningPort] = self.endpoint.listen(factory)
+        return listening
+
+
+def server_endpoint(
+    reactor: Any, listen: str, tls: IOpenSSLContextFactory | None = None
+) -> IStreamServerEndpoint:
     """
     Build the server endpoint for a listen address (reading TLS key and certificate files
     for C{ssl:}, taking the inherited socket for C{systemd:}). An C{ssl:} endpoint's
     context is a L{ReloadableContext}, which L{tls_context} can replace later.
 
+    @param tls: The contexts of C{Gateway.spec.tls}: the endpoint is then a
+        L{TLSServerEndpoint} around the address's, its context a L{ReloadableContext}.
     @raise ValueError: With a message that says what is wrong.
     """
     description = endpoint_description(listen)
+    if tls is not None:
+        if description.startswith("ssl:"):
+            raise ValueError(f'invalid endpoint "{listen}": tls is set, and an ssl: endpoint too')
+        return TLSServerEndpoint(server_endpoint(reactor, listen), ReloadableContext(tls))
     try:
         endpoint: IStreamServerEndpoint = serverFromString(reactor, description)
     except IndexError:

@@ -211,7 +211,7 @@ class GatewayRequest(RequestSeam):
         request with a body is parsed).
         """
         self._dispatched = True
-        if version == b"HTTP/1.1":
+        if version == b"HTTP/1.1" or version == b"HTTP/2":
             expect = self.requestHeaders.getRawHeaders(b"expect")
             if expect and expect[0].lower() == b"100-continue":
                 self._expectContinue = True

@@ -33,6 +33,14 @@ def date_line() -> bytes:
     return _date_line
 
 
+def date_value() -> bytes:
+    """
+    The C{Date} field's value (HTTP/2 sends fields, not lines), formatted at most once
+    per second.
+    """
+    return date_line()[6:-2]
+
+
 def serialize_head(version: bytes, code: bytes, reason: bytes, headers: Headers) -> bytes:
     """
     The whole response head as one bytes object.

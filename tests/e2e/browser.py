@@ -187,10 +187,11 @@ class Chromium:
             f.writelines(f"{entry.get('message')}\n" for entry in entries)
 
 
-async def start_chromium(test: TestCase) -> Chromium:
+async def start_chromium(test: TestCase, arguments: tuple[str, ...] = ()) -> Chromium:
     """
-    Start a headless Chromium for C{test} (quit when it ends). Fails C{test} — never
-    skips it — when Debian's chromium or chromium-driver is missing.
+    Start a headless Chromium for C{test} (quit when it ends), with C{arguments} added
+    to its command line. Fails C{test} — never skips it — when Debian's chromium or
+    chromium-driver is missing.
     """
     for program in (CHROMIUM, CHROMEDRIVER):
         if not os.access(program, os.X_OK):
@@ -216,6 +217,7 @@ async def start_chromium(test: TestCase) -> Chromium:
         "--password-store=basic",
         f"--user-data-dir={profile}",
         "--window-size=1024,768",
+        *arguments,
     ):
         options.add_argument(argument)
     options.set_capability("goog:loggingPrefs", {"browser": "ALL"})

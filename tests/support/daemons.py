@@ -15,6 +15,7 @@ from __future__ import annotations
 import os
 import re
 import socket
+from collections.abc import Sequence
 from typing import Any
 
 from twisted.internet import reactor as _global_reactor
@@ -128,15 +129,22 @@ def spawn_twistd(
 
 
 def spawn_socket_activated(
-    listener: socket.socket, config: str, fd_name: str, *twistd_options: str
+    listener: socket.socket | Sequence[socket.socket],
+    config: str,
+    fd_name: str,
+    *twistd_options: str,
 ) -> tuple[TwistdOutput, Any]:
     """
     Spawn the daemon as L{spawn_twistd} does, but as systemd starts a socket-activated
-    unit: C{listener} at descriptor 3, C{LISTEN_FDS=1}, C{LISTEN_FDNAMES=fd_name} and
-    C{LISTEN_PID} the daemon's own pid (a shell exports it, then execs twistd).
+    unit: C{listener} at descriptor 3 (several: 3, 4, ... as a unit with several
+    C{ListenStream=} lines), C{LISTEN_FDS} their count, C{LISTEN_FDNAMES=fd_name} (one
+    name for each, joined by C{:}) and C{LISTEN_PID} the daemon's own pid (a shell
+    exports it, then execs twistd).
 
     @return: The protocol collecting its output, and the process.
     """
+    listeners = [listener] if isinstance(listener, socket.socket) else list(listener)
+    inherited = {3 + index: sock.fileno() for index, sock in enumerate(listeners)}
     protocol = TwistdOutput()
     process = reactor.spawnProcess(
         protocol,
@@ -148,9 +156,9 @@ def spawn_socket_activated(
             venv_bin("twistd"),
             *edgegw_twistd_args(config, *twistd_options),
         ],
-        env={**DAEMON_ENV, "LISTEN_FDS": "1", "LISTEN_FDNAMES": fd_name},
+        env={**DAEMON_ENV, "LISTEN_FDS": str(len(listeners)), "LISTEN_FDNAMES": fd_name},
         path=str(REPO_ROOT),
-        childFDs={0: "w", 1: "r", 2: "r", 3: listener.fileno()},
+        childFDs={0: "w", 1: "r", 2: "r", **inherited},
     )
     return protocol, process
 

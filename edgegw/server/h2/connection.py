@@ -1,0 +1,716 @@
+"""
+An HTTP/2 server connection: the C{h2} library's state machine on a TLS transport, one
+L{H2ClientStream} and one gateway request per stream.
+
+What the connection adds to C{h2}:
+
+  - Requests are read as the gateway reads HTTP/1.1 heads
+    (L{edgegw.server.h2.request_head}); a malformed one is a stream error, one too large
+    is answered 431.
+  - Response bodies wait per stream for the client's windows, oldest stream first;
+    the request's producer is paused while much waits, and a stream that cannot send
+    for C{limits.sendTimeout} is reset. A request body is acknowledged (the client's
+    window reopened) only as its consumer takes it.
+  - Deadlines: the site's idle timeout while no stream is open (what a client sends
+    without completing a request does not extend it), C{limits.bodyTimeout} between two
+    pieces of a request body, C{limits.sendTimeout} for each response that cannot move.
+  - Budgets (L{edgegw.server.h2.budget}) for cancelled streams and for frames that ask
+    for nothing; GOAWAY with ENHANCE_YOUR_CALM when one runs out.
+  - Draining: GOAWAY with the last stream id, streams in flight finish, then close.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any, Final
+
+from h2.config import H2Configuration
+from h2.connection import H2Connection
+from h2.errors import ErrorCodes
+from h2.events import (
+    ConnectionTerminated,
+    DataReceived,
+    PingReceived,
+    PriorityUpdated,
+    RemoteSettingsChanged,
+    RequestReceived,
+    StreamEnded,
+    StreamReset,
+    UnknownFrameReceived,
+    WindowUpdated,
+)
+from h2.exceptions import ProtocolError, StreamClosedError
+from h2.settings import SettingCodes, Settings
+from hyperframe.frame import GoAwayFrame
+from twisted.internet.interfaces import IAddress, IPushProducer, ISSLTransport
+from twisted.internet.protocol import Protocol, connectionDone
+from twisted.logger import Logger
+from twisted.python.failure import Failure
+from twisted.web.http_headers import Headers
+from zope.interface import implementer
+
+from edgegw.config.model import LimitsSpec
+from edgegw.seam import raw_fields
+from edgegw.server.h2.budget import EventBudget
+from edgegw.server.h2.field_encoder import ResponseFieldEncoder
+from edgegw.server.h2.request_head import (
+    CONNECTION_SPECIFIC,
+    HeaderListTooLargeError,
+    MalformedRequestError,
+    read_request_head,
+)
+from edgegw.server.h2.stream import HIGH_WATER, LOW_WATER, H2ClientStream
+from edgegw.server.response_head import date_value
+
+__all__ = [
+    "CONNECTION_WINDOW",
+    "MAX_HEADER_FIELDS",
+    "MAX_HEADER_LIST_SIZE",
+    "H2ServerConnection",
+]
+
+MAX_HEADER_LIST_SIZE: Final = 16384
+"""
+The largest request header list read (RFC 9113's size: names, values, 32 per field),
+as HTTP/1.1's header section (Twisted's C{totalHeadersSize}); larger gets 431.
+"""
+
+MAX_HEADER_FIELDS: Final = 500
+"""The most fields in a request's header list, as on HTTP/1.1; more gets 431."""
+
+HPACK_LIST_BOUND: Final = 65536
+"""
+The most a header block may decode to at all (an HPACK bomb is cut here, with GOAWAY):
+above L{MAX_HEADER_LIST_SIZE}, so that an honest large head gets its 431.
+"""
+
+CONNECTION_WINDOW: Final = 1024 * 1024
+"""
+The connection's receive window: room for several request bodies at once, each
+stream's own window (65,535 bytes) bounding what one paused body holds.
+"""
+
+CONTROL_FRAMES_BURST: Final = 1000
+CONTROL_FRAMES_PER_SECOND: Final = 500
+"""
+The budget for frames that ask for nothing (SETTINGS, PING, PRIORITY, WINDOW_UPDATE,
+empty DATA, unknown types): a burst, and a rate; each DATA frame sent earns one back
+(a client reading a large response acknowledges it with WINDOW_UPDATE frames).
+"""
+
+_ANSWER_431: Final = b"request header fields too large\n"
+_CONTROL_EVENTS: Final = (
+    PingReceived,
+    RemoteSettingsChanged,
+    PriorityUpdated,
+    UnknownFrameReceived,
+)
+
+
+def _settings(limits: LimitsSpec) -> Settings:
+    return Settings(
+        client=False,
+        initial_values={
+            SettingCodes.MAX_CONCURRENT_STREAMS: limits.max_streams_per_connection,
+            SettingCodes.MAX_HEADER_LIST_SIZE: MAX_HEADER_LIST_SIZE,
+            SettingCodes.ENABLE_PUSH: 0,
+        },
+    )
+
+
+@implementer(IPushProducer)
+class H2ServerConnection(Protocol):
+    """
+    The server side of one HTTP/2 connection (after ALPN chose C{h2}).
+
+    @ivar site: The site: its C{requestFactory} makes each stream's request, its
+        C{metrics} count refusals.
+    @ivar limits: C{Gateway.spec.limits}.
+    @ivar streams: The open streams, by id.
+    """
+
+    log = Logger(namespace="edgegw.h2")
+
+    def __init__(self, site: Any, limits: LimitsSpec, idle_timeout: float | None) -> None:
+        self.site = site
+        self.limits = limits
+        self.idle_timeout = idle_timeout
+        self.streams: dict[int, H2ClientStream] = {}
+        self._reactor: Any = site.reactor
+        self._h2 = H2Connection(
+            H2Configuration(
+                client_side=False,
+                header_encoding=None,
+                validate_inbound_headers=False,
+                normalize_inbound_headers=False,
+                validate_outbound_headers=False,
+                normalize_outbound_headers=False,
+            )
+        )
+        self._h2.local_settings = _settings(limits)
+        self._h2.encoder = ResponseFieldEncoder()
+        self._h2.decoder.max_header_list_size = HPACK_LIST_BOUND
+        self._peer: IAddress | None = None
+        self._host: IAddress | None = None
+        self._secure: bool | None = None
+        self._receiving = False
+        self._send_paused = False
+        self._draining = False
+        self._gone = False
+        self._waiting: dict[int, H2ClientStream] = {}
+        self._idle_call: Any = None
+        self._close_call: Any = None
+        self._fixed: tuple[bytes, list[tuple[bytes, bytes]]] = (b"", [])
+        streams = limits.max_streams_per_connection
+        self._resets = EventBudget(2 * streams, streams, self._reactor)
+        self._control = EventBudget(CONTROL_FRAMES_BURST, CONTROL_FRAMES_PER_SECOND, self._reactor)
+        # Told when the connection is gone (the site counts it against its caps).
+        self._release: Any = None
+
+    # Protocol
+
+    def connectionMade(self) -> None:
+        transport: Any = self.transport
+        transport.registerProducer(self, True)
+        h2 = self._h2
+        h2.initiate_connection()
+        h2.increment_flow_control_window(CONNECTION_WINDOW - 65535)
+        self._flush()
+        self._idle()
+
+    def dataReceived(self, data: bytes) -> None:
+        if self._gone:
+            return
+        self._receiving = True
+        try:
+            try:
+                events = self._h2.receive_data(data)
+            except ProtocolError as e:
+                self._protocol_error(e)
+                return
+            for event in events:
+                if self._event(event):
+                    return
+        finally:
+            self._receiving = False
+        self._flush()
+
+    def connectionLost(self, reason: Failure = connectionDone) -> None:
+        self._gone = True
+        for call in (self._idle_call, self._close_call):
+            if call is not None and call.active():
+                call.cancel()
+        self._idle_call = self._close_call = None
+        streams, self.streams = self.streams, {}
+        self._waiting.clear()
+        for stream in streams.values():
+            stream.lost("the client connection is gone")
+        release, self._release = self._release, None
+        if release is not None:
+            release(self)
+
+    # The transport's producer: it pauses us while the client reads nothing.
+
+    def pauseProducing(self) -> None:
+        self._send_paused = True
+        for stream in self._waiting.values():
+            self._arm_send_timer(stream)
+
+    def resumeProducing(self) -> None:
+        self._send_paused = False
+        self._send_waiting()
+        self._flush()
+
+    def stopProducing(self) -> None:
+        pass
+
+    # What the site and the streams ask.
+
+    def getPeer(self) -> IAddress:
+        """
+        The client's address (asked of the transport once).
+        """
+        peer = self._peer
+        if peer is None:
+            transport: Any = self.transport
+            peer = self._peer = transport.getPeer()
+        return peer
+
+    def getHost(self) -> IAddress:
+        """
+        The local address (asked of the transport once).
+        """
+        host = self._host
+        if host is None:
+            transport: Any = self.transport
+            host = self._host = transport.getHost()
+        return host
+
+    def isSecure(self) -> bool:
+        """
+        Whether the transport is TLS.
+        """
+        secure = self._secure
+        if secure is None:
+            secure = self._secure = ISSLTransport(self.transport, None) is not None
+        return secure
+
+    def shutDown(self) -> None:
+        """
+        The gateway is draining: GOAWAY with the last stream id; the streams in flight
+        finish, then the connection closes (at once when none is open).
+        """
+        if self._draining or self._gone:
+            return
+        self._draining = True
+        self._flush()
+        # Written past h2's state machine, which would refuse every frame after its own
+        # GOAWAY: the streams in flight still send their responses.
+        frame = GoAwayFrame(0)
+        frame.last_stream_id = self._h2.highest_inbound_stream_id
+        frame.error_code = ErrorCodes.NO_ERROR
+        transport: Any = self.transport
+        transport.write(frame.serialize())
+        self._close_when_idle()
+
+    def abortClient(self) -> None:
+        """
+        Drop the connection at once (a drain's time is up).
+        """
+        transport: Any = self.transport
+        if transport is not None and not self._gone:
+            transport.abortConnection()
+
+    def send_head(
+        self, stream: H2ClientStream, code: bytes, headers: Headers, flush: bool = True
+    ) -> None:
+        """
+        Send C{stream}'s response head (written to the transport now when C{flush}, else
+        with what follows it).
+        """
+        fields: list[tuple[bytes, bytes]] = [(b":status", code), (b"date", date_value())]
+        fixed = getattr(headers, "fixed", b"")
+        if fixed:
+            fields += self._fixed_fields(fixed)
+        for name, values in raw_fields(headers).items():
+            name = name.lower()
+            if name in CONNECTION_SPECIFIC:
+                continue
+            fields += [(name, value) for value in values]
+        self._h2.send_headers(stream.stream_id, fields)
+        if flush:
+            self._flush_soon()
+
+    def send_continue(self, stream: H2ClientStream) -> None:
+        """
+        Send C{100 Continue} on C{stream}.
+        """
+        self._h2.send_headers(stream.stream_id, [(b":status", b"100")])
+        self._arm_body_timer(stream)
+        self._flush_soon()
+
+    def send_pending(self, stream: H2ClientStream) -> None:
+        """
+        Send what C{stream} has waiting, as far as the windows allow.
+        """
+        self._send(stream)
+        if stream.pending_bytes > HIGH_WATER:
+            stream.pause_producer()
+        self._flush_soon()
+
+    def end_stream(self, stream: H2ClientStream) -> None:
+        """
+        C{stream}'s response is complete: end it once its body is sent.
+        """
+        stream.end_after_pending = True
+        self._send(stream)
+        self._flush_soon()
+
+    def reset_stream(self, stream: H2ClientStream, code: int = ErrorCodes.INTERNAL_ERROR) -> None:
+        """
+        Reset C{stream} (its request fails).
+        """
+        if stream.closed:
+            return
+        self._forget(stream)
+        if not self._gone:
+            with contextlib.suppress(ProtocolError, StreamClosedError):
+                self._h2.reset_stream(stream.stream_id, code)
+        stream.lost("the stream was reset")
+        self._flush_soon()
+
+    def body_paused(self, stream: H2ClientStream) -> None:
+        """
+        C{stream}'s body consumer paused: its body deadline stops.
+        """
+        timer = stream.body_timer
+        if timer is not None and timer.active():
+            timer.cancel()
+        stream.body_timer = None
+
+    def body_resumed(self, stream: H2ClientStream, unacknowledged: int) -> None:
+        """
+        C{stream}'s body consumer resumed: acknowledge what it has taken.
+        """
+        if stream.closed or self._gone:
+            return
+        if unacknowledged:
+            self._acknowledge(stream, unacknowledged)
+        if not stream.body_complete:
+            self._arm_body_timer(stream)
+        self._flush_soon()
+
+    # Events.
+
+    def _event(self, event: Any) -> bool:
+        """
+        Act on C{event}; whether the connection is gone now.
+        """
+        kind = type(event)
+        if kind is RequestReceived:
+            self._request(event.stream_id, event.headers, event.stream_ended is not None)
+        elif kind is DataReceived:
+            self._data(event)
+        elif kind is StreamEnded:
+            self._ended(event.stream_id)
+        elif kind is StreamReset:
+            self._reset(event.stream_id)
+        elif kind is WindowUpdated:
+            if not self._control.spend():
+                self._calm("WINDOW_UPDATE")
+            else:
+                self._send_waiting()
+        elif kind is ConnectionTerminated:
+            # The client has gone away: h2 sends nothing more on this connection.
+            self._close()
+        elif kind in _CONTROL_EVENTS and not self._control.spend():
+            self._calm(kind.__name__)
+        return self._gone
+
+    def _request(self, stream_id: int, fields: Any, ended: bool) -> None:
+        if self._draining:
+            self._h2.reset_stream(stream_id, ErrorCodes.REFUSED_STREAM)
+            return
+        try:
+            head = read_request_head(fields, MAX_HEADER_LIST_SIZE, MAX_HEADER_FIELDS)
+        except MalformedRequestError as e:
+            self._count_refusal(400, "malformed_h2_request")
+            self.log.debug("stream {id} refused: {why}", id=stream_id, why=str(e))
+            self._h2.reset_stream(stream_id, ErrorCodes.PROTOCOL_ERROR)
+            if not self._resets.spend():
+                self._calm("malformed requests")
+            return
+        except HeaderListTooLargeError:
+            self._count_refusal(431, "request_header_fields_too_large")
+            self._answer_431(stream_id, ended)
+            return
+        self._not_idle()
+        stream = H2ClientStream(self, stream_id, self.site)
+        self.streams[stream_id] = stream
+        request = self.site.requestFactory(stream, queued=False)
+        stream.request = request
+        headers = request.requestHeaders
+        for name, value in head.fields:
+            headers.addRawHeader(name, value)
+        request.parseCookies()
+        if ended:
+            request.gotLength(0)
+            request.requestReceived(head.method, head.target, b"HTTP/2")
+            return
+        stream.body_complete = False
+        stream.body_expected = head.content_length
+        request.gotLength(head.content_length)
+        self._arm_body_timer(stream)
+        request.dispatchEarly(head.method, head.target, b"HTTP/2")
+
+    def _data(self, event: DataReceived) -> None:
+        length = event.flow_controlled_length
+        data = event.data
+        if not data and event.stream_ended is None and not self._control.spend():
+            self._calm("empty DATA")
+            return
+        stream = self.streams.get(event.stream_id)
+        if stream is None or stream.closed or stream.body_complete:
+            # A stream refused or done with: its bytes count against the windows only.
+            self._h2.acknowledge_received_data(length, event.stream_id)
+            return
+        expected = stream.body_expected
+        if expected is not None and stream.body_received + len(data) > expected:
+            # h2 raises for this as well; the gateway does not rely on it.
+            self.reset_stream(stream, ErrorCodes.PROTOCOL_ERROR)
+            return
+        acknowledged = stream.data_received(data, length)
+        if acknowledged and not stream.closed:
+            self._acknowledge(stream, acknowledged)
+        if not stream.body_complete and not stream.closed:
+            self._arm_body_timer(stream)
+
+    def _ended(self, stream_id: int) -> None:
+        stream = self.streams.get(stream_id)
+        if stream is None or stream.closed or stream.body_complete:
+            return
+        expected = stream.body_expected
+        if expected is not None and stream.body_received != expected:
+            self.reset_stream(stream, ErrorCodes.PROTOCOL_ERROR)
+            return
+        stream.body_complete = True
+        timer = stream.body_timer
+        if timer is not None and timer.active():
+            timer.cancel()
+        stream.body_timer = None
+        request = stream.request
+        if request is not None:
+            request.requestReceived(request.method, request.uri, b"HTTP/2")
+        self._maybe_done(stream)
+
+    def _reset(self, stream_id: int) -> None:
+        stream = self.streams.get(stream_id)
+        if stream is not None:
+            self._forget(stream)
+            stream.lost("the client reset the stream")
+        if not self._resets.spend():
+            self._calm("RST_STREAM")
+
+    # Sending.
+
+    def _send(self, stream: H2ClientStream) -> None:
+        if stream.closed or self._gone:
+            return
+        h2 = self._h2
+        stream_id = stream.stream_id
+        pending = stream.pending
+        sent = False
+        while pending and not self._send_paused:
+            window = min(h2.local_flow_control_window(stream_id), h2.max_outbound_frame_size)
+            if window <= 0:
+                break
+            chunk = pending[0]
+            if len(chunk) > window:
+                pending[0] = chunk[window:]
+                chunk = chunk[:window]
+            else:
+                pending.popleft()
+            stream.pending_bytes -= len(chunk)
+            last = not pending and stream.end_after_pending
+            h2.send_data(stream_id, chunk, end_stream=last)
+            self._control.refund()
+            sent = True
+            if last:
+                self._finished(stream)
+                return
+        if not pending and stream.end_after_pending:
+            h2.end_stream(stream_id)
+            self._finished(stream)
+            return
+        if pending:
+            self._waiting[stream_id] = stream
+            if sent or stream.send_timer is None:
+                self._arm_send_timer(stream)
+        else:
+            self._waiting.pop(stream_id, None)
+            timer = stream.send_timer
+            if timer is not None and timer.active():
+                timer.cancel()
+            stream.send_timer = None
+        if stream.pending_bytes < LOW_WATER:
+            stream.resume_producer()
+
+    def _send_waiting(self) -> None:
+        for stream in sorted(self._waiting.values(), key=lambda s: s.stream_id):
+            if self._send_paused:
+                break
+            self._send(stream)
+
+    def _finished(self, stream: H2ClientStream) -> None:
+        """
+        C{stream}'s response was sent whole.
+        """
+        self._waiting.pop(stream.stream_id, None)
+        timer = stream.send_timer
+        if timer is not None and timer.active():
+            timer.cancel()
+        stream.send_timer = None
+        if not stream.body_complete:
+            # Answered before its body arrived: the client may stop sending it.
+            with contextlib.suppress(ProtocolError, StreamClosedError):
+                self._h2.reset_stream(stream.stream_id, ErrorCodes.NO_ERROR)
+            stream.body_complete = True
+            timer = stream.body_timer
+            if timer is not None and timer.active():
+                timer.cancel()
+            stream.body_timer = None
+            request = stream.request
+            if request is not None and not request.body.complete:
+                request.body.abandon()
+        stream.closed = True
+        self._maybe_done(stream)
+
+    def _maybe_done(self, stream: H2ClientStream) -> None:
+        if stream.closed and stream.body_complete:
+            self._forget(stream)
+
+    def _forget(self, stream: H2ClientStream) -> None:
+        stream_id = stream.stream_id
+        if self.streams.pop(stream_id, None) is not None and not self.streams:
+            if self._draining:
+                self._close_when_idle()
+            else:
+                self._idle()
+        self._waiting.pop(stream_id, None)
+
+    def _acknowledge(self, stream: H2ClientStream, length: int) -> None:
+        with contextlib.suppress(ProtocolError, StreamClosedError):
+            self._h2.acknowledge_received_data(length, stream.stream_id)
+
+    def _flush_soon(self) -> None:
+        if not self._receiving:
+            self._flush()
+
+    def _flush(self) -> None:
+        data = self._h2.data_to_send()
+        if data and not self._gone:
+            transport: Any = self.transport
+            transport.write(data)
+
+    # Refusals and errors.
+
+    def _answer_431(self, stream_id: int, ended: bool) -> None:
+        h2 = self._h2
+        h2.send_headers(
+            stream_id,
+            [
+                (b":status", b"431"),
+                (b"content-type", b"text/plain; charset=utf-8"),
+                (b"content-length", b"%d" % len(_ANSWER_431)),
+            ],
+        )
+        h2.send_data(stream_id, _ANSWER_431, end_stream=True)
+        if not ended:
+            h2.reset_stream(stream_id, ErrorCodes.NO_ERROR)
+
+    def _count_refusal(self, code: int, reason: str) -> None:
+        metrics = getattr(self.site, "metrics", None)
+        if metrics is not None:
+            metrics.edge_refused(code, reason)
+
+    def _calm(self, what: str) -> None:
+        """
+        The client spent a budget: GOAWAY ENHANCE_YOUR_CALM, every stream cancelled
+        (their upstream requests with them), and the connection closed.
+        """
+        self.log.warn(
+            "HTTP/2 client {peer} sent too many {what}: connection closed (ENHANCE_YOUR_CALM)",
+            peer=str(self.getPeer()),
+            what=what,
+        )
+        with contextlib.suppress(ProtocolError):
+            self._h2.close_connection(ErrorCodes.ENHANCE_YOUR_CALM)
+        self._flush()
+        self._close()
+
+    def _protocol_error(self, error: ProtocolError) -> None:
+        self.log.debug(
+            "HTTP/2 protocol error from {peer}: {error}", peer=str(self.getPeer()), error=error
+        )
+        self._flush()
+        self._close()
+
+    def _close(self) -> None:
+        """
+        Close: streams in flight fail now, the transport once what was written is out
+        (or after the send timeout).
+        """
+        if self._gone:
+            return
+        self._gone = True
+        streams, self.streams = self.streams, {}
+        self._waiting.clear()
+        for stream in streams.values():
+            stream.lost("the connection closed")
+        transport: Any = self.transport
+        transport.loseConnection()
+        self._close_call = self._reactor.callLater(
+            self.limits.send_timeout, transport.abortConnection
+        )
+
+    def _close_when_idle(self) -> None:
+        if not self.streams and not self._gone:
+            self._flush()
+            transport: Any = self.transport
+            self._gone = True
+            transport.loseConnection()
+            self._close_call = self._reactor.callLater(
+                self.limits.send_timeout, transport.abortConnection
+            )
+
+    # Timers.
+
+    def _idle(self) -> None:
+        timeout = self.idle_timeout
+        if timeout and self._idle_call is None and not self._gone:
+            self._idle_call = self._reactor.callLater(timeout, self._idle_timed_out)
+
+    def _not_idle(self) -> None:
+        call = self._idle_call
+        if call is not None:
+            self._idle_call = None
+            if call.active():
+                call.cancel()
+
+    def _idle_timed_out(self) -> None:
+        self._idle_call = None
+        if self.streams or self._gone:
+            return
+        with contextlib.suppress(ProtocolError):
+            self._h2.close_connection(ErrorCodes.NO_ERROR)
+        self._flush()
+        self._close()
+
+    def _arm_body_timer(self, stream: H2ClientStream) -> None:
+        timeout = self.limits.body_timeout
+        timer = stream.body_timer
+        if timer is not None and timer.active():
+            timer.reset(timeout)
+        else:
+            stream.body_timer = self._reactor.callLater(timeout, self._body_timed_out, stream)
+
+    def _body_timed_out(self, stream: H2ClientStream) -> None:
+        stream.body_timer = None
+        if stream.closed or stream.body_complete:
+            return
+        self.log.debug("stream {id}: request body overdue", id=stream.stream_id)
+        request = stream.request
+        if request is not None and not request.startedWriting:
+            self._count_refusal(408, "request_timeout")
+        self.reset_stream(stream, ErrorCodes.CANCEL)
+
+    def _arm_send_timer(self, stream: H2ClientStream) -> None:
+        timeout = self.limits.send_timeout
+        timer = stream.send_timer
+        if timer is not None and timer.active():
+            timer.reset(timeout)
+        else:
+            stream.send_timer = self._reactor.callLater(timeout, self._send_timed_out, stream)
+
+    def _send_timed_out(self, stream: H2ClientStream) -> None:
+        # A client that opens no window for this long would otherwise hold the stream,
+        # and the upstream exchange paused behind it, for ever.
+        stream.send_timer = None
+        if self._send_paused:
+            # Nothing moves on the whole connection: the client reads nothing at all.
+            self.abortClient()
+            return
+        self.reset_stream(stream, ErrorCodes.CANCEL)
+
+    def _fixed_fields(self, fixed: bytes) -> list[tuple[bytes, bytes]]:
+        known, fields = self._fixed
+        if fixed is not known:
+            fields = []
+            for line in fixed.split(b"\r\n"):
+                if line:
+                    name, _, value = line.partition(b":")
+                    name = name.strip().lower()
+                    if name not in CONNECTION_SPECIFIC:
+                        fields.append((name, value.strip()))
+            self._fixed = (fixed, fields)
+        return fields
