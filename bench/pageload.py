@@ -548,7 +548,7 @@ def run(settings: Settings) -> int:
     versions = {
         "chromium": version([tools["chromium"], "--version"]),
         "nginx": version([tools["nginx"], "-v"]),
-        "caddy": version([tools["caddy"], "version"]),
+        "caddy": "caddy " + version([tools["caddy"], "version"]),
         "app": f"{spa.PACKAGE}@{spa.VERSION}",
     }
     path = report.write_json(

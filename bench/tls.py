@@ -432,7 +432,7 @@ def run(settings: Settings) -> int:
         "wrk": version([tools.wrk, "-v"]),
         "h2load": version([tools.h2load, "--version"]),
         "nginx": version([tools.nginx, "-v"]),
-        "caddy": version([tools.caddy, "version"]),
+        "caddy": "caddy " + version([tools.caddy, "version"]),
         "openssl": version(["openssl", "version"]),
     }
     path = report.write_json(
