@@ -344,3 +344,65 @@ class ResponseFieldEncoderTests(TestCase):
         self.assertIn(b"sid=secret", second)
         # 0001xxxx: never indexed.
         self.assertEqual(first[0] & 0xF0, 0x10)
+
+
+class H2TelemetryTests(TestCase):
+    """
+    Metrics and plugins see HTTP/2 requests as they see HTTP/1.1 ones.
+    """
+
+    tls_certificate: bytes
+
+    async def test_metrics_count_h2_requests_and_refusals(self) -> None:
+        from twisted.internet import reactor
+
+        from edgegw.assembly.assemble import build_gateway
+        from edgegw.config.parse import load_config
+        from edgegw.upstream.pool import UpstreamClient
+        from tests.support.configs import GATEWAY, write_tree
+
+        backend = SiteBackend(answer(body=b"ok", headers=[(b"x-from-backend", b"1")])).start()
+        self.addCleanup(backend.stop)
+        routes = f"""\
+---
+kind: Telemetry
+metadata: {{name: t}}
+spec:
+  service: {{name: edge}}
+  metrics: {{prometheus: {{listen: "127.0.0.1:0"}}}}
+---
+kind: Route
+metadata: {{name: api}}
+spec:
+  match: /api/
+  access: {{auth: public}}
+  handler: {{type: reverse-proxy, upstream: "http://127.0.0.1:{backend.port}"}}
+---
+apiVersion: edgegw.io/v1
+kind: ResponsePlugin
+metadata: {{name: marks}}
+spec:
+  plugin: headers
+  config: {{set: {{X-Plugin: seen}}, remove: [X-From-Backend]}}
+"""
+        root = write_tree(self.mktemp(), {"a.yaml": GATEWAY + routes})
+        client = UpstreamClient(reactor)
+        self.addCleanup(client.close)
+        gateway = build_gateway(load_config(root, {}), reactor, client)
+        metrics = gateway.metrics
+        assert metrics is not None
+        port = listen_tls(self, gateway.site)
+        h2 = await connect_h2(self, port)
+        for _ in range(3):
+            response = await h2.request(b"GET", b"/api/x")
+            self.assertEqual(response.status, 200)
+        self.assertEqual(response.header(b"x-plugin"), b"seen")
+        self.assertIsNone(response.header(b"x-from-backend"))
+        counts = {v: p.count for _, v, p in metrics.server_duration.points()}  # type: ignore[attr-defined]
+        self.assertEqual(counts, {("/api/", "GET", "2xx"): 3})
+        bad = await h2.request(b"GET", b"/api/x", [(b"connection", b"close")])
+        self.assertIsNotNone(bad.reset)
+        self.assertEqual(metrics.edge_refusals.value((400, "malformed_h2_request")), 1)
+        refused = await h2.request(b"GET", b"/api/a;b")
+        self.assertEqual(refused.status, 400)
+        self.assertEqual(metrics.edge_refusals.value((400, "path_semicolon")), 1)

@@ -113,7 +113,15 @@ class H2Client(Protocol):
     """
 
     def __init__(self, auto_window: bool = True) -> None:
-        self.h2 = H2Connection(H2Configuration(client_side=True, header_encoding=None))
+        # Sends what it is given, malformed included: the gateway's checks are tested.
+        self.h2 = H2Connection(
+            H2Configuration(
+                client_side=True,
+                header_encoding=None,
+                validate_outbound_headers=False,
+                normalize_outbound_headers=False,
+            )
+        )
         self.events: list[Any] = []
         self.received = b""
         self.responses: dict[int, Response] = {}

@@ -148,7 +148,7 @@ class H2ServerConnection(Protocol):
             )
         )
         self._h2.local_settings = _settings(limits)
-        self._h2.encoder = ResponseFieldEncoder()
+        self._h2.encoder = ResponseFieldEncoder()  # type: ignore[assignment]  # duck-typed
         self._h2.decoder.max_header_list_size = HPACK_LIST_BOUND
         self._peer: IAddress | None = None
         self._host: IAddress | None = None

@@ -26,7 +26,7 @@ __all__ = ["ResponseFieldEncoder", "encode_integer"]
 
 _STATIC: Final = HeaderTable.STATIC_TABLE
 _STATIC_FIELDS: Final = {field: index for index, field in enumerate(_STATIC, 1)}
-_STATIC_NAMES: Final = {}
+_STATIC_NAMES: Final[dict[bytes, int]] = {}
 for _index, (_name, _) in enumerate(_STATIC, 1):
     _STATIC_NAMES.setdefault(_name, _index)
 
@@ -100,9 +100,10 @@ class ResponseFieldEncoder:
     def __init__(self) -> None:
         self._max_size = 4096
         self._used = 0
-        self._inserted = 0
-        # (name, value) -> its insertion number (0 for the first inserted).
-        self._indexed: dict[tuple[bytes, bytes], int] = {}
+        # The fields in the dynamic table, oldest first.
+        self._entries: list[tuple[bytes, bytes]] = []
+        # (name, value) -> its encoding as an index (static or dynamic).
+        self._known: dict[tuple[bytes, bytes], bytes] = {}
         self._pending_update: bytes = b""
 
     @property
@@ -120,8 +121,8 @@ class ResponseFieldEncoder:
         if self._used > value:
             # Shrunk below what is indexed: start over, an empty table first.
             self._used = 0
-            self._inserted = 0
-            self._indexed = {}
+            self._entries = []
+            self._reindex()
             self._pending_update = encode_integer(0, 5, 0x20)
         self._pending_update += encode_integer(value, 5, 0x20)
 
@@ -132,31 +133,40 @@ class ResponseFieldEncoder:
         """
         parts = [self._pending_update] if self._pending_update else []
         self._pending_update = b""
-        indexed = self._indexed
+        known = self._known
         for field in fields:
-            name, value = field[0], field[1]
-            static = _STATIC_FIELDS.get((name, value))
-            if static is not None:
-                parts.append(encode_integer(static, 7, 0x80))
-                continue
-            if name in NEVER_INDEXED or getattr(field, "indexable", True) is False:
-                parts.append(_literal(name, value, 0x10, 4))
-                continue
-            if name in VARYING:
-                parts.append(_literal(name, value, 0x00, 4))
-                continue
-            key = (name, value)
-            number = indexed.get(key)
-            if number is not None:
-                index = len(_STATIC) + self._inserted - number
-                parts.append(encode_integer(index, 7, 0x80))
-                continue
-            size = len(name) + len(value) + _ENTRY_OVERHEAD
-            if self._used + size <= self._max_size:
-                self._used += size
-                indexed[key] = self._inserted
-                self._inserted += 1
-                parts.append(_literal(name, value, 0x40, 6))
-            else:
-                parts.append(_literal(name, value, 0x00, 4))
+            encoded = known.get(field)
+            if encoded is None:
+                encoded = self._field(field)
+            parts.append(encoded)
         return b"".join(parts)
+
+    def _field(self, field: tuple[bytes, bytes]) -> bytes:
+        name, value = field[0], field[1]
+        static = _STATIC_FIELDS.get((name, value))
+        if static is not None:
+            encoded = encode_integer(static, 7, 0x80)
+        elif name in NEVER_INDEXED or getattr(field, "indexable", True) is False:
+            return _literal(name, value, 0x10, 4)
+        elif name in VARYING:
+            return _literal(name, value, 0x00, 4)
+        else:
+            size = len(name) + len(value) + _ENTRY_OVERHEAD
+            if self._used + size > self._max_size:
+                return _literal(name, value, 0x00, 4)
+            self._used += size
+            self._entries.append((name, value))
+            self._reindex()
+            return _literal(name, value, 0x40, 6)
+        self._known[(name, value)] = encoded
+        return encoded
+
+    def _reindex(self) -> None:
+        # An insertion shifts every dynamic entry's index by one (the newest is 62): the
+        # cache of their encodings is rebuilt (insertions stop once the table is full,
+        # a few dozen per connection at most).
+        known = {key: value for key, value in self._known.items() if key in _STATIC_FIELDS}
+        count = len(self._entries)
+        for number, entry in enumerate(self._entries):
+            known[entry] = encode_integer(len(_STATIC) + count - number, 7, 0x80)
+        self._known = known
