@@ -153,13 +153,18 @@ unit-oldest: $(OLDEST_STAMP) $(E2E_STAMP) redis chromium systemd-tools $(DEB_STA
 test: lint typecheck layers unit unit-oldest
 
 ## Benchmarks (never part of the tests): every scenario in one interleaved run (wrk
-## against the backend, nginx, an Agent proxy and edgegw; bench/results/suite-*.md), then
-## the memory figures. Installs wrk and nginx as root. The feature benchmarks
+## against the backend, nginx, an Agent proxy and edgegw; bench/results/suite-*.md), the
+## memory figures, HTTPS beside nginx and Caddy (h2load and wrk; bench/results/tls-*.md)
+## and a single-page app's load in headless Chromium through an emulated 100 ms,
+## 10 Mbit/s link (bench/results/pageload-*.md). Installs wrk, nginx, h2load, Caddy,
+## Chromium and its driver and npm as root. The feature benchmarks
 ## (python -m bench proxy|api|authz|telemetry|session|bearer|plugins|metrics|workers)
 ## measure one feature each in more depth.
 bench: $(STAMP)
 	$(BIN)/python -m bench suite
 	$(BIN)/python -m bench memory
+	$(BIN)/python -m bench tls
+	$(BIN)/python -m bench pageload
 
 clean:
 	rm -rf $(VENV) $(OLDEST) _trial_temp* build *.egg-info .mypy_cache .ruff_cache

@@ -1,7 +1,7 @@
 """
 The benchmark harness's command line: C{python -m bench COMMAND}, where COMMAND is one of
 proxy, memory, api, authz, telemetry, session, server-session, bearer, plugins, metrics,
-workers, suite, soak, profile, chain.
+workers, suite, tls, pageload, soak, profile, chain.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from bench import (
     chain,
     memory,
     metrics,
+    pageload,
     plugins,
     profile,
     proxy,
@@ -28,6 +29,7 @@ from bench import (
     soak,
     suite,
     telemetry,
+    tls,
     variants,
     workers,
 )
@@ -72,6 +74,16 @@ def _delays(text: str) -> tuple[float, float, float]:
             f"three delays in milliseconds (groups a, b, c) such as 0,2,5, got {text!r}"
         )
     return values[0], values[1], values[2]
+
+
+def _servers(text: str) -> tuple[str, ...]:
+    names = tuple(name.strip() for name in text.split(",") if name.strip())
+    unknown = [name for name in names if name not in pageload.SERVERS]
+    if unknown or not names:
+        raise argparse.ArgumentTypeError(
+            f"servers are among {','.join(pageload.SERVERS)}, got {text!r}"
+        )
+    return tuple(name for name in pageload.SERVERS if name in names)
 
 
 def _targets(text: str) -> str:
@@ -361,6 +373,62 @@ def parser() -> argparse.ArgumentParser:
         suite.Settings(),
         "wrk connections (every row; the c1 rows are also loaded at 1)",
     )
+    tls_defaults = tls.Settings()
+    secure = _wrk_options(
+        commands.add_parser(
+            "tls",
+            help="HTTPS: h2, HTTP/1.1 over TLS, plain and new handshakes; edgegw, nginx, Caddy",
+            description=tls.__doc__,
+            formatter_class=argparse.RawDescriptionHelpFormatter,
+        ),
+        tls_defaults,
+        "wrk connections on the keep-alive rows (tls, plain)",
+    )
+    secure.add_argument(
+        "--h2-clients",
+        type=_positive,
+        default=tls_defaults.h2_clients,
+        help="h2load connections on the h2 rows (default %(default)s)",
+    )
+    secure.add_argument(
+        "--h2-streams",
+        type=_positive,
+        default=tls_defaults.h2_streams,
+        help="h2load concurrent streams per connection (default %(default)s)",
+    )
+    secure.add_argument(
+        "--handshake-connections",
+        type=_positive,
+        default=tls_defaults.handshake_connections,
+        help="wrk connections on the new-tls rows (default %(default)s)",
+    )
+    loaded = pageload.Settings()
+    page = commands.add_parser(
+        "pageload",
+        help="a real single-page app in headless Chromium over HTTPS through an emulated "
+        "100 ms / 10 Mbit/s link: edgegw, nginx, Caddy",
+        description=pageload.__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    page.add_argument("--rounds", type=_positive, default=loaded.rounds, help="loads per server")
+    page.add_argument(
+        "--servers",
+        type=_servers,
+        default=loaded.servers,
+        help="comma-separated, among " + ",".join(pageload.SERVERS) + " (default: all)",
+    )
+    page.add_argument(
+        "--delay-ms", type=float, default=loaded.delay_ms, help="the link's delay each way"
+    )
+    page.add_argument("--down-mbit", type=float, default=loaded.down_mbit, help="downstream rate")
+    page.add_argument("--up-mbit", type=float, default=loaded.up_mbit, help="upstream rate")
+    page.add_argument(
+        "--timeout", type=_positive, default=loaded.timeout, help="seconds a load may take"
+    )
+    page.add_argument("--keep-tmp", action="store_true", help="keep configurations and logs")
+    page.add_argument(
+        "--screenshots", metavar="DIR", help="save each load's page as DIR/SERVER-roundN.png"
+    )
     soaking = commands.add_parser(
         "soak",
         help="a session route at 80 %% of capacity for 30 minutes: RSS flat, no errors",
@@ -460,6 +528,28 @@ def main(argv: Sequence[str] | None = None) -> int:
             return workers.run(variants.Settings(**_wrk_settings(args)))
         if args.command == "suite":
             return suite.run(suite.Settings(**_wrk_settings(args)))
+        if args.command == "tls":
+            return tls.run(
+                tls.Settings(
+                    **_wrk_settings(args),
+                    h2_clients=args.h2_clients,
+                    h2_streams=args.h2_streams,
+                    handshake_connections=args.handshake_connections,
+                )
+            )
+        if args.command == "pageload":
+            return pageload.run(
+                pageload.Settings(
+                    rounds=args.rounds,
+                    delay_ms=args.delay_ms,
+                    down_mbit=args.down_mbit,
+                    up_mbit=args.up_mbit,
+                    servers=args.servers,
+                    timeout=args.timeout,
+                    keep_tmp=args.keep_tmp,
+                    screenshots=args.screenshots,
+                )
+            )
         if args.command == "soak":
             return soak.run(
                 soak.Settings(

@@ -67,7 +67,11 @@ _PROXY = """\
 """
 
 
-def _write(prefix: Path, body: str) -> Path:
+def write(prefix: Path, body: str) -> Path:
+    """
+    Write C{prefix/nginx.conf}: one worker, no access log, temp paths and pid file under
+    C{prefix}, keep-alive for a whole run, and C{body} inside its C{http} block.
+    """
     (prefix / "tmp").mkdir(parents=True, exist_ok=True)
     # As root, nginx would otherwise switch its worker to "nobody", which cannot read the
     # private temp directory this benchmark runs in.
@@ -82,7 +86,7 @@ def backend_config(prefix: Path, port: int, www: Path) -> Path:
     Write the static backend's configuration: C{www} served on 127.0.0.1:C{port} with
     keepalive and sendfile.
     """
-    return _write(prefix, _BACKEND.format(port=port, www=www))
+    return write(prefix, _BACKEND.format(port=port, www=www))
 
 
 def proxy_config(prefix: Path, port: int, backend_port: int, keepalive: int) -> Path:
@@ -90,7 +94,7 @@ def proxy_config(prefix: Path, port: int, backend_port: int, keepalive: int) -> 
     Write the reverse proxy's configuration: 127.0.0.1:C{port} forwarding everything to
     the backend over HTTP/1.1 with C{keepalive} idle upstream connections cached.
     """
-    return _write(prefix, _PROXY.format(port=port, backend_port=backend_port, keepalive=keepalive))
+    return write(prefix, _PROXY.format(port=port, backend_port=backend_port, keepalive=keepalive))
 
 
 def start(nginx: str, name: str, prefix: Path, config: Path) -> Process:

@@ -2,12 +2,13 @@
 C{python -m bench profile}: where edgegw's CPU goes under load, sampled with py-spy.
 
 One edgegw process serves one scenario's route (the same configurations the other
-benchmarks measure) while wrk loads it; py-spy samples the process's Python stacks
-(C{py-spy record --format raw}, the collapsed stacks flame graphs are drawn from) for
-the whole run. The summary lists the functions with the most samples, on their own
-(self) and with what they call (inclusive), as shares of all samples; the raw stacks are
-kept beside the JSON results for a flame graph (C{flamegraph.pl}, speedscope) or a
-closer look.
+benchmarks measure) while wrk loads it (over TLS for C{tls}; C{h2} is loaded with
+C{h2load -c10 -m5} over HTTP/2, as C{python -m bench tls} does); py-spy samples the
+process's Python stacks (C{py-spy record --format raw}, the collapsed stacks flame
+graphs are drawn from) for the whole run. The summary lists the functions with the most
+samples, on their own (self) and with what they call (inclusive), as shares of all
+samples; the raw stacks are kept beside the JSON results for a flame graph
+(C{flamegraph.pl}, speedscope) or a closer look.
 
 py-spy is installed into the virtualenv from PyPI when missing (C{pip install py-spy});
 it reads the process's memory, so it needs root or C{ptrace} rights over it
@@ -28,11 +29,11 @@ from typing import Any
 
 import attrs
 
-from bench import gateway, wrk
+from bench import gateway, h2load, tls_servers, wrk
 from bench.processes import StartupError, scratch
 from bench.rounds import say
 from bench.targets import PAYLOADS, Target, start_backend, start_edgegw
-from bench.tools import ensure_tools
+from bench.tools import ensure, ensure_tools
 from tests.support.processes import REPO_ROOT, free_port, venv_bin
 
 SMALL = PAYLOADS[0]
@@ -47,6 +48,9 @@ class Scenario:
 
     @ivar routes: Made from the backend's origin (C{http://127.0.0.1:PORT}) and the
         directory the backend serves.
+    @ivar load: C{http} (wrk), C{https} (wrk over TLS: the Gateway gets C{spec.tls}
+        with a certificate made for the run) or C{h2} (the same, loaded with h2load
+        over HTTP/2).
     """
 
     name: str
@@ -54,6 +58,7 @@ class Scenario:
     path: str
     routes: Callable[[str, Path], Sequence[gateway.RouteConfig]]
     resources: Sequence[Mapping[str, Any]] = ()
+    load: str = "http"
 
 
 SCENARIOS = {
@@ -69,7 +74,24 @@ SCENARIOS = {
         SMALL.path,
         lambda _, www: [gateway.static("s", "/", www)],
     ),
+    "tls": Scenario(
+        "tls",
+        "proxy's route over HTTP/1.1 with TLS (Gateway.spec.tls), wrk https",
+        SMALL.path,
+        lambda origin, _: [gateway.reverse_proxy("p", "/", origin)],
+        load="https",
+    ),
+    "h2": Scenario(
+        "h2",
+        "proxy's route over HTTP/2 (Gateway.spec.tls), h2load -c10 -m5",
+        SMALL.path,
+        lambda origin, _: [gateway.reverse_proxy("p", "/", origin)],
+        load="h2",
+    ),
 }
+
+H2_CLIENTS, H2_STREAMS = 10, 5
+"""h2load's connections and streams per connection in the C{h2} scenario (as C{bench tls})."""
 
 
 @attrs.frozen
@@ -174,13 +196,35 @@ def run(settings: Settings) -> int:
         origin = f"http://127.0.0.1:{backend.port}"
         target = Target("p", "edgegw", scenario.description, port=free_port())
         routes = scenario.routes(origin, tmp / "www")
-        start_edgegw(stack, tmp, "edgegw", target, routes, scenario.resources)
+        resources = list(scenario.resources)
+        scheme = "http"
+        if scenario.load != "http":
+            cert = tls_servers.certificate(tmp / "certificate", "localhost")
+            resources.append(gateway.gateway_fields(tls_servers.edgegw_tls_fields(cert)))
+            scheme = "https"
+        start_edgegw(stack, tmp, "edgegw", target, routes, resources)
         if target.unavailable is not None:
             say(f"bench: edgegw unavailable: {target.unavailable}")
             return 1
-        url = wrk.Url(f"http://127.0.0.1:{target.port}{scenario.path}")
+        url = wrk.Url(f"{scheme}://127.0.0.1:{target.port}{scenario.path}")
+        h2 = ensure(("h2load",))["h2load"] if scenario.load == "h2" else ""
+
+        def load(duration: int) -> tuple[float, int, float]:
+            # req/s, requests, the CPU seconds of edgegw over the run
+            if scenario.load == "h2":
+                done, used = h2load.measure(h2, url, H2_CLIENTS, H2_STREAMS, duration, target.pids)
+                if done.protocol != "h2":
+                    raise h2load.H2loadError(f"h2load negotiated {done.protocol or 'nothing'}")
+                return done.rps, done.requests, used
+            result, used = wrk.measure(tools.wrk, url, settings.connections, duration, target.pids)
+            return result.rps, result.requests, used
+
         # Warm up before sampling: imports, first connections, caches.
-        wrk.run(tools.wrk, url, settings.connections, 2)
+        try:
+            load(2)
+        except (wrk.WrkError, h2load.H2loadError) as e:
+            say(f"bench: the load failed: {e}")
+            return 1
         spying = subprocess.Popen(
             [
                 spy,
@@ -206,18 +250,21 @@ def run(settings: Settings) -> int:
             text=True,
         )
         time.sleep(0.5)
-        result, cpu = wrk.measure(
-            tools.wrk, url, settings.connections, settings.duration, target.pids
-        )
+        rps, requests, cpu = load(settings.duration)
         _, errors = spying.communicate(timeout=settings.duration + 60)
         if spying.returncode != 0 or not raw_path.exists():
             say(f"bench: py-spy failed ({spying.returncode}): {errors.strip()}")
             return 1
     total, own, inclusive = summarise(raw_path.read_text(errors="replace"))
     print(f"PROFILE {scenario.name}: {scenario.description}")
+    generator = (
+        f"h2load -c{H2_CLIENTS} -m{H2_STREAMS}"
+        if scenario.load == "h2"
+        else f"wrk -c{settings.connections}"
+    )
     print(
-        f"wrk -c{settings.connections} {settings.duration}s: {result.rps:,.0f} req/s, "
-        f"{cpu / max(1, result.requests) * 1e6:.1f} µs CPU/req; py-spy {settings.rate}/s: "
+        f"{generator} {settings.duration}s: {rps:,.0f} req/s, "
+        f"{cpu / max(1, requests) * 1e6:.1f} µs CPU/req; py-spy {settings.rate}/s: "
         f"{total} samples"
     )
     print()

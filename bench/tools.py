@@ -21,9 +21,18 @@ _SEARCH_PATH = os.pathsep.join(
     [os.environ.get("PATH", ""), "/usr/local/sbin", "/usr/sbin", "/sbin"]
 )
 
-APT_PACKAGES = {"wrk": "wrk", "nginx": "nginx-light"}
-"""The Debian package providing each program: wrk, and a small nginx (``nginx`` is the
-fallback)."""
+APT_PACKAGES = {
+    "wrk": "wrk",
+    "nginx": "nginx-light",
+    "h2load": "nghttp2-client",
+    "caddy": "caddy",
+    "chromium": "chromium",
+    "chromedriver": "chromium-driver",
+    "npm": "npm",
+}
+"""The Debian package providing each program: wrk, a small nginx (``nginx`` is the
+fallback), h2load, Caddy, Chromium and its driver (for C{pageload}), and npm (which
+fetches C{pageload}'s single-page app)."""
 
 
 class MissingToolsError(Exception):
@@ -91,9 +100,20 @@ def _ensure(names: Sequence[str]) -> dict[str, str]:
             f"bench: apt-get could not install {' '.join(packages)}; install "
             f"{' and '.join(names)} and run again."
         )
-    if "nginx" in missing:
-        _stop_stock_nginx()
+    for service in ("nginx", "caddy"):
+        if service in missing:
+            _stop_stock_service(service)
     return {name: path for name, path in found.items() if path}
+
+
+def ensure(names: Sequence[str]) -> dict[str, str]:
+    """
+    The paths of the programs C{names} (keys of L{APT_PACKAGES}), installing the missing
+    ones with apt-get when running as root.
+
+    @raise MissingToolsError: If some are missing and cannot be installed here.
+    """
+    return _ensure(names)
 
 
 def ensure_tools() -> Tools:
@@ -115,14 +135,17 @@ def ensure_wrk() -> str:
     return _ensure(("wrk",))["wrk"]
 
 
-def _stop_stock_nginx() -> None:
+_SERVICE_MARKS = {"nginx": "/run/nginx.pid", "caddy": "/run/systemd/units/invocation:caddy.service"}
+
+
+def _stop_stock_service(name: str) -> None:
     """
-    Stop the distribution's nginx service if installing the package started it anyway:
-    the benchmark machine should run only what the harness starts.
+    Stop the distribution's C{name} service (nginx, Caddy) if installing the package
+    started it anyway: the benchmark machine should run only what the harness starts.
     """
-    if not os.path.exists("/run/nginx.pid"):
+    if not os.path.exists(_SERVICE_MARKS[name]):
         return
-    for command in (["systemctl", "stop", "nginx"], ["service", "nginx", "stop"]):
+    for command in (["systemctl", "stop", name], ["service", name, "stop"]):
         if _which(command[0]):
             subprocess.run(command, capture_output=True, check=False)
             return
