@@ -105,6 +105,12 @@ The most bytes a header block may take across its HEADERS and CONTINUATION frame
 (CVE-2024-27316); beyond it, GOAWAY with ENHANCE_YOUR_CALM.
 """
 
+STREAM_CEILING: Final = 2
+"""
+How many times C{limits.maxStreamsPerConnection} h2 itself enforces (a connection
+error); between the limit and that, streams are refused one by one.
+"""
+
 REFUND_BYTES: Final = 8192
 """Response bytes sent that earn back one control-frame token."""
 
@@ -126,11 +132,11 @@ _CONTROL_EVENTS: Final = (
 )
 
 
-def _settings(limits: LimitsSpec) -> Settings:
+def _settings(max_streams: int) -> Settings:
     return Settings(
         client=False,
         initial_values={
-            SettingCodes.MAX_CONCURRENT_STREAMS: limits.max_streams_per_connection,
+            SettingCodes.MAX_CONCURRENT_STREAMS: max_streams,
             SettingCodes.MAX_HEADER_LIST_SIZE: MAX_HEADER_LIST_SIZE,
             SettingCodes.ENABLE_PUSH: 0,
         },
@@ -166,7 +172,7 @@ class H2ServerConnection(Protocol):
                 normalize_outbound_headers=False,
             )
         )
-        self._h2.local_settings = _settings(limits)
+        self._h2.local_settings = _settings(limits.max_streams_per_connection)
         self._h2.encoder = ResponseFieldEncoder()  # type: ignore[assignment]  # duck-typed
         self._h2.decoder.max_header_list_size = HPACK_LIST_BOUND
         self._peer: IAddress | None = None
@@ -198,6 +204,11 @@ class H2ServerConnection(Protocol):
         transport.registerProducer(self, True)
         h2 = self._h2
         h2.initiate_connection()
+        # The limit is advertised, and the gateway refuses a stream beyond it with
+        # REFUSED_STREAM (RFC 9113 section 5.1.2; a client may open streams before our
+        # SETTINGS reach it); h2 would make any such stream a connection error, so it
+        # enforces only twice the limit (a client that far past it is not honest).
+        h2.local_settings = _settings(STREAM_CEILING * self.limits.max_streams_per_connection)
         h2.increment_flow_control_window(CONNECTION_WINDOW - 65535)
         self._flush()
         self._idle()
@@ -453,11 +464,16 @@ class H2ServerConnection(Protocol):
         return self._gone
 
     def _request(self, stream_id: int, fields: Any, ended: bool) -> None:
-        if self._draining:
+        if self._draining or len(self.streams) >= self.limits.max_streams_per_connection:
             self._h2.reset_stream(stream_id, ErrorCodes.REFUSED_STREAM)
+            if not self._draining and not self._resets.spend():
+                self._calm("streams over SETTINGS_MAX_CONCURRENT_STREAMS")
             return
         try:
             head = read_request_head(fields, MAX_HEADER_LIST_SIZE, MAX_HEADER_FIELDS)
+            if ended and head.content_length:
+                # No DATA to come: its content-length cannot hold (RFC 9113 8.1.1).
+                raise MalformedRequestError("END_STREAM on HEADERS with a content-length")
         except MalformedRequestError as e:
             self._count_refusal(400, "malformed_h2_request")
             self.log.debug("stream {id} refused: {why}", id=stream_id, why=str(e))

@@ -167,7 +167,8 @@ def read_request_head(
     if authority is not None:
         if host is None:
             regular.append((b"host", authority))
-        elif host != authority:
+        elif host.lower() != authority.lower():
+            # Host names compare without case; the edge normalises the one it reads.
             raise MalformedRequestError("host and :authority differ")
     if cookies:
         # RFC 9113 section 8.2.3: crumbs are joined before an HTTP/1.1 hop or a reader.
