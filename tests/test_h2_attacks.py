@@ -22,6 +22,7 @@ from twisted.web.server import NOT_DONE_YET, Request
 from zope.interface import implementer
 
 from edgegw.assembly.assemble import Gateway
+from edgegw.assembly.edge_site import IDLE_CONNECTION_TIMEOUT
 from edgegw.server.h2.connection import H2ServerConnection
 from tests.support.backends import RawBackend, RawConnection, RawRequest, SiteBackend
 from tests.support.gateways import OK_RESPONSE, start_gateway
@@ -574,6 +575,26 @@ class ContentLengthTests(H2Case):
         client.send(data(stream_id, b"01234"), headers(stream_id, trailers, end_stream=True))
         await self.assertNoCompleteRequest(backend, client, stream_id)
 
+    async def test_headers_end_stream_with_content_length(self) -> None:
+        """
+        HEADERS with END_STREAM and C{content-length: 5}: no DATA, which disagrees with
+        the length (RFC 9113 section 8.1.1: malformed), so refused, not forwarded.
+        """
+        backend = self.raw_backend(answer_ok_once)
+        _, _, port = self.gateway(backend.port)
+        client = await connect_raw(self, port)
+        stream_id = client.request(b"POST", b"/up", [(b"content-length", b"5")])
+        await client.until(lambda: client.response(stream_id).done or client.ended_by_server())
+        response = client.response(stream_id)
+        heads = [r.head for c in backend.connections for r in c.requests]
+        self.assertTrue(
+            response.reset is not None
+            or response.status == 400
+            or (client.goaway is not None and client.goaway.error_code != NO_ERROR),
+            (response.reset, response.status, heads),
+        )
+        self.assertEqual(heads, [])
+
     async def test_content_length_not_digits(self) -> None:
         """
         A content-length that is not a length: refused, nothing proxied.
@@ -636,6 +657,43 @@ class StreamLimitTests(H2Case):
         for stream_id in streams[:3]:
             self.assertEqual(client.response(stream_id).status, 200)
         self.assertIsNone(client.goaway)
+
+
+class ConnectionLimitTests(H2Case):
+    """
+    Per connection: C{limits.maxConnections} counts connections, not streams, and a
+    header block that never ends holds a connection no longer than the idle timeout.
+    """
+
+    async def test_max_connections_counts_connections(self) -> None:
+        backend = self.site_backend()
+        built, _, port = self.gateway(backend.port, "limits: {maxConnections: 1}\n")
+        client = await connect_raw(self, port)
+        streams = [client.request(b"GET", b"/s/%d" % i) for i in range(10)]
+        await client.until(lambda: all(client.response(s).done for s in streams))
+        self.assertEqual([client.response(s).status for s in streams], [200] * 10)
+        await self.assertFailure(ensureDeferred(connect_raw(self, port)), ConnectionError)
+        client.abort()
+        await client.closed
+        await eventually(lambda: built.site.connections.count == 0)
+        await self.still_serves(port)
+
+    async def test_header_block_that_never_ends(self) -> None:
+        """
+        HEADERS without END_HEADERS, then silence: no stream is open, so the
+        connection's idle timeout runs, and closes it.
+        """
+        backend = self.site_backend()
+        _, clock, port = self.gateway(backend.port)
+        partial = headers(1, raw_block(pseudo()), end_stream=True, end_headers=False)
+        # Nothing (no PING) may come inside a header block: the gateway has read it
+        # once it acknowledges the SETTINGS sent with it.
+        client = await connect_raw(self, port, after_preface=partial)
+        await client.until(client.settings_acked)
+        clock.advance(IDLE_CONNECTION_TIMEOUT)
+        await client.until(client.ended_by_server)
+        await client.closed
+        self.assertEqual(backend.requests, [])
 
 
 class RapidResetTests(H2Case):

@@ -301,9 +301,13 @@ class RawH2Client(Protocol):
         client_settings: dict[int, int] | None = None,
         ack_settings: bool = True,
         open_windows: bool = False,
+        after_preface: bytes = b"",
     ) -> None:
         """
         @param client_settings: Sent in the connection preface's SETTINGS frame.
+        @param after_preface: Sent in the same write as the preface (one TLS record,
+            read by the server at once: its acknowledgement of the preface's SETTINGS
+            tells that it has read these too).
         @param ack_settings: Acknowledge the server's SETTINGS (as every real client
             does).
         @param open_windows: Reopen the server's windows for every DATA received (a
@@ -312,6 +316,7 @@ class RawH2Client(Protocol):
         self.client_settings = client_settings or {}
         self.ack_settings = ack_settings
         self.open_windows = open_windows
+        self.after_preface = after_preface
         self.encoder = Encoder()
         self.decoder = Decoder(max_header_list_size=1 << 30)
         self.frames: list[Frame] = []
@@ -335,7 +340,7 @@ class RawH2Client(Protocol):
     # Protocol
 
     def connectionMade(self) -> None:
-        self.write(PREFACE + settings(self.client_settings))
+        self.write(PREFACE + settings(self.client_settings) + self.after_preface)
 
     def dataReceived(self, received: bytes) -> None:
         self.received_bytes += len(received)
@@ -576,6 +581,12 @@ class RawH2Client(Protocol):
 
         return self.until(acked)
 
+    def settings_acked(self) -> bool:
+        """
+        Whether the server has acknowledged the preface's SETTINGS.
+        """
+        return any(isinstance(f, SettingsFrame) and "ACK" in f.flags for f in self.frames)
+
     def ended_by_server(self) -> bool:
         """
         Whether the server has sent GOAWAY or closed the connection.
@@ -597,6 +608,7 @@ async def connect_raw(
     client_settings: dict[int, int] | None = None,
     ack_settings: bool = True,
     open_windows: bool = False,
+    after_preface: bytes = b"",
 ) -> RawH2Client:
     """
     Connect a L{RawH2Client} over TLS with ALPN C{h2} (trusting the certificate
@@ -609,7 +621,7 @@ async def connect_raw(
         acceptableProtocols=[b"h2"],
     )
     endpoint = wrapClientTLS(options, TCP4ClientEndpoint(reactor, "127.0.0.1", port))
-    client = RawH2Client(client_settings, ack_settings, open_windows)
+    client = RawH2Client(client_settings, ack_settings, open_windows, after_preface)
     await connectProtocol(endpoint, client)
     test.addCleanup(client.abort)
     await client.until(lambda: client.server_settings is not None)
