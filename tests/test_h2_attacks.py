@@ -1043,6 +1043,7 @@ class FlowControlTests(H2Case):
             self.assertLess(bodies[0].sent, 32 * MiB)
             self.assertLess(stream.pending_bytes, 1 * MiB)
             await client.sync()
+        self.assertIsNone(client.goaway)
         self.assertLessEqual(len(client.response(stream_id).body), 65535)
         # Reading again lets the body move on.
         client.open_windows = True
@@ -1095,6 +1096,7 @@ class FlowControlTests(H2Case):
             await client.sync()
             if granted() == before:
                 break
+        self.assertIsNone(client.goaway)
         self.assertLess(client.uploaded[stream_id], 32 * MiB)
         self.assertLess(len(stopped[0].received), 32 * MiB)
 

@@ -566,15 +566,16 @@ class RawH2Client(Protocol):
 
     def sync(self, before: bytes = b"") -> Deferred[None]:
         """
-        Send C{before} and a PING; fire once the server acknowledges the PING: it has
-        then read and acted on every frame sent before it.
+        Send C{before} and a PING; fire once the server acknowledges the PING (it has
+        then read and acted on every frame sent before it), or once it sends GOAWAY
+        (after which it may read nothing more).
         """
         self._pings += 1
         opaque = self._pings.to_bytes(8, "big")
         self.write(before + ping(opaque))
 
         def acked() -> bool:
-            return any(
+            return self.goaway is not None or any(
                 isinstance(f, PingFrame) and "ACK" in f.flags and f.opaque_data == opaque
                 for f in self.frames
             )
