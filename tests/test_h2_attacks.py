@@ -15,16 +15,14 @@ from typing import Any
 
 from twisted.internet import reactor as _reactor
 from twisted.internet.defer import ensureDeferred
-from twisted.internet.interfaces import IPushProducer
 from twisted.internet.task import Clock, deferLater
 from twisted.trial.unittest import TestCase
 from twisted.web.server import NOT_DONE_YET, Request
-from zope.interface import implementer
 
 from edgegw.assembly.assemble import Gateway
 from edgegw.assembly.edge_site import IDLE_CONNECTION_TIMEOUT
 from edgegw.server.h2.connection import H2ServerConnection
-from tests.support.backends import RawBackend, RawConnection, RawRequest, SiteBackend
+from tests.support.backends import EndlessBody, RawBackend, RawConnection, RawRequest, SiteBackend
 from tests.support.gateways import OK_RESPONSE, start_gateway
 from tests.support.h2client import connect_h2, listen_tls
 from tests.support.h2frames import (
@@ -99,44 +97,6 @@ def raw_block(fields: list[tuple[bytes, bytes]]) -> bytes:
     C{fields} as HPACK literals that leave the decoder's table alone.
     """
     return b"".join(literal(name, value) for name, value in fields)
-
-
-@implementer(IPushProducer)
-class EndlessBody:
-    """
-    A backend response body written as fast as the gateway reads it, counting how often
-    the backend was told to pause (which only happens when the gateway stops reading).
-    """
-
-    def __init__(self, request: Request, total: int) -> None:
-        self.request = request
-        self.remaining = total
-        self.sent = 0
-        self.pauses = 0
-        self.paused = False
-        self.chunk = b"z" * 65536
-
-    def start(self) -> None:
-        self.request.registerProducer(self, True)
-        self.resumeProducing()
-
-    def pauseProducing(self) -> None:
-        self.paused = True
-        self.pauses += 1
-
-    def resumeProducing(self) -> None:
-        self.paused = False
-        while not self.paused and self.remaining:
-            piece = self.chunk[: min(len(self.chunk), self.remaining)]
-            self.remaining -= len(piece)
-            self.sent += len(piece)
-            self.request.write(piece)
-        if not self.remaining:
-            self.request.unregisterProducer()
-            self.request.finish()
-
-    def stopProducing(self) -> None:
-        self.remaining = 0
 
 
 class H2Case(TestCase):

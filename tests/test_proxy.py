@@ -14,7 +14,6 @@ from typing import Any, cast
 
 from twisted.internet import reactor
 from twisted.internet.defer import ensureDeferred
-from twisted.internet.interfaces import IPushProducer
 from twisted.internet.protocol import Factory, Protocol
 from twisted.internet.ssl import Certificate, PrivateCertificate
 from twisted.internet.task import deferLater
@@ -35,7 +34,6 @@ from wsproto.events import (
 from wsproto.events import (
     Request as WSRequest,
 )
-from zope.interface import implementer
 
 from edgegw.assembly.assemble import Gateway, build_gateway
 from edgegw.chain.access_log import AccessLog
@@ -47,6 +45,7 @@ from edgegw.handlers.proxy import ProxyHandler
 from edgegw.stream.response_headers import ResponseHeaders
 from edgegw.upstream.pool import UpstreamClient
 from edgegw.upstream.response import UpstreamResponse
+from tests.support.backends import EndlessBody
 from tests.support.certificates import make_certificate
 from tests.support.configs import GATEWAY, write_tree
 from tests.support.gateways import serve_yaml
@@ -588,44 +587,6 @@ class TlsUpstreamTests(ProxyTestCase):
         self.assertEqual(await next_message(client, ws), "over tls")
         client.send(ws.send(CloseConnection(code=1000)))
         await client.closed
-
-
-@implementer(IPushProducer)
-class EndlessBody:
-    """
-    A backend response body written as fast as the connection allows, counting how often
-    the backend was told to pause (which only happens when the gateway stops reading).
-    """
-
-    def __init__(self, request: Request, total: int) -> None:
-        self.request = request
-        self.remaining = total
-        self.sent = 0
-        self.pauses = 0
-        self.paused = False
-        self.chunk = b"z" * 65536
-
-    def start(self) -> None:
-        self.request.registerProducer(self, True)
-        self.resumeProducing()
-
-    def pauseProducing(self) -> None:
-        self.paused = True
-        self.pauses += 1
-
-    def resumeProducing(self) -> None:
-        self.paused = False
-        while not self.paused and self.remaining:
-            data = self.chunk[: min(len(self.chunk), self.remaining)]
-            self.remaining -= len(data)
-            self.sent += len(data)
-            self.request.write(data)
-        if not self.remaining:
-            self.request.unregisterProducer()
-            self.request.finish()
-
-    def stopProducing(self) -> None:
-        self.remaining = 0
 
 
 class BackpressureTests(ProxyTestCase):

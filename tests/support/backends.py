@@ -21,12 +21,14 @@ from typing import Any
 import attrs
 from twisted.internet import reactor as _global_reactor
 from twisted.internet.defer import Deferred
+from twisted.internet.interfaces import IPushProducer
 from twisted.internet.protocol import Factory, Protocol, connectionDone
 from twisted.internet.ssl import Certificate, PrivateCertificate
 from twisted.python.failure import Failure
 from twisted.web.http import HTTPChannel
 from twisted.web.resource import Resource
 from twisted.web.server import Request, Site
+from zope.interface import implementer
 
 from edgegw.upstream.upstreams import Upstream
 
@@ -505,3 +507,41 @@ class RawBackend(_ConnectionTracking):
             await self._port.stopListening()
             self._port = None
         await _drop_all(self._open, lambda connection: connection.transport, self.next_lost)
+
+
+@implementer(IPushProducer)
+class EndlessBody:
+    """
+    A backend response body written as fast as whoever reads it allows, counting how often
+    the backend was told to pause (which only happens when the gateway stops reading).
+    """
+
+    def __init__(self, request: Request, total: int) -> None:
+        self.request = request
+        self.remaining = total
+        self.sent = 0
+        self.pauses = 0
+        self.paused = False
+        self.chunk = b"z" * 65536
+
+    def start(self) -> None:
+        self.request.registerProducer(self, True)
+        self.resumeProducing()
+
+    def pauseProducing(self) -> None:
+        self.paused = True
+        self.pauses += 1
+
+    def resumeProducing(self) -> None:
+        self.paused = False
+        while not self.paused and self.remaining:
+            data = self.chunk[: min(len(self.chunk), self.remaining)]
+            self.remaining -= len(data)
+            self.sent += len(data)
+            self.request.write(data)
+        if not self.remaining:
+            self.request.unregisterProducer()
+            self.request.finish()
+
+    def stopProducing(self) -> None:
+        self.remaining = 0

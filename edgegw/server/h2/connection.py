@@ -810,12 +810,18 @@ class H2ServerConnection(Protocol):
             self._close()
 
     def _arm_body_timer(self, stream: H2ClientStream) -> None:
-        timeout = self.limits.body_timeout
-        timer = stream.body_timer
+        stream.body_timer = self._restart(
+            stream.body_timer, self.limits.body_timeout, self._body_timed_out, stream
+        )
+
+    def _restart(self, timer: Any, timeout: float, expired: Any, stream: H2ClientStream) -> Any:
+        """
+        C{timer} moved to C{timeout} from now, or a new one calling C{expired(stream)}.
+        """
         if timer is not None and timer.active():
             timer.reset(timeout)
-        else:
-            stream.body_timer = self._reactor.callLater(timeout, self._body_timed_out, stream)
+            return timer
+        return self._reactor.callLater(timeout, expired, stream)
 
     def _body_timed_out(self, stream: H2ClientStream) -> None:
         stream.body_timer = None
@@ -828,12 +834,9 @@ class H2ServerConnection(Protocol):
         self.reset_stream(stream, ErrorCodes.CANCEL)
 
     def _arm_send_timer(self, stream: H2ClientStream) -> None:
-        timeout = self.limits.send_timeout
-        timer = stream.send_timer
-        if timer is not None and timer.active():
-            timer.reset(timeout)
-        else:
-            stream.send_timer = self._reactor.callLater(timeout, self._send_timed_out, stream)
+        stream.send_timer = self._restart(
+            stream.send_timer, self.limits.send_timeout, self._send_timed_out, stream
+        )
 
     def _send_timed_out(self, stream: H2ClientStream) -> None:
         # A client that opens no window for this long would otherwise hold the stream,
