@@ -5,6 +5,7 @@ over a real TLS socket (or, for pure logic, in process).
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import weakref
 from typing import Any
@@ -35,6 +36,7 @@ from edgegw.server.h2.stream import H2ClientStream
 from tests.support.backends import SiteBackend
 from tests.support.gateways import start_gateway
 from tests.support.h2client import H2Client, connect_h2, listen_tls
+from tests.support.h2frames import connect_raw, data, rst, window_update
 
 reactor: Any = _reactor
 
@@ -391,8 +393,13 @@ class ConnectionBoundTests(TestCase):
         block = HeadersFrame(3)
         block.data = b"\x82"
         client.send_raw(block.serialize())
-        await turns(10)
-        clock.advance(LimitsSpec().header_timeout + 1)
+        # The open stream arms no timer of its own: only the header block's can fire
+        # (advanced until the block has arrived and its timer with it).
+        for _ in range(500):
+            if client.closed.called:
+                break
+            clock.advance(LimitsSpec().header_timeout + 1)
+            await deferLater(reactor, 0.01, lambda: None)
         await client.closed
 
     async def test_finished_streams_freed_without_the_cycle_collector(self) -> None:
@@ -482,3 +489,129 @@ class PureLogicTests(SynchronousTestCase):
 
 
 del H2Client
+
+
+class Small(Resource):
+    isLeaf = True
+
+    def render(self, request: Any) -> Any:
+        request.write(b"ok")
+        request.finish()
+        return NOT_DONE_YET
+
+
+class PullProducer:
+    """
+    A pull producer writing 20 kB each time it is asked, 50 times.
+    """
+
+    def __init__(self, request: Any) -> None:
+        self.request = request
+        self.left = 50
+
+    def resumeProducing(self) -> None:
+        self.left -= 1
+        self.request.write(b"p" * 20000)
+        if not self.left:
+            self.request.unregisterProducer()
+            self.request.finish()
+
+    def stopProducing(self) -> None:
+        self.left = -1
+
+
+class Router(Resource):
+    isLeaf = True
+
+    def render(self, request: Any) -> Any:
+        if request.path == b"/pull":
+            request.registerProducer(PullProducer(request), False)
+            return NOT_DONE_YET
+        return Big().render(request)
+
+
+class SecondReviewTests(TestCase):
+    """
+    What a second review found: sends on a stream the same read reset, a pull producer
+    never asked again, floods of frames on closed streams.
+    """
+
+    async def test_headers_and_reset_in_one_write(self) -> None:
+        """
+        HEADERS and RST_STREAM for one stream in one write, to a route answering at
+        once: the answer finds the stream closed in h2; the connection goes on.
+        """
+        client = await connect_raw(self, listen_tls(self, site_of(Small())))
+        stream_id, frames = client.request_frames(b"GET", b"/")
+        client.send(frames + rst(stream_id))
+        await client.sync()
+        second = client.request(b"GET", b"/")
+        await client.sync()
+        self.assertIsNone(client.goaway)
+        self.assertFalse(client.lost)
+        self.assertTrue(client.response(second).done)
+        self.assertEqual(self.flushLoggedErrors(), [])
+
+    async def test_window_update_and_reset_in_one_write(self) -> None:
+        """
+        A response waiting for its window, then WINDOW_UPDATE and RST_STREAM for it in
+        one write: the send finds the stream closed; the connection goes on.
+        """
+        client = await connect_raw(self, listen_tls(self, site_of(Big())))
+        stream_id = client.request(b"GET", b"/")
+        await client.until(lambda: len(client.response(stream_id).body) >= 65535)
+        await client.sync()
+        client.send(window_update(0, 10000) + window_update(stream_id, 10000) + rst(stream_id))
+        await client.sync()
+        second = client.request(b"GET", b"/")
+        await client.until(lambda: bool(client.response(second).heads) or client.lost)
+        self.assertFalse(client.lost)
+        self.assertEqual(self.flushLoggedErrors(), [])
+
+    async def test_malformed_headers_and_reset_in_one_write(self) -> None:
+        client = await connect_raw(self, listen_tls(self, site_of(Hang())))
+        stream_id, frames = client.request_frames(b"GET", b"/", [(b"Bad", b"x")])
+        client.send(frames + rst(stream_id))
+        await client.sync()
+        self.assertFalse(client.lost)
+        self.assertEqual(self.flushLoggedErrors(), [])
+
+    async def test_pull_producer_asked_again_once_output_drains(self) -> None:
+        """
+        A pull producer (static files) that stopped because the connection held too
+        much output is asked again once that output is gone.
+        """
+        client = await connect_raw(self, listen_tls(self, site_of(Router())))
+        client.send(window_update(0, 50_000_000))
+        big = [client.request(b"GET", b"/big") for _ in range(4)]
+        await client.until(lambda: all(len(client.response(s).body) == 65535 for s in big))
+        pull = client.request(b"GET", b"/pull")
+        await client.sync()
+        client.send(*[rst(s) for s in big])
+        await client.sync()
+        client.send(window_update(pull, 1_000_000))
+        await client.until(lambda: len(client.response(pull).body) == 50 * 20000)
+        self.assertTrue(client.response(pull).done)
+
+    async def flood(self, frame: Any) -> None:
+        client = await connect_raw(self, listen_tls(self, site_of(Small())))
+        stream_id = client.request(b"GET", b"/")
+        await client.until(lambda: client.response(stream_id).done)
+        for _ in range(60):
+            client.write(frame(stream_id) * 200)
+            with contextlib.suppress(ConnectionError):
+                await client.sync()
+            if client.ended_by_server():
+                break
+        self.assertIsNotNone(client.goaway)
+        assert client.goaway is not None
+        self.assertEqual(client.goaway.error_code, 11)
+
+    async def test_empty_data_on_a_closed_stream(self) -> None:
+        await self.flood(lambda stream_id: data(stream_id))
+
+    async def test_window_update_on_a_closed_stream(self) -> None:
+        await self.flood(lambda stream_id: window_update(stream_id, 1))
+
+    async def test_reset_on_a_closed_stream(self) -> None:
+        await self.flood(lambda stream_id: rst(stream_id))

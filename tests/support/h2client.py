@@ -28,7 +28,7 @@ from twisted.internet.endpoints import TCP4ClientEndpoint, connectProtocol, wrap
 from twisted.internet.interfaces import IOpenSSLContextFactory
 from twisted.internet.protocol import Protocol
 from twisted.internet.ssl import Certificate, optionsForClientTLS
-from twisted.protocols.tls import TLSMemoryBIOFactory
+from twisted.protocols.tls import TLSMemoryBIOFactory, TLSMemoryBIOProtocol
 from twisted.python.failure import Failure
 from zope.interface import implementer
 
@@ -75,7 +75,10 @@ def listen_tls(test: Any, site: Any, http2: bool = True) -> int:
     os.makedirs(directory)
     context = TestContext(directory, protocols)
     test.tls_certificate = context.certificate_pem
-    port = reactor.listenTCP(0, TLSMemoryBIOFactory(context, False, site), interface="127.0.0.1")
+    factory = TLSMemoryBIOFactory(context, False, site)
+    # As the gateway's TLSServerEndpoint does.
+    factory.protocol = TLSMemoryBIOProtocol
+    port = reactor.listenTCP(0, factory, interface="127.0.0.1")
     test.addCleanup(port.stopListening)
     return int(port.getHost().port)
 

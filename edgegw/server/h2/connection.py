@@ -30,13 +30,10 @@ from h2.errors import ErrorCodes
 from h2.events import (
     ConnectionTerminated,
     DataReceived,
-    PingReceived,
-    PriorityUpdated,
     RemoteSettingsChanged,
     RequestReceived,
     StreamEnded,
     StreamReset,
-    UnknownFrameReceived,
     WindowUpdated,
 )
 from h2.exceptions import ProtocolError, StreamClosedError
@@ -120,16 +117,10 @@ CONTROL_FRAMES_PER_SECOND: Final = 500
 The budget for frames that ask for nothing (SETTINGS, PING, PRIORITY, WINDOW_UPDATE,
 empty DATA, unknown types): a burst, and a rate; each DATA frame sent earns one back
 (a client reading a large response acknowledges it with WINDOW_UPDATE frames) per
-L{REFUND_BYTES} sent.
+L{REFUND_BYTES} sent. Charged per frame (L{HeaderBlockWatch} counts them).
 """
 
 _WINDOW_SETTINGS: Final = frozenset({SettingCodes.INITIAL_WINDOW_SIZE, SettingCodes.MAX_FRAME_SIZE})
-_CONTROL_EVENTS: Final = (
-    PingReceived,
-    RemoteSettingsChanged,
-    PriorityUpdated,
-    UnknownFrameReceived,
-)
 
 
 def _settings(max_streams: int) -> Settings:
@@ -191,6 +182,8 @@ class H2ServerConnection(Protocol):
         self._stall_call: Any = None
         self._pending_total = 0
         self._held: set[H2ClientStream] = set()
+        self._resuming = False
+        self._resume_again = False
         streams = limits.max_streams_per_connection
         self._resets = EventBudget(2 * streams, streams, self._reactor)
         self._control = EventBudget(CONTROL_FRAMES_BURST, CONTROL_FRAMES_PER_SECOND, self._reactor)
@@ -219,6 +212,19 @@ class H2ServerConnection(Protocol):
         self._receiving = True
         watch = self._watch
         watch.feed(data)
+        if watch.control or watch.resets:
+            # Charged per frame, before h2 reads them: h2 says nothing of most frames on
+            # streams already closed.
+            control, resets = watch.control, watch.resets
+            watch.control = watch.resets = 0
+            if control and not self._control.spend(control):
+                self._receiving = False
+                self._calm("frames that ask for nothing (SETTINGS, PING, PRIORITY, ...)")
+                return
+            if resets and not self._resets.spend(resets):
+                self._receiving = False
+                self._calm("RST_STREAM")
+                return
         try:
             try:
                 events = self._h2.receive_data(data)
@@ -351,7 +357,11 @@ class H2ServerConnection(Protocol):
             if name in CONNECTION_SPECIFIC:
                 continue
             fields += [(name, value) for value in values]
-        self._h2.send_headers(stream.stream_id, fields)
+        try:
+            self._h2.send_headers(stream.stream_id, fields)
+        except (StreamClosedError, ProtocolError):
+            self._stream_gone(stream, sending=True)
+            return
         if flush:
             self._flush_soon()
 
@@ -359,7 +369,11 @@ class H2ServerConnection(Protocol):
         """
         Send C{100 Continue} on C{stream}.
         """
-        self._h2.send_headers(stream.stream_id, [(b":status", b"100")])
+        try:
+            self._h2.send_headers(stream.stream_id, [(b":status", b"100")])
+        except (StreamClosedError, ProtocolError):
+            self._stream_gone(stream, sending=True)
+            return
         self._arm_body_timer(stream)
         self._flush_soon()
 
@@ -372,7 +386,9 @@ class H2ServerConnection(Protocol):
         self._send(stream)
         if stream.pending_bytes > HIGH_WATER or self._pending_total > CONNECTION_HIGH_WATER:
             stream.pause_producer()
-            self._held.add(stream)
+            self.hold(stream)
+        else:
+            self._resume_held()
         self._flush_soon()
 
     def end_stream(self, stream: H2ClientStream, added: int = 0) -> None:
@@ -383,6 +399,7 @@ class H2ServerConnection(Protocol):
         self._pending_total += added
         stream.end_after_pending = True
         self._send(stream)
+        self._resume_held()
         self._flush_soon()
 
     def output_full(self) -> bool:
@@ -397,6 +414,8 @@ class H2ServerConnection(Protocol):
         C{count} waiting response bytes were dropped (their stream is gone).
         """
         self._pending_total -= count
+        if count and not self._gone:
+            self._resume_held()
 
     def reset_stream(self, stream: H2ClientStream, code: int = ErrorCodes.INTERNAL_ERROR) -> None:
         """
@@ -448,24 +467,19 @@ class H2ServerConnection(Protocol):
         elif kind is StreamReset:
             self._reset(event.stream_id)
         elif kind is WindowUpdated:
-            if not self._control.spend():
-                self._calm("WINDOW_UPDATE")
-            else:
-                self._send_waiting()
+            self._send_waiting()
         elif kind is ConnectionTerminated:
             # The client has gone away: h2 sends nothing more on this connection.
             self._close()
-        elif kind in _CONTROL_EVENTS:
-            if not self._control.spend():
-                self._calm(kind.__name__)
-            elif kind is RemoteSettingsChanged and _WINDOW_SETTINGS & event.changed_settings.keys():
-                # A larger initial window opens every stream's (RFC 9113 section 6.9.2).
-                self._send_waiting()
+        elif kind is RemoteSettingsChanged and _WINDOW_SETTINGS & event.changed_settings.keys():
+            # A larger initial window opens every stream's (RFC 9113 section 6.9.2).
+            self._send_waiting()
         return self._gone
 
     def _request(self, stream_id: int, fields: Any, ended: bool) -> None:
         if self._draining or len(self.streams) >= self.limits.max_streams_per_connection:
-            self._h2.reset_stream(stream_id, ErrorCodes.REFUSED_STREAM)
+            with contextlib.suppress(StreamClosedError, ProtocolError):
+                self._h2.reset_stream(stream_id, ErrorCodes.REFUSED_STREAM)
             if not self._draining and not self._resets.spend():
                 self._calm("streams over SETTINGS_MAX_CONCURRENT_STREAMS")
             return
@@ -477,7 +491,8 @@ class H2ServerConnection(Protocol):
         except MalformedRequestError as e:
             self._count_refusal(400, "malformed_h2_request")
             self.log.debug("stream {id} refused: {why}", id=stream_id, why=str(e))
-            self._h2.reset_stream(stream_id, ErrorCodes.PROTOCOL_ERROR)
+            with contextlib.suppress(StreamClosedError, ProtocolError):
+                self._h2.reset_stream(stream_id, ErrorCodes.PROTOCOL_ERROR)
             if not self._resets.spend():
                 self._calm("malformed requests")
             return
@@ -500,6 +515,12 @@ class H2ServerConnection(Protocol):
             return
         stream.body_complete = False
         stream.body_expected = head.content_length
+        if head.content_length == 0:
+            # Complete, but for END_STREAM: dispatched at END_STREAM, so that DATA the
+            # client may yet send finds no upstream request already complete.
+            stream.dispatch_at_end = (head.method, head.target)
+            self._arm_body_timer(stream)
+            return
         request.gotLength(head.content_length)
         expect = headers.getRawHeaders(b"expect")
         if not (expect and expect[0].lower() == b"100-continue"):
@@ -510,9 +531,6 @@ class H2ServerConnection(Protocol):
     def _data(self, event: DataReceived) -> None:
         length = event.flow_controlled_length
         data = event.data
-        if not data and event.stream_ended is None and not self._control.spend():
-            self._calm("empty DATA")
-            return
         stream = self.streams.get(event.stream_id)
         if stream is None or stream.closed or stream.body_complete:
             # A stream refused or done with: its bytes count against the windows only.
@@ -557,17 +575,32 @@ class H2ServerConnection(Protocol):
         stream.body_timer = None
         request = stream.request
         if request is not None:
-            request.requestReceived(request.method, request.uri, b"HTTP/2")
+            waiting = stream.dispatch_at_end
+            if waiting is not None:
+                stream.dispatch_at_end = None
+                request.gotLength(0)
+                request.requestReceived(waiting[0], waiting[1], b"HTTP/2")
+            else:
+                request.requestReceived(request.method, request.uri, b"HTTP/2")
         self._maybe_done(stream)
 
     def _reset(self, stream_id: int) -> None:
         stream = self.streams.get(stream_id)
         if stream is not None:
-            self._settle_window(stream)
-            self._forget(stream)
+            self._stream_gone(stream)
+
+    def _stream_gone(self, stream: H2ClientStream, sending: bool = False) -> None:
+        """
+        The client reset C{stream}: its reset reported, or found by a send h2 refused
+        (C{sending}: a RST_STREAM later in the same read closed it in h2 before its
+        events were seen; the request may be writing, so it hears of it later).
+        """
+        self._settle_window(stream)
+        self._forget(stream)
+        if sending:
+            stream.lost_later("the client reset the stream", self._reactor)
+        else:
             stream.lost("the client reset the stream")
-        if not self._resets.spend():
-            self._calm("RST_STREAM")
 
     # Sending.
 
@@ -591,14 +624,22 @@ class H2ServerConnection(Protocol):
             stream.pending_bytes -= len(chunk)
             self._pending_total -= len(chunk)
             last = not pending and stream.end_after_pending
-            h2.send_data(stream_id, chunk, end_stream=last)
+            try:
+                h2.send_data(stream_id, chunk, end_stream=last)
+            except (StreamClosedError, ProtocolError):
+                self._stream_gone(stream, sending=True)
+                return
             self._control.refund(len(chunk) / REFUND_BYTES)
             sent = True
             if last:
                 self._finished(stream)
                 return
         if not pending and stream.end_after_pending:
-            h2.end_stream(stream_id)
+            try:
+                h2.end_stream(stream_id)
+            except (StreamClosedError, ProtocolError):
+                self._stream_gone(stream, sending=True)
+                return
             self._finished(stream)
             return
         if pending:
@@ -611,20 +652,50 @@ class H2ServerConnection(Protocol):
             if timer is not None and timer.active():
                 timer.cancel()
             stream.send_timer = None
-        if stream.pending_bytes < LOW_WATER and self._pending_total < CONNECTION_LOW_WATER:
-            self._held.discard(stream)
-            stream.resume_producer()
+        if stream.pending_bytes < LOW_WATER:
+            if self._pending_total < CONNECTION_LOW_WATER:
+                self._held.discard(stream)
+                stream.resume_producer()
+            else:
+                # Resumed once the connection's output drains (_resume_held).
+                self._held.add(stream)
 
     def _send_waiting(self) -> None:
         for stream in sorted(self._waiting.values(), key=lambda s: s.stream_id):
             if self._send_paused:
                 break
             self._send(stream)
-        if self._held and self._pending_total < CONNECTION_LOW_WATER:
-            for stream in list(self._held):
-                if stream.pending_bytes < LOW_WATER:
-                    self._held.discard(stream)
-                    stream.resume_producer()
+        self._resume_held()
+
+    def hold(self, stream: H2ClientStream) -> None:
+        """
+        C{stream}'s producer waits for the connection's output to drain.
+        """
+        if not stream.closed:
+            self._held.add(stream)
+
+    def _resume_held(self) -> None:
+        """
+        Resume the producers held for the connection's output, once it has drained
+        (wherever output drops: after sends, when a stream's waiting bytes are dropped).
+        """
+        if self._resuming:
+            self._resume_again = True
+            return
+        self._resuming = True
+        try:
+            while self._held and self._pending_total < CONNECTION_LOW_WATER:
+                self._resume_again = False
+                for stream in list(self._held):
+                    if self._pending_total >= CONNECTION_LOW_WATER:
+                        break
+                    if stream.pending_bytes < LOW_WATER:
+                        self._held.discard(stream)
+                        stream.resume_producer()
+                if not self._resume_again:
+                    break
+        finally:
+            self._resuming = False
 
     def _finished(self, stream: H2ClientStream) -> None:
         """
@@ -749,8 +820,11 @@ class H2ServerConnection(Protocol):
 
     def _lose_transport(self) -> None:
         transport: Any = self.transport
-        # The TLS layer closes only once no producer is registered with it.
+        # The TLS layer closes only once no producer is registered with it, and reads
+        # the client's close_notify: reading held for a client that read nothing resumes.
         transport.unregisterProducer()
+        if self._send_paused:
+            transport.resumeProducing()
         transport.loseConnection()
         self._close_call = self._reactor.callLater(
             self.limits.send_timeout, transport.abortConnection

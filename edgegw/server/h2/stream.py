@@ -28,6 +28,7 @@ from twisted.python.failure import Failure
 from twisted.web.http_headers import Headers
 from zope.interface import implementer
 
+from edgegw.seam import client_gone
 from edgegw.stream.boundary import IClientStream, UpgradeNotPossibleError
 
 if TYPE_CHECKING:
@@ -62,6 +63,8 @@ class H2ClientStream:
         back while the body's consumer is paused).
     @ivar held: The last byte of a body of declared length, held until END_STREAM (an
         upstream never sees a complete request the client may yet make too long).
+    @ivar dispatch_at_end: The method and target of a request declaring an empty body
+        whose stream is still open: dispatched at END_STREAM, for the same reason.
     """
 
     protocolName = b"h2"
@@ -83,6 +86,7 @@ class H2ClientStream:
         self.body_received = 0
         self.unacknowledged = 0
         self.held = b""
+        self.dispatch_at_end: tuple[bytes, bytes] | None = None
         self.body_paused = False
         self._producer: Any = None
         self._producer_paused = False
@@ -173,11 +177,14 @@ class H2ClientStream:
             self.headers_sent = True
             # One TLS record with the body that ends the stream.
             self.connection.send_head(self, code, headers, flush=False)
-            self.ended = True
-            self.pending.append(body)
-            self.pending_bytes += len(body)
-            self.connection.end_stream(self, len(body))
-        request.finish()
+            if not self.closed:
+                self.ended = True
+                self.pending.append(body)
+                self.pending_bytes += len(body)
+                self.connection.end_stream(self, len(body))
+        if not client_gone(request):
+            # (Else the client reset the stream meanwhile: the request knows.)
+            request.finish()
 
     def registerProducer(self, producer: IPushProducer | IPullProducer, streaming: bool) -> None:
         """
@@ -189,8 +196,9 @@ class H2ClientStream:
         self._streaming = streaming
         if not streaming:
             self._pull()
-        elif self.pending_bytes > HIGH_WATER:
+        elif self.pending_bytes > HIGH_WATER or self.connection.output_full():
             self.pause_producer()
+            self.connection.hold(self)
 
     def unregisterProducer(self) -> None:
         """
@@ -320,12 +328,11 @@ class H2ClientStream:
             while True:
                 self._pull_again = False
                 producer = self._producer
-                if (
-                    producer is None
-                    or self.closed
-                    or self.pending_bytes >= LOW_WATER
-                    or self.connection.output_full()
-                ):
+                if producer is None or self.closed or self.pending_bytes >= LOW_WATER:
+                    return
+                if self.connection.output_full():
+                    # Asked again once the connection's output drains.
+                    self.connection.hold(self)
                     return
                 producer.resumeProducing()
                 if not self._pull_again:
@@ -341,6 +348,20 @@ class H2ClientStream:
         if self.closed:
             return
         self.closed = True
+        self._report_lost(why)
+
+    def lost_later(self, why: str, reactor: Any) -> None:
+        """
+        As L{lost}, found while the request itself is writing (a send h2 refused): the
+        stream stops now, its request hears of it at the reactor's next turn (Twisted's
+        request drops its channel when told, under the write in progress).
+        """
+        if self.closed:
+            return
+        self.closed = True
+        reactor.callLater(0, self._report_lost, why)
+
+    def _report_lost(self, why: str) -> None:
         self.connection.output_dropped(self.pending_bytes)
         self.pending.clear()
         self.pending_bytes = 0
