@@ -275,6 +275,35 @@ class RefusalTests(TestCase):
         await client.until(lambda: response.done.called or client.terminated is not None)
         self.assertNotIn(b"hello", b"".join(received))
 
+    async def test_empty_declared_body_waits_for_end_stream(self) -> None:
+        """
+        content-length 0 on a stream left open: nothing reaches the upstream until
+        END_STREAM; DATA instead fails the request, and the upstream never had it.
+        """
+        received: list[bytes] = []
+
+        class Raw(Protocol):
+            def dataReceived(self, data: bytes) -> None:
+                received.append(data)
+
+        listening = reactor.listenTCP(0, Factory.forProtocol(Raw), interface="127.0.0.1")
+        self.addCleanup(listening.stopListening)
+        built, _ = start_gateway(self, f"http://127.0.0.1:{listening.getHost().port}")
+        client = await connect_h2(self, listen_tls(self, built.site))
+        stream_id, response = client.start(
+            b"POST", b"/transfer", [(b"content-length", b"0")], end=False
+        )
+        second_id, second = client.start(b"GET", b"/healthz")
+        await second.done
+        self.assertEqual(received, [])
+        frame = DataFrame(stream_id)
+        frame.data = b"x"
+        frame.flags.add("END_STREAM")
+        client.send_raw(frame.serialize())
+        await client.until(lambda: response.done.called or client.terminated is not None)
+        self.assertEqual(received, [])
+        del second_id
+
     async def test_length_kept_when_end_stream_comes_alone(self) -> None:
         """
         The held last byte goes on when END_STREAM arrives on an empty DATA frame.
