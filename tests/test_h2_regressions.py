@@ -341,7 +341,9 @@ class ConnectionBoundTests(TestCase):
         site = site_of(Hang(), clock)
         client = await connect_h2(self, listen_tls(self, site))
         client.start(b"GET", b"/sse")
-        await until(lambda: site.connections.channels)
+        # Once the stream is in, the connection counted is the HTTP/2 one (not the TLS
+        # connection still choosing its protocol).
+        await until(lambda: any(getattr(c, "streams", None) for c in site.connections.channels))
         (connection,) = site.connections.channels
         pings = len([e for e in client.events if type(e).__name__ == "PingAckReceived"])
         connection.pauseProducing()  # type: ignore[attr-defined]

@@ -301,10 +301,20 @@ class H2Client(Protocol):
 
     def close(self) -> None:
         """
-        Drop the connection.
+        Close the connection.
         """
         if self.transport is not None:
             self.transport.loseConnection()
+
+    async def shut(self) -> None:
+        """
+        Drop the connection now and wait until it is gone (a test's cleanup: nothing of
+        it is left for the next test).
+        """
+        transport: Any = self.transport
+        if not self._lost and transport is not None:
+            transport.abortConnection()
+        await self.closed
 
 
 async def connect_h2(
@@ -322,5 +332,5 @@ async def connect_h2(
     endpoint = wrapClientTLS(options, TCP4ClientEndpoint(reactor, "127.0.0.1", port))
     client = H2Client(auto_window)
     await connectProtocol(endpoint, client)
-    test.addCleanup(client.close)
+    test.addCleanup(client.shut)
     return client

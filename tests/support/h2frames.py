@@ -602,6 +602,13 @@ class RawH2Client(Protocol):
         if not self.lost and transport is not None:
             transport.abortConnection()
 
+    async def shut(self) -> None:
+        """
+        Drop the connection now and wait until it is gone (a test's cleanup).
+        """
+        self.abort()
+        await self.closed
+
 
 async def connect_raw(
     test: Any,
@@ -624,6 +631,6 @@ async def connect_raw(
     endpoint = wrapClientTLS(options, TCP4ClientEndpoint(reactor, "127.0.0.1", port))
     client = RawH2Client(client_settings, ack_settings, open_windows, after_preface)
     await connectProtocol(endpoint, client)
-    test.addCleanup(client.abort)
+    test.addCleanup(client.shut)
     await client.until(lambda: client.server_settings is not None)
     return client
