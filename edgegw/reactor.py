@@ -54,6 +54,7 @@ from typing import Any
 
 from twisted.internet.abstract import FileDescriptor
 from twisted.logger import Logger
+from twisted.protocols.policies import ProtocolWrapper
 from zope.interface import Interface, implementer
 
 __all__ = ["IEagerSends", "eager_sends", "flush_now", "install", "install_if_unchosen"]
@@ -316,6 +317,11 @@ def eager_sends(transport: Any) -> IEagerSends | None:
     The daemon's reactor under C{transport}, which can send its bytes at once; L{None}
     on another reactor, or for a transport it does not write directly (TLS).
     """
+    if isinstance(transport, ProtocolWrapper):
+        # A TLS protocol would answer with its socket's reactor, through the attribute
+        # forwarding of Twisted's protocol wrappers: its bytes are not the socket's
+        # until it has encrypted them.
+        return None
     reactor = getattr(transport, "reactor", None)
     return reactor if IEagerSends.providedBy(reactor) else None
 

@@ -654,3 +654,35 @@ class HoldFlushesTests(_ReactorTestCase):
         writer.write(b"next")
         reactor.flushWriter(writer)
         self.assertEqual(_drain(theirs), b"next")
+
+
+class EagerSendsTests(_ReactorTestCase):
+    """
+    Which transports the reactor sends for at once.
+    """
+
+    def test_a_socket_on_the_daemons_reactor(self) -> None:
+        from edgegw.reactor import eager_sends
+
+        reactor = self.reactor()
+        ours, _ = self.pair()
+        writer = _Writer(ours, reactor)
+        self.assertIs(eager_sends(writer), reactor)
+
+    def test_not_a_tls_protocol_over_one(self) -> None:
+        """
+        A TLS protocol forwards unknown attributes to its socket, the reactor
+        included; its bytes are not the socket's until encrypted: not sent eagerly.
+        """
+        from twisted.internet.protocol import Factory, Protocol
+        from twisted.protocols.policies import ProtocolWrapper, WrappingFactory
+
+        from edgegw.reactor import eager_sends
+
+        reactor = self.reactor()
+        ours, _ = self.pair()
+        writer = _Writer(ours, reactor)
+        wrapper = ProtocolWrapper(WrappingFactory(Factory.forProtocol(Protocol)), Protocol())
+        wrapper.makeConnection(writer)
+        self.assertIs(wrapper.reactor, reactor)
+        self.assertIsNone(eager_sends(wrapper))
