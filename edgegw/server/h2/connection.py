@@ -15,7 +15,9 @@ What the connection adds to C{h2}:
     without completing a request does not extend it), C{limits.bodyTimeout} between two
     pieces of a request body, C{limits.sendTimeout} for each response that cannot move.
   - Budgets (L{edgegw.server.h2.budget}) for cancelled streams and for frames that ask
-    for nothing; GOAWAY with ENHANCE_YOUR_CALM when one runs out.
+    for nothing, charged per frame as L{edgegw.server.h2.frame_watch} sees them; a
+    header block bounded in bytes and in time; GOAWAY with ENHANCE_YOUR_CALM when a
+    bound is passed.
   - Draining: GOAWAY with the last stream id, streams in flight finish, then close.
 """
 
