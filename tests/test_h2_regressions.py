@@ -123,6 +123,23 @@ def site_of(resource: Resource, clock: Any = None) -> GatewaySite:
     return site
 
 
+def recording_upstream(test: TestCase) -> tuple[list[bytes], Any]:
+    """
+    A gateway proxying to an upstream that records every byte it receives and answers
+    nothing; the recorded bytes and the gateway.
+    """
+    received: list[bytes] = []
+
+    class Recording(Protocol):
+        def dataReceived(self, data: bytes) -> None:
+            received.append(data)
+
+    listening = reactor.listenTCP(0, Factory.forProtocol(Recording), interface="127.0.0.1")
+    test.addCleanup(listening.stopListening)
+    built, _ = start_gateway(test, f"http://127.0.0.1:{listening.getHost().port}")
+    return received, built
+
+
 class WindowTests(TestCase):
     """
     Request bodies held back by a slow consumer give the connection's window back.
@@ -232,15 +249,7 @@ class RefusalTests(TestCase):
         A :method with a tab (which an HTTP/1.1 request line could never carry) is
         refused on its stream; nothing reaches the upstream.
         """
-        seen: list[bytes] = []
-
-        class Raw(Protocol):
-            def dataReceived(self, data: bytes) -> None:
-                seen.append(data)
-
-        listening = reactor.listenTCP(0, Factory.forProtocol(Raw), interface="127.0.0.1")
-        self.addCleanup(listening.stopListening)
-        built, _ = start_gateway(self, f"http://127.0.0.1:{listening.getHost().port}")
+        seen, built = recording_upstream(self)
         client = await connect_h2(self, listen_tls(self, built.site))
         _, response = client.start(b"GET\t/admin", b"/public")
         self.assertIsNotNone((await response.done).reset)
@@ -252,15 +261,7 @@ class RefusalTests(TestCase):
         upstream never has a complete request (the last byte waits for END_STREAM), and
         the request fails.
         """
-        received: list[bytes] = []
-
-        class Raw(Protocol):
-            def dataReceived(self, data: bytes) -> None:
-                received.append(data)
-
-        listening = reactor.listenTCP(0, Factory.forProtocol(Raw), interface="127.0.0.1")
-        self.addCleanup(listening.stopListening)
-        built, _ = start_gateway(self, f"http://127.0.0.1:{listening.getHost().port}")
+        received, built = recording_upstream(self)
         client = await connect_h2(self, listen_tls(self, built.site))
         stream_id, response = client.start(
             b"POST", b"/transfer", [(b"content-length", b"5")], b"hello", end=False
@@ -280,15 +281,7 @@ class RefusalTests(TestCase):
         content-length 0 on a stream left open: nothing reaches the upstream until
         END_STREAM; DATA instead fails the request, and the upstream never had it.
         """
-        received: list[bytes] = []
-
-        class Raw(Protocol):
-            def dataReceived(self, data: bytes) -> None:
-                received.append(data)
-
-        listening = reactor.listenTCP(0, Factory.forProtocol(Raw), interface="127.0.0.1")
-        self.addCleanup(listening.stopListening)
-        built, _ = start_gateway(self, f"http://127.0.0.1:{listening.getHost().port}")
+        received, built = recording_upstream(self)
         client = await connect_h2(self, listen_tls(self, built.site))
         stream_id, response = client.start(
             b"POST", b"/transfer", [(b"content-length", b"0")], end=False

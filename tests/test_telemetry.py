@@ -233,6 +233,29 @@ class SpanTests(_SpanHarness):
         assert received is not None
         self.assertEqual(received.rsplit("-", 1)[0], expected)
 
+    async def test_h2_request_span(self) -> None:
+        """
+        A request over HTTP/2 gets its server span as over HTTP/1.1, with the protocol
+        version and the https scheme, and its upstream call a child span.
+        """
+        from tests.support.h2client import connect_h2, listen_tls
+
+        _, gateway = self.gateway(
+            """\
+            kind: Route
+            metadata: {name: p}
+            spec: {match: "GET /api/{id}", access: {auth: public},
+                   handler: {type: reverse-proxy, upstream: "UP"}}
+            """
+        )
+        client = await connect_h2(self, listen_tls(self, gateway.site))
+        self.assertEqual((await client.request(b"GET", b"/api/7")).status, 200)
+        spans = self.finished()
+        server = spans["GET GET /api/{id}"]
+        self.assertEqual(server.attributes["network.protocol.version"], "2")
+        self.assertEqual(server.attributes["url.scheme"], "https")
+        self.assertEqual(spans["GET"].parent.span_id, server.context.span_id)
+
     async def test_inbound_traceparent_continued(self) -> None:
         port, _ = self.gateway(
             """\

@@ -70,6 +70,46 @@ def make_certificate(directory: str, hostname: str) -> tuple[str, str, bytes]:
     return key_path, cert_path, cert_pem
 
 
+def ca_certificate(
+    subject: x509.Name,
+    issuer: x509.Name,
+    key: CertificateIssuerPrivateKeyTypes,
+    signer: CertificateIssuerPrivateKeyTypes,
+    now: datetime.datetime,
+    days: int,
+    since: datetime.timedelta = datetime.timedelta(days=2),
+) -> x509.Certificate:
+    """
+    A CA certificate for C{subject}'s C{key}, signed by C{issuer}'s C{signer}, valid from
+    C{since} before C{now} for C{days} after it.
+    """
+    return (
+        x509.CertificateBuilder()
+        .subject_name(subject)
+        .issuer_name(issuer)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - since)
+        .not_valid_after(now + datetime.timedelta(days=days))
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+        .add_extension(
+            x509.KeyUsage(
+                digital_signature=True,
+                content_commitment=False,
+                key_encipherment=False,
+                data_encipherment=False,
+                key_agreement=False,
+                key_cert_sign=True,
+                crl_sign=True,
+                encipher_only=False,
+                decipher_only=False,
+            ),
+            critical=True,
+        )
+        .sign(signer, hashes.SHA256())
+    )
+
+
 class CertificateAuthority:
     """
     A certificate authority for tests: a root, and an intermediate that issues the
@@ -83,45 +123,11 @@ class CertificateAuthority:
         now = _now()
         self._root_key = ec.generate_private_key(ec.SECP256R1())
         root_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "edgegw test root")])
-        self._root = self._ca_certificate(root_name, root_name, self._root_key, self._root_key, now)
+        self._root = ca_certificate(root_name, root_name, self._root_key, self._root_key, now, 365)
         self._key = ec.generate_private_key(ec.SECP256R1())
         name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "edgegw test intermediate")])
-        self._intermediate = self._ca_certificate(name, root_name, self._key, self._root_key, now)
+        self._intermediate = ca_certificate(name, root_name, self._key, self._root_key, now, 365)
         self.root_pem = self._root.public_bytes(serialization.Encoding.PEM)
-
-    @staticmethod
-    def _ca_certificate(
-        subject: x509.Name,
-        issuer: x509.Name,
-        key: CertificateIssuerPrivateKeyTypes,
-        signer: CertificateIssuerPrivateKeyTypes,
-        now: datetime.datetime,
-    ) -> x509.Certificate:
-        return (
-            x509.CertificateBuilder()
-            .subject_name(subject)
-            .issuer_name(issuer)
-            .public_key(key.public_key())
-            .serial_number(x509.random_serial_number())
-            .not_valid_before(now - datetime.timedelta(days=2))
-            .not_valid_after(now + datetime.timedelta(days=365))
-            .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-            .add_extension(
-                x509.KeyUsage(
-                    digital_signature=True,
-                    content_commitment=False,
-                    key_encipherment=False,
-                    data_encipherment=False,
-                    key_agreement=False,
-                    key_cert_sign=True,
-                    crl_sign=True,
-                    encipher_only=False,
-                    decipher_only=False,
-                ),
-                critical=True,
-            )
-            .sign(signer, hashes.SHA256())
-        )
 
     def write_root(self, directory: str) -> str:
         """

@@ -37,6 +37,7 @@ from twisted.internet.task import deferLater
 from twisted.python.failure import Failure
 from twisted.trial.unittest import TestCase
 
+from tests.support.certificates import ca_certificate
 from tests.support.processes import ProcessOutput, free_port, kill
 
 SETUP_HINT = "run make test (it installs redis-server)"
@@ -165,30 +166,8 @@ class TestCA:
         self.key = ec.generate_private_key(ec.SECP256R1())
         subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)])
         now = datetime.datetime.now(datetime.UTC)
-        self.certificate = (
-            x509.CertificateBuilder()
-            .subject_name(subject)
-            .issuer_name(subject)
-            .public_key(self.key.public_key())
-            .serial_number(x509.random_serial_number())
-            .not_valid_before(now - datetime.timedelta(minutes=5))
-            .not_valid_after(now + datetime.timedelta(days=1))
-            .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-            .add_extension(
-                x509.KeyUsage(
-                    digital_signature=True,
-                    content_commitment=False,
-                    key_encipherment=False,
-                    data_encipherment=False,
-                    key_agreement=False,
-                    key_cert_sign=True,
-                    crl_sign=True,
-                    encipher_only=False,
-                    decipher_only=False,
-                ),
-                critical=True,
-            )
-            .sign(self.key, hashes.SHA256())
+        self.certificate = ca_certificate(
+            subject, subject, self.key, self.key, now, 1, datetime.timedelta(minutes=5)
         )
         self.pem = self.certificate.public_bytes(serialization.Encoding.PEM)
         self.path = os.path.join(directory, "ca.pem")

@@ -125,6 +125,18 @@ L{REFUND_BYTES} sent. Charged per frame (L{HeaderBlockWatch} counts them).
 _WINDOW_SETTINGS: Final = frozenset({SettingCodes.INITIAL_WINDOW_SIZE, SettingCodes.MAX_FRAME_SIZE})
 
 
+_CONFIGURATION: Final = H2Configuration(
+    client_side=False,
+    header_encoding=None,
+    # The gateway reads requests itself (request_head) and writes valid responses.
+    validate_inbound_headers=False,
+    normalize_inbound_headers=False,
+    validate_outbound_headers=False,
+    normalize_outbound_headers=False,
+)
+"""One configuration, made at import, for every connection (h2 only reads it)."""
+
+
 def _settings(max_streams: int) -> Settings:
     return Settings(
         client=False,
@@ -155,16 +167,7 @@ class H2ServerConnection(Protocol):
         self.idle_timeout = idle_timeout
         self.streams: dict[int, H2ClientStream] = {}
         self._reactor: Any = site.reactor
-        self._h2 = H2Connection(
-            H2Configuration(
-                client_side=False,
-                header_encoding=None,
-                validate_inbound_headers=False,
-                normalize_inbound_headers=False,
-                validate_outbound_headers=False,
-                normalize_outbound_headers=False,
-            )
-        )
+        self._h2 = H2Connection(_CONFIGURATION)
         self._h2.local_settings = _settings(limits.max_streams_per_connection)
         self._h2.encoder = ResponseFieldEncoder()  # type: ignore[assignment]  # duck-typed
         self._h2.decoder.max_header_list_size = HPACK_LIST_BOUND
