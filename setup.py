@@ -32,6 +32,8 @@ setup(
     #   h2 4.1: HTTP/2 for browsers (edgegw/server/h2/); 4.1 is the first release of the
     #     4.x line whose frame and HPACK limits (max_inbound_frame_size, the decoder's
     #     max_header_list_size) the server sets, on hpack 4 and hyperframe 6.
+    #   brotli 1.1 and zstandard 0.21: response compression (edgegw/compression/); the
+    #     first releases with wheels for Python 3.11 (no compiler needed to install them).
     #   opentelemetry 1.35: before it, the OTLP/gRPC exporter's User-Agent does not reach
     #     the collector when headers are configured (gRPC replaces it; test_otlp_support).
     # Twisted private names the code relies on: docs/architecture.md, "Twisted private
@@ -51,6 +53,8 @@ setup(
         "PyNaCl>=1.5.0,<2",
         "txredisapi>=1.6.0,<2",
         "h2>=4.1,<5",
+        "brotli>=1.1,<2",
+        "zstandard>=0.21,<1",
         "opentelemetry-api>=1.35,<2",
         "opentelemetry-sdk>=1.35,<2",
         "opentelemetry-exporter-otlp-proto-http>=1.35,<2",

@@ -35,10 +35,11 @@ from edgegw.authz.policy import compile_policies
 from edgegw.chain.access_log import AccessLog
 from edgegw.chain.pipeline import InFlight, IRouteTarget
 from edgegw.chain.resource_target import ResourceTarget
+from edgegw.compression.response_coding import CompressionPolicy
 from edgegw.config.addresses import listen_port
 from edgegw.config.effective import effective_routes
 from edgegw.config.errors import Problems
-from edgegw.config.model import Config
+from edgegw.config.model import CompressionSpec, Config
 from edgegw.edge.https_redirect import HttpsRedirect
 from edgegw.edge.site import MuxDispatcher
 from edgegw.handlers.readiness import Readiness, ReadinessResource
@@ -207,6 +208,7 @@ def build_gateway(
             plugins=plugins,
             metrics=measured,
             traced=telemetry is not None,
+            compression=_compression(config.gateway.compression),
         )
         mux, compiled = compile_routes(routes, terminals, wiring, problems)
         problems.raise_if_any()
@@ -271,3 +273,12 @@ def _redirect_site(config: Config, reactor: IReactorTime) -> RedirectSite | None
         return None
     port = redirect.https_port if redirect.https_port is not None else listen_port(spec.listen)
     return RedirectSite(HttpsRedirect(port, redirect.acme_webroot), spec.limits, reactor)
+
+
+def _compression(spec: CompressionSpec) -> CompressionPolicy | None:
+    """
+    C{Gateway.spec.compression} as the routes apply it (L{None}: off).
+    """
+    if not spec.enabled:
+        return None
+    return CompressionPolicy(spec.encodings, spec.min_size, spec.types)

@@ -22,6 +22,7 @@ from edgegw.chain.recover import recover
 from edgegw.chain.render import render_stage
 from edgegw.chain.request_id import request_id
 from edgegw.chain.session import session_stage
+from edgegw.compression.response_coding import CompressionPolicy
 from edgegw.config.effective import EffectiveRoute
 from edgegw.config.errors import Problems
 from edgegw.header_names import USER_PREFIX
@@ -90,6 +91,8 @@ class RouteWiring:
     @ivar metrics: Counts authentications and policy denials.
     @ivar traced: Whether the edge's tracing layer runs (a request then has an
         L{IRequestTrace<edgegw.telemetry.IRequestTrace>} for its exchange).
+    @ivar compression: C{Gateway.spec.compression} (L{None}: off), for the routes whose
+        handler does not say C{compress: false}.
     """
 
     inflight: InFlight
@@ -101,6 +104,7 @@ class RouteWiring:
     plugins: RoutePlugins | None = None
     metrics: IMetrics = NO_METRICS
     traced: bool = True
+    compression: CompressionPolicy | None = None
 
 
 def route_runner(route: CompiledRoute, terminal: IResource, wiring: RouteWiring) -> RouteRunner:
@@ -152,8 +156,13 @@ def route_runner(route: CompiledRoute, terminal: IResource, wiring: RouteWiring)
     )
     if wiring.plugins is not None:
         stages.extend(wiring.plugins.stages(effective))
+    compression = wiring.compression if effective.spec.handler.compress else None
     return RouteRunner(
-        route, compose(stages, render_stage(terminal)), wiring.inflight, wiring.traced
+        route,
+        compose(stages, render_stage(terminal)),
+        wiring.inflight,
+        wiring.traced,
+        compression,
     )
 
 

@@ -19,6 +19,7 @@ from twisted.python.failure import Failure
 from twisted.web.server import NOT_DONE_YET, Request
 from zope.interface import Attribute, Interface, implementer
 
+from edgegw.compression.response_coding import CompressionPolicy, attach_coding
 from edgegw.stream.boundary import client_gone, close_after_response
 from edgegw.terminal.answers import abort
 from edgegw.terminal.exchange import Exchange, Handler, IExchange, Stage
@@ -128,28 +129,42 @@ class RouteRunner:
     """
 
     def __init__(
-        self, route: CompiledRoute, handler: Handler, inflight: InFlight, traced: bool = True
+        self,
+        route: CompiledRoute,
+        handler: Handler,
+        inflight: InFlight,
+        traced: bool = True,
+        compression: CompressionPolicy | None = None,
     ) -> None:
         """
         @param traced: Whether requests may have a trace (the edge's tracing layer
             runs); without one, no exchange looks for it.
+        @param compression: What the route's responses are compressed with (L{None}:
+            never on the fly).
         """
         self.route = route
         self.pattern = route.pattern
         self._handler = handler
         self._inflight = inflight
         self._traced = traced
+        self._compression = compression
 
     def serve(self, request: Request, params: dict[str, str]) -> int:
         """
         Start the chain for C{request}; the response is written asynchronously.
 
         The L{Exchange} is attached to the request as its L{IExchange} component, where
-        the route's terminal Resource finds it. If the client goes away first, the chain
+        the route's terminal Resource finds it; so is the response's coding, on a route
+        that compresses. If the client goes away first, the chain
         is cancelled at its current C{await}.
         """
         inflight = self._inflight
         inflight.started(request)
+        compression = self._compression
+        if compression is not None:
+            # Before any stage: the preconditions every stage and the terminal see are
+            # those of the representation the client asked for.
+            attach_coding(request, compression.offer(request))
         exchange = Exchange(request, self.route, params, monotonic(), self._traced)
         request.setComponent(IExchange, exchange)
         # Ask for the finish notification first: a chain that completes synchronously

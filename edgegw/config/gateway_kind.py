@@ -1,7 +1,7 @@
 """
 The Gateway kind: listen address, trusted proxies, plugins, drain timeout, and its auth and
 accessLog blocks; its larger blocks have modules of their own (tls and redirectHTTP:
-L{edgegw.config.tls_block}).
+L{edgegw.config.tls_block}; compression: L{edgegw.config.compression_block}).
 """
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ import os
 import stat
 
 from edgegw.config.addresses import endpoint_description, listen_port
+from edgegw.config.compression_block import read_compression
 from edgegw.config.fields import Node
 from edgegw.config.identity import read_identity
 from edgegw.config.limits import read_limits
@@ -89,6 +90,7 @@ def read_gateway(spec: Node, base_dir: str) -> GatewaySpec:
         readiness_path=_readiness(spec.mapping("readiness")),
         tls=tls,
         redirect_http=redirect,
+        compression=read_compression(spec.mapping("compression")),
     )
 
 

@@ -8,9 +8,11 @@ import os
 import re
 from collections.abc import Callable
 
+from edgegw.config.compression_block import read_codings
 from edgegw.config.fields import Node, suggest
 from edgegw.config.header_syntax import TOKEN, check_header_value
 from edgegw.config.model import (
+    DEFAULT_PRECOMPRESSED,
     ApiBackendSpec,
     ApiHandlerSpec,
     HandlerSpec,
@@ -41,7 +43,7 @@ def read_handler(node: Node, base_dir: str, match: str) -> HandlerSpec | None:
         "static": _static,
         "reverse-proxy": _proxy,
         "api": _api,
-        "health": lambda n, b, m: HealthHandlerSpec(),
+        "health": lambda n, b, m: HealthHandlerSpec(compress=n.boolean("compress", True)),
     }
     if not type_:
         return None
@@ -75,6 +77,8 @@ def _static(node: Node, base_dir: str, match: str) -> HandlerSpec:
         spa_fallback=node.boolean("spaFallback", True),
         strip_prefix=strip,
         cache_control=cache_control,
+        precompressed=read_codings(node, "precompressed", DEFAULT_PRECOMPRESSED, nonempty=False),
+        compress=node.boolean("compress", True),
     )
 
 
@@ -91,6 +95,7 @@ def _proxy(node: Node, base_dir: str, match: str) -> HandlerSpec:
         forward_identity=node.boolean("forwardIdentity", False),
         timeout=node.duration("timeout", None, positive=True),
         insecure_skip_verify=node.boolean("insecureSkipVerify", False),
+        compress=node.boolean("compress", True),
     )
 
 
@@ -137,7 +142,9 @@ def _api(node: Node, base_dir: str, match: str) -> HandlerSpec:
         )
         item.finish()
     return ApiHandlerSpec(
-        backends=tuple(backends), timeout=node.duration("timeout", None, positive=True)
+        backends=tuple(backends),
+        timeout=node.duration("timeout", None, positive=True),
+        compress=node.boolean("compress", True),
     )
 
 

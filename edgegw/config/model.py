@@ -9,7 +9,7 @@ Durations are seconds as C{float}; C{None} means "not configured".
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, Literal
+from typing import Any, Final, Literal
 
 import attrs
 
@@ -269,6 +269,33 @@ class RedirectHttpSpec:
 
 
 @attrs.frozen
+class CompressionSpec:
+    """
+    C{Gateway.spec.compression}: responses compressed on the fly.
+
+    @ivar enabled: Whether any route compresses.
+    @ivar encodings: The codings used, the gateway's preferred first (C{zstd}, C{br},
+        C{gzip}).
+    @ivar min_size: A body of known length under this many bytes goes as it is.
+    @ivar types: The media types compressed (C{text/*}: every C{text/} type),
+        lowercase.
+    """
+
+    enabled: bool = True
+    encodings: tuple[str, ...] = ("zstd", "br", "gzip")
+    min_size: int = 1024
+    types: tuple[str, ...] = (
+        "text/*",
+        "application/json",
+        "application/javascript",
+        "application/xml",
+        "application/manifest+json",
+        "image/svg+xml",
+        "application/wasm",
+    )
+
+
+@attrs.frozen
 class GatewaySpec:
     """The one C{Gateway} resource."""
 
@@ -286,6 +313,7 @@ class GatewaySpec:
     readiness_path: str | None = None
     tls: TlsSpec | None = None
     redirect_http: RedirectHttpSpec | None = None
+    compression: CompressionSpec = CompressionSpec()
     location: Location | None = attrs.field(default=None, eq=False, repr=False)
 
 
@@ -523,6 +551,10 @@ class StateProviderSpec:
 # -- Handlers ------------------------------------------------------------------------------
 
 
+DEFAULT_PRECOMPRESSED: Final = ("br", "zstd", "gzip")
+"""The default of a static handler's C{precompressed}."""
+
+
 @attrs.frozen
 class StaticHandlerSpec:
     """C{handler.type: static}; C{dir} is absolute (resolved against the config file)."""
@@ -532,6 +564,8 @@ class StaticHandlerSpec:
     spa_fallback: bool = True
     strip_prefix: str | None = None
     cache_control: str | None = None
+    precompressed: tuple[str, ...] = DEFAULT_PRECOMPRESSED
+    compress: bool = True
 
     type = "static"
 
@@ -548,6 +582,7 @@ class ProxyHandlerSpec:
     forward_identity: bool = False
     timeout: float | None = None
     insecure_skip_verify: bool = False
+    compress: bool = True
 
     type = "reverse-proxy"
 
@@ -572,6 +607,7 @@ class ApiHandlerSpec:
 
     backends: tuple[ApiBackendSpec, ...]
     timeout: float | None = None
+    compress: bool = True
 
     type = "api"
 
@@ -579,6 +615,8 @@ class ApiHandlerSpec:
 @attrs.frozen
 class HealthHandlerSpec:
     """C{handler.type: health}."""
+
+    compress: bool = True
 
     type = "health"
 

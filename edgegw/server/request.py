@@ -34,6 +34,7 @@ from twisted.python.failure import Failure
 from twisted.web.http import NO_BODY_CODES, HTTPChannel, parse_qs
 from twisted.web.server import Request
 
+from edgegw.compression.response_coding import ResponseCoding
 from edgegw.seam import GatewayHeaders, RequestSeam, client_gone, mark_client_gone
 from edgegw.server.body import DISCARD_LIMIT, EMPTY_BODY, BodyDiscardedError, RequestBody
 from edgegw.stream.boundary import IClientStream
@@ -60,14 +61,18 @@ class GatewayRequest(RequestSeam):
     Twisted; so they do, at once, if the body's chunked framing turns out malformed.
 
     While a L{response_filter<IResponseFilter>} is installed (the response-plugin
-    stage), the output calls go to it instead (L{edgegw.stream.response_filter}).
+    stage), the output calls go to it instead (L{edgegw.stream.response_filter}). Past
+    it, a L{response_coding<ResponseCoding>} (set by a route that compresses) compresses
+    the body on its way out (L{edgegw.compression.response_coding}).
 
     @ivar body: The request body.
     @ivar response_filter: Receives the output calls while set.
+    @ivar response_coding: Compresses the body, when set.
     """
 
     body: RequestBody = EMPTY_BODY
     response_filter: IResponseFilter | None = None
+    response_coding: ResponseCoding | None = None
     _dispatched = False
     _cleanupPending = False
     _expectContinue = False
@@ -99,10 +104,12 @@ class GatewayRequest(RequestSeam):
         Write C{data} to the client, or hand it to the response filter.
         """
         response_filter = self.response_filter
-        if response_filter is None:
-            Request.write(self, data)
-        else:
+        if response_filter is not None:
             response_filter.write(data)
+        elif self.response_coding is not None:
+            self.response_coding.write(self, data)
+        else:
+            Request.write(self, data)
 
     def write_whole(self, body: bytes) -> None:
         """
@@ -115,8 +122,12 @@ class GatewayRequest(RequestSeam):
         response has a C{Content-Length} field and a body (not C{HEAD}, 204 or 304),
         Twisted would add no field of its own (no default C{Content-Type},
         C{Last-Modified}, C{ETag} or cookies to set) and would not change the body (no
-        encoder, no HEAD answered by rendering a GET).
+        encoder, no HEAD answered by rendering a GET). A response coding compresses the
+        whole body at once first, when it compresses it.
         """
+        coding = self.response_coding
+        if coding is not None and self.response_filter is None and not self.startedWriting:
+            body = coding.whole(self, body)
         stream = self._stream
         if (
             stream is None
@@ -153,10 +164,12 @@ class GatewayRequest(RequestSeam):
         Finish the response, or tell the response filter the terminal has.
         """
         response_filter = self.response_filter
-        if response_filter is None:
-            Request.finish(self)
-        else:
+        if response_filter is not None:
             response_filter.finish()
+        elif self.response_coding is not None:
+            self.response_coding.finish(self)
+        else:
+            Request.finish(self)
 
     def registerProducer(self, producer: Any, streaming: bool) -> None:
         """

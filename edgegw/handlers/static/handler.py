@@ -13,7 +13,9 @@ from twisted.logger import Logger
 from twisted.web.http import datetimeToString
 from twisted.web.server import Request
 
-from edgegw.config.model import StaticHandlerSpec
+from edgegw.compression.accept import AcceptedCodings
+from edgegw.compression.codings import CODINGS
+from edgegw.config.model import DEFAULT_PRECOMPRESSED, StaticHandlerSpec
 from edgegw.handlers.static.conditional import (
     Range,
     etag_listed,
@@ -45,6 +47,7 @@ _TEXT_PLAIN: Final = b"text/plain; charset=utf-8"
 _NO_CACHE: Final = b"no-cache"
 _BYTES: Final = b"bytes"
 _ALLOW: Final = b"GET, HEAD"
+_ACCEPT_ENCODING: Final = b"Accept-Encoding"
 
 _NOT_FOUND: Final = b"not found"
 _METHOD_NOT_ALLOWED: Final = b"method not allowed"
@@ -76,6 +79,7 @@ class StaticHandler(TerminalResource):
         )
         self._types = content_types()
         self._etags = EntityTags()
+        self._precompressed = AcceptedCodings(spec.precompressed) if spec.precompressed else None
         if not os.path.isdir(self._tree.root):
             _log.warn("static directory {dir} does not exist (yet)", dir=spec.dir)
 
@@ -92,6 +96,9 @@ class StaticHandler(TerminalResource):
             parts.append(f"strip {self._spec.strip_prefix}")
         if self._spec.cache_control is not None:
             parts.append(f'cache-control "{self._spec.cache_control}"')
+        if self._spec.precompressed != DEFAULT_PRECOMPRESSED:
+            listed = "/".join(self._spec.precompressed)
+            parts.append(f"precompressed {listed}" if listed else "no precompressed")
         return f"static {self._spec.dir} ({', '.join(parts)})"
 
     async def respond(self, request: Request) -> None:
@@ -128,18 +135,54 @@ class StaticHandler(TerminalResource):
             _answer(response, 404, _NOT_FOUND)
             return
 
-        fd, info, name = target
+        fd, info, name, real = target
+        encoding: bytes | None = None
+        if self._precompressed is not None:
+            fd, info, encoding = self._sidecar(response, fd, info, real)
         producer: FileProducer | None = None
         try:
-            producer = self._respond(response, fd, info, name)
+            producer = self._respond(response, fd, info, name, encoding)
         finally:
             if producer is None:
                 os.close(fd)
         if producer is not None:
             await producer.done
 
+    def _sidecar(
+        self, request: Response, fd: int, info: os.stat_result, real: str
+    ) -> tuple[int, os.stat_result, bytes | None]:
+        """
+        The file to send: the precompressed sidecar the client accepts best, when there
+        is one at least as new as the file (which is closed then), else the file.
+
+        @return: The open file, its status, and its C{Content-Encoding} (L{None}: the
+            file itself).
+        """
+        assert self._precompressed is not None
+        ranked = self._precompressed.ranked(
+            request.requestHeaders.getRawHeaders(b"accept-encoding")
+        )
+        for name in ranked:
+            coding = CODINGS[name]
+            found = self._tree.open_sidecar(real, coding.sidecar)
+            if found is None:
+                continue
+            sidecar_fd, sidecar_info = found
+            if sidecar_info.st_mtime_ns < info.st_mtime_ns:
+                # Older than the file: left from a build before it, never served.
+                os.close(sidecar_fd)
+                continue
+            os.close(fd)
+            return sidecar_fd, sidecar_info, coding.token
+        return fd, info, None
+
     def _respond(
-        self, request: Response, fd: int, info: os.stat_result, name: str
+        self,
+        request: Response,
+        fd: int,
+        info: os.stat_result,
+        name: str,
+        encoding: bytes | None = None,
     ) -> FileProducer | None:
         """
         Answer with the open file: preconditions, range, headers and body.
@@ -148,8 +191,12 @@ class StaticHandler(TerminalResource):
         @param fd: The open file; the caller closes it unless a producer is returned.
         @param info: The file's status.
         @param name: The file name that picks the content type and the caching rule.
+        @param encoding: The C{Content-Encoding} of a precompressed sidecar in C{fd}.
         @return: The producer now streaming the body and owning C{fd}, if one was needed.
         """
+        if self._precompressed is not None:
+            # What is sent depends on Accept-Encoding, on every answer about the file.
+            request.setHeader(b"Vary", _ACCEPT_ENCODING)
         size = info.st_size
         modified = info.st_mtime_ns // 1_000_000_000
         etag = self._etags.tag(fd, info)
@@ -186,6 +233,8 @@ class StaticHandler(TerminalResource):
                 _answer(request, 416, _RANGE_NOT_SATISFIABLE)
                 return None
 
+        if encoding is not None:
+            request.setHeader(b"Content-Encoding", encoding)
         request.setHeader(b"ETag", etag)
         request.setHeader(b"Last-Modified", _http_date(modified))
         cache_control = _NO_CACHE if name == self._index_name else self._cache_control

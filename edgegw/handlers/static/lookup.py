@@ -28,8 +28,8 @@ _OPEN_FLAGS: Final = (
     | getattr(os, "O_BINARY", 0)
 )
 
-Target = tuple[int, os.stat_result, str]
-"""An open file: descriptor, status, and the name its headers are chosen by."""
+Target = tuple[int, os.stat_result, str, str]
+"""An open file: descriptor, status, the name its headers are chosen by, its real path."""
 
 
 class StaticTree:
@@ -79,7 +79,7 @@ class StaticTree:
             return None
         fd, info = found
         if stat.S_ISREG(info.st_mode) and not want_directory:
-            return fd, info, names[-1]
+            return fd, info, names[-1], real
         os.close(fd)
         if not stat.S_ISDIR(info.st_mode):
             return None
@@ -102,7 +102,28 @@ class StaticTree:
         if not stat.S_ISREG(info.st_mode):
             os.close(fd)
             return None
-        return fd, info, self.index_name
+        return fd, info, self.index_name, real
+
+    def open_sidecar(self, real: str, suffix: str) -> tuple[int, os.stat_result] | None:
+        """
+        Open the precompressed sidecar of a file (C{app.js.br} beside C{app.js}), under
+        the same rules as any file (a link followed only while it stays inside).
+
+        @param real: The file's real path, as L{Target} has it.
+        @param suffix: The sidecar's suffix (C{.br}).
+        @return: The open regular file and its status, or L{None}.
+        """
+        directory, _, name = real.rpartition("/")
+        path = self._resolve(directory, (name + suffix,))
+        if path is None:
+            return None
+        found = _open_real(path)
+        if found is None:
+            return None
+        if not stat.S_ISREG(found[1].st_mode):
+            os.close(found[0])
+            return None
+        return found
 
     def _resolve(self, directory: str, names: Sequence[str]) -> str | None:
         """

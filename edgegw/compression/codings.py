@@ -1,0 +1,149 @@
+"""
+The content codings the gateway compresses with: C{zstd} (zstandard), C{br} (brotli) and
+C{gzip} (zlib), each as a streaming L{Encoder} and as a one-shot function for a whole
+body.
+
+Levels are chosen for CPU (docs/performance.md, "Compression"): gzip 5, brotli 4, zstd
+3. A streaming encoder flushes what it has after every piece it is given, so that every
+write of the response's producer puts bytes on the connection: a pull producer is asked
+for more only once those are sent, and a slow stream (a backend trickling JSON lines)
+reaches the client as it comes. Pieces are what the terminals write (at most 64 KiB from
+a file or a backend read), so the flushes cost little ratio; the encoder's own state is
+bounded (the window: 32 KiB for gzip, at most 4 MiB for brotli, 2 MiB for zstd).
+"""
+
+from __future__ import annotations
+
+import zlib
+from collections.abc import Callable
+from typing import Final, Protocol
+
+import attrs
+import brotli  # type: ignore[import-untyped]
+import zstandard
+
+__all__ = [
+    "CODINGS",
+    "CODING_NAMES",
+    "Coding",
+    "Encoder",
+]
+
+GZIP_LEVEL: Final = 5
+BROTLI_QUALITY: Final = 4
+ZSTD_LEVEL: Final = 3
+
+_BROTLI_MAX_WINDOW: Final = 22
+_BROTLI_MIN_WINDOW: Final = 10
+
+
+class Encoder(Protocol):
+    """
+    Compresses one response body piece by piece.
+    """
+
+    def compress(self, data: bytes) -> bytes:
+        """
+        Compress C{data} and return everything encoded so far (flushed).
+        """
+
+    def finish(self) -> bytes:
+        """
+        End the stream: the encoded bytes that complete it.
+        """
+
+
+class _Gzip:
+    __slots__ = ("_z",)
+
+    def __init__(self) -> None:
+        self._z = zlib.compressobj(GZIP_LEVEL, zlib.DEFLATED, 31)
+
+    def compress(self, data: bytes) -> bytes:
+        z = self._z
+        return z.compress(data) + z.flush(zlib.Z_SYNC_FLUSH)
+
+    def finish(self) -> bytes:
+        return self._z.flush(zlib.Z_FINISH)
+
+
+class _Brotli:
+    __slots__ = ("_c",)
+
+    def __init__(self) -> None:
+        self._c = brotli.Compressor(quality=BROTLI_QUALITY, lgwin=_BROTLI_MAX_WINDOW)
+
+    def compress(self, data: bytes) -> bytes:
+        c = self._c
+        out: bytes = c.process(data) + c.flush()
+        return out
+
+    def finish(self) -> bytes:
+        out: bytes = self._c.finish()
+        return out
+
+
+class _Zstd:
+    __slots__ = ("_z",)
+
+    _compressor = zstandard.ZstdCompressor(level=ZSTD_LEVEL)
+
+    def __init__(self) -> None:
+        self._z = self._compressor.compressobj()
+
+    def compress(self, data: bytes) -> bytes:
+        z = self._z
+        return z.compress(data) + z.flush(zstandard.COMPRESSOBJ_FLUSH_BLOCK)
+
+    def finish(self) -> bytes:
+        return self._z.flush(zstandard.COMPRESSOBJ_FLUSH_FINISH)
+
+
+def _gzip_whole(body: bytes) -> bytes:
+    return zlib.compress(body, GZIP_LEVEL, 31)
+
+
+def _brotli_window(size: int) -> int:
+    # The smallest window that holds the whole body: the encoder's memory is sized by it.
+    return max(_BROTLI_MIN_WINDOW, min(_BROTLI_MAX_WINDOW, size.bit_length()))
+
+
+def _brotli_whole(body: bytes) -> bytes:
+    out: bytes = brotli.compress(body, quality=BROTLI_QUALITY, lgwin=_brotli_window(len(body)))
+    return out
+
+
+_zstd_whole = zstandard.ZstdCompressor(level=ZSTD_LEVEL).compress
+
+
+@attrs.frozen
+class Coding:
+    """
+    One content coding.
+
+    @ivar name: Its token in C{Accept-Encoding} and C{Content-Encoding}.
+    @ivar token: C{name} as bytes, the C{Content-Encoding} value.
+    @ivar sidecar: The suffix of its precompressed files (C{app.js.br}).
+    @ivar etag_suffix: What goes before the closing quote of a strong entity tag of a
+        body compressed on the fly (C{"abc"} -> C{"abc-br"}).
+    @ivar encoder: A new streaming encoder.
+    @ivar whole: Compresses a whole body at once.
+    """
+
+    name: str
+    token: bytes
+    sidecar: str
+    etag_suffix: bytes
+    encoder: Callable[[], Encoder]
+    whole: Callable[[bytes], bytes]
+
+
+CODINGS: Final[dict[str, Coding]] = {
+    "zstd": Coding("zstd", b"zstd", ".zst", b"-zstd", _Zstd, _zstd_whole),
+    "br": Coding("br", b"br", ".br", b"-br", _Brotli, _brotli_whole),
+    "gzip": Coding("gzip", b"gzip", ".gz", b"-gzip", _Gzip, _gzip_whole),
+}
+"""The codings by name."""
+
+CODING_NAMES: Final = tuple(CODINGS)
+"""Their names, in the gateway's default order of preference."""
