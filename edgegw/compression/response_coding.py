@@ -47,11 +47,6 @@ _DIGESTS: Final = (b"content-md5", b"content-digest", b"repr-digest")
 _NO_TRANSFORM: Final = re.compile(rb"(?:^|[\s,])no-transform(?:$|[\s,=])", re.IGNORECASE)
 _VARY_TOKENS: Final = re.compile(rb"(?:^|[\s,])(?:accept-encoding|\*)(?:$|[\s,])", re.IGNORECASE)
 
-# A coding's state on one response.
-_UNDECIDED: Final = 0
-_PASSING: Final = 1  # the body goes out as written
-_ENCODING: Final = 2  # each write goes through the encoder
-
 
 def media_type_matcher(types: Sequence[str]) -> tuple[frozenset[bytes], tuple[bytes, ...]]:
     """
@@ -79,6 +74,7 @@ class CompressionPolicy:
         self._exact, self._prefixes = media_type_matcher(types)
         self._types: dict[bytes, bool] = {}
         self._strippers = {name: _VariantStripper(CODINGS[name]) for name in encodings}
+        self._identity = ResponseCoding(self, None, False)
 
     def compressible(self, content_type: bytes) -> bool:
         """
@@ -103,7 +99,7 @@ class CompressionPolicy:
         headers = request.requestHeaders
         name = self.accepted.best(headers.getRawHeaders(b"accept-encoding"))
         if name is None:
-            return ResponseCoding(self, None, False)
+            return self._identity
         stripper = self._strippers[name]
         variant = stripper.strip(headers, b"if-none-match")
         stripper.strip(headers, b"if-match")
@@ -142,16 +138,18 @@ class ResponseCoding:
     The request (L{GatewayRequest<edgegw.server.request.GatewayRequest>}) calls
     L{write}, L{finish} and L{whole} instead of writing itself while no response filter
     is installed; each ends in the methods of Twisted's L{Request} (the head goes out with
-    the first write, as always).
+    the first write, as always). Once it has decided to send the body as it is, the
+    coding takes itself off the request: the rest goes straight out. A coding without a
+    coding to compress with (the client accepts none) holds nothing of its response until
+    then, so one is shared by all such requests (L{CompressionPolicy.offer}).
     """
 
-    __slots__ = ("_coding", "_encoder", "_policy", "_state", "_variant")
+    __slots__ = ("_coding", "_encoder", "_policy", "_variant")
 
     def __init__(self, policy: CompressionPolicy, coding: Coding | None, variant: bool) -> None:
         self._policy = policy
         self._coding = coding
         self._variant = variant
-        self._state = _UNDECIDED
         self._encoder: Encoder | None = None
 
     @property
@@ -165,52 +163,48 @@ class ResponseCoding:
         """
         Write C{data} of the body, compressed when the response is.
         """
-        state = self._state
-        if state == _UNDECIDED:
+        encoder = self._encoder
+        if encoder is None:
             lengths = request.responseHeaders.getRawHeaders(b"content-length")
             # The whole body in one write: compressed at once, sent with its length.
-            if lengths and lengths[0] == b"%d" % len(data) and data:
+            if lengths and data and lengths[0] == b"%d" % len(data):
                 Request.write(request, self.whole(request, data))
                 return
+            request.response_coding = None
             coding = self._decide(request, _length(lengths))
             if coding is None:
-                self._state = _PASSING
-            else:
-                self._encoder = coding.encoder()
-                self._state = _ENCODING
-                state = _ENCODING
-        if state == _ENCODING and data:
-            assert self._encoder is not None
-            data = self._encoder.compress(data)
-        Request.write(request, data)
+                Request.write(request, data)
+                return
+            encoder = self._encoder = coding.encoder()
+            request.response_coding = self
+        Request.write(request, encoder.compress(data) if data else data)
 
     def finish(self, request: Any) -> None:
         """
         Finish the response (its encoder's last bytes first).
         """
-        state = self._state
-        if state == _UNDECIDED:
-            # Nothing was written: an empty body.
-            self._state = _PASSING
-            self._decide(request, 0)
-        elif state == _ENCODING:
-            self._state = _PASSING
-            encoder = self._encoder
-            assert encoder is not None
+        request.response_coding = None
+        encoder = self._encoder
+        if encoder is not None:
             self._encoder = None
             tail = encoder.finish()
             if tail:
                 Request.write(request, tail)
+        elif _head_only(request):
+            # The head a GET would get: its length is the one the handler announced.
+            length = _length(request.responseHeaders.getRawHeaders(b"content-length"))
+            self._decide(request, length)
+        else:
+            # Nothing was written: an empty body.
+            self._decide(request, 0)
         Request.finish(request)
 
     def whole(self, request: Any, body: bytes) -> bytes:
         """
-        C{body} is the whole body: decide, and return what to send (compressed, with its
-        C{Content-Length} set, when the response is).
+        C{body} is the whole body, nothing of it written yet: decide, and return what to
+        send (compressed, with its C{Content-Length} set, when the response is).
         """
-        if self._state != _UNDECIDED:
-            return body
-        self._state = _PASSING
+        request.response_coding = None
         coding = self._decide(request, len(body))
         if coding is None:
             return body
@@ -227,6 +221,10 @@ class ResponseCoding:
         """
         code = request.code
         headers = request.responseHeaders
+        if request.etag is not None:
+            # Twisted would add it after this decision, as it was set (setETag).
+            headers.setRawHeaders(b"etag", [request.etag])
+            request.etag = None
         if code == 304:
             _add_vary(headers)
             if self._variant and self._coding is not None:
@@ -256,9 +254,14 @@ class ResponseCoding:
         for name in _DIGESTS:
             headers.removeHeader(name)
         _variant_tag(headers, coding)
-        if request.method == b"HEAD" or request.rewritesBody():
+        if _head_only(request):
             return None
         return coding
+
+
+def _head_only(request: Any) -> bool:
+    # A HEAD, or a HEAD Twisted answers by rendering a GET and dropping its body.
+    return request.method == b"HEAD" or bool(request.rewritesBody())
 
 
 def _length(values: list[bytes] | None) -> int | None:
