@@ -187,7 +187,8 @@ def compile_routes(
             name=effective.spec.name,
             pattern=effective.spec.match,
             effective=effective,
-            handler_description=terminal.describe(),
+            handler_description=terminal.describe()
+            + ("" if effective.spec.handler.compress else ", compress: false"),
         )
         mux.register(effective.spec.match, route_runner(route, terminal, wiring))
         compiled.append(route)
