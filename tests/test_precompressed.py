@@ -509,6 +509,26 @@ class ConditionalAndRangeTests(PrecompressedTestCase):
             self.assertEqual(answer.header(b"vary"), b"Accept-Encoding")
             self.assertEqual(answer.header(b"cache-control"), CACHE_CONTROL)
 
+    async def test_if_none_match_listing_an_on_the_fly_variant_too(self) -> None:
+        # A cache holding the original compressed on the fly (from before the sidecar was
+        # deployed) and the sidecar lists both tags: the 304 names the sidecar's own.
+        self.serve()
+        sidecar_etag = await self.own_etag(b"/app.js.br")
+        original_etag = await self.own_etag(b"/app.js")
+        variant = original_etag[:-1] + b'-br"'
+        for listed in (variant + b", " + sidecar_etag, sidecar_etag + b", " + variant):
+            answer = await self.fetch(b"/app.js", b"br", headers={b"If-None-Match": listed})
+            self.assertEqual(answer.status, 304)
+            self.assertEqual(answer.header(b"etag"), sidecar_etag)
+
+    async def test_if_modified_since_the_sidecar(self) -> None:
+        self.serve()
+        modified = _http_date(os.stat(self.path("app.js.gz")).st_mtime_ns)
+        answer = await self.fetch(b"/app.js", b"gzip", headers={b"If-Modified-Since": modified})
+        self.assertEqual(answer.status, 304)
+        self.assertEqual(answer.header(b"etag"), await self.own_etag(b"/app.js.gz"))
+        self.assertEqual(answer.header(b"vary"), b"Accept-Encoding")
+
     async def test_tags_do_not_cross_representations(self) -> None:
         self.serve()
         sidecar_etag = (await self.fetch(b"/app.js", b"br")).header(b"etag")
@@ -529,6 +549,7 @@ class ConditionalAndRangeTests(PrecompressedTestCase):
         self.serve()
         for coding in CODINGS:
             get = await self.fetch(b"/app.js", coding.encode())
+            self.assertSidecar(get, coding, self.path("app.js"), APP_JS)
             head = await self.fetch(b"/app.js", coding.encode(), method=b"HEAD")
             self.assertEqual(head.status, 200)
             self.assertEqual(head.body, b"")
@@ -680,6 +701,13 @@ class LookupTests(PrecompressedTestCase):
         os.symlink(os.path.join("build", "app.js.br"), self.path("app.js.br"))
         self.serve("compress: false")
         answer = await self.fetch(b"/app.js", b"br")
+        self.assertSidecar(answer, "br", self.path("app.js"), APP_JS)
+
+    async def test_link_to_the_original_gets_the_originals_sidecar(self) -> None:
+        # Sidecars are looked up beside the real path; the name asked picks the type.
+        os.symlink("app.js", self.path("alias.js"))
+        self.serve()
+        answer = await self.fetch(b"/alias.js", b"br")
         self.assertSidecar(answer, "br", self.path("app.js"), APP_JS)
 
     async def test_directory_and_fifo_sidecars_ignored(self) -> None:
