@@ -227,7 +227,13 @@ class ResponseCoding:
             request.etag = None
         if code == 304:
             _add_vary(headers)
-            if self._variant and self._coding is not None:
+            # Not for a representation encoded already (a precompressed file): its tag
+            # is its own.
+            if (
+                self._variant
+                and self._coding is not None
+                and not headers.getRawHeaders(b"content-encoding")
+            ):
                 _variant_tag(headers, self._coding)
             return None
         if code < 200 or code == 204 or code == 206:

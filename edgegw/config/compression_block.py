@@ -17,6 +17,8 @@ CODING_NAMES: Final = ("zstd", "br", "gzip")
 """The content codings the gateway can compress with."""
 
 _DEFAULTS = CompressionSpec()
+# Names people write for the codings' tokens.
+_SPELLED_OUT: Final = {"brotli": "br", "zstandard": "zstd", "zst": "zstd", "x-gzip": "gzip"}
 _TOKEN = r"[!#$%&'*+\-.^_`|~0-9a-z]+"
 _MEDIA_TYPE: Final = re.compile(rf"{_TOKEN}/(?:{_TOKEN}|\*)\Z")
 
@@ -48,10 +50,11 @@ def read_codings(
     for index, name in enumerate(names):
         if name not in CODING_NAMES:
             known = ", ".join(CODING_NAMES)
+            hint = _SPELLED_OUT.get(name.lower())
+            suggestion = f'; did you mean "{hint}"?' if hint else suggest(name, list(CODING_NAMES))
             node.error(
                 f"{key}[{index}]",
-                f'unknown encoding "{name}"{suggest(name, list(CODING_NAMES))} '
-                f"(expected one of {known})",
+                f'unknown encoding "{name}"{suggestion} (expected one of {known})',
             )
         elif name in out:
             node.error(f"{key}[{index}]", f'"{name}" is listed twice')
