@@ -369,6 +369,27 @@ class ProxiedCodingTests(CompressionTestCase):
             self.assert_compressed(reply, coding, TEXT)
             self.assertTrue(reply.chunked)
 
+    async def test_digests_of_the_identity_body_dropped(self) -> None:
+        """
+        Digests of the identity body are dropped from a compressed answer, kept on the
+        identity one.
+        """
+        digests = [
+            (b"Content-MD5", b"Q2hlY2sgSW50ZWdyaXR5IQ=="),
+            (b"Content-Digest", b"sha-256=:AAAA:"),
+            (b"Repr-Digest", b"sha-256=:AAAA:"),
+        ]
+        self.origin.pages[b"digested"] = whole(TEXT, fields=digests)
+        port = self.serve()
+        for coding in CODINGS:
+            reply = await self.get(port, "/digested", coding)
+            self.assert_compressed(reply, coding, TEXT)
+            for name, _ in digests:
+                self.assertIsNone(reply.header(name.decode()), name)
+        identity = await self.get(port, "/digested", None)
+        for name, value in digests:
+            self.assertEqual(identity.header(name.decode()), value.decode())
+
     async def test_gateway_order_breaks_ties(self) -> None:
         """
         A client accepting all three equally gets the gateway's first (zstd).
@@ -527,6 +548,14 @@ class VaryTests(CompressionTestCase):
             reply = await self.get(port, "/varies", accept)
             self.assertEqual(reply.vary(), ["accept-encoding", "Cookie"], accept)
         self.assert_compressed(await self.get(port, "/varies", "br"), "br", TEXT)
+
+    async def test_star_left_alone(self) -> None:
+        self.origin.pages[b"varies"] = whole(TEXT, fields=[(b"Vary", b"*")])
+        port = self.serve()
+        for accept in ("br", None):
+            self.assertEqual((await self.get(port, "/varies", accept)).vary(), ["*"], accept)
+        self.assertEqual((await self.get(port, "/varies", "br")).decoded(), TEXT)
+        self.assertEqual((await self.get(port, "/varies", "br")).header("content-encoding"), "br")
 
     async def test_not_for_a_type_never_compressed(self) -> None:
         port = self.serve()
@@ -795,10 +824,13 @@ class NeverCompressedTests(CompressionTestCase):
         document = json.dumps({"rows": [TEXT.decode()]}).encode()
         self.origin.pages[b"data.json"] = whole(document, b"application/json; charset=utf-8")
         self.origin.pages[b"page.html"] = whole(TEXT, b"TEXT/HTML;charset=UTF-8")
+        self.origin.pages[b"events"] = whole(TEXT, b"Text/Event-Stream; charset=utf-8")
         port = self.serve()
         for coding in CODINGS:
             self.assert_compressed(await self.get(port, "/data.json", coding), coding, document)
             self.assert_compressed(await self.get(port, "/page.html", coding), coding, TEXT)
+            events = await self.get(port, "/events", coding)
+            self.assert_identity(events, TEXT, vary=False)
 
     async def test_websocket_upgrade_unaffected(self) -> None:
         """
