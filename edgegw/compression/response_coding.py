@@ -247,7 +247,8 @@ class ResponseCoding:
         if (
             coding is None
             or headers.getRawHeaders(b"content-encoding")
-            or (length is not None and length < policy.min_size)
+            # An empty body stays empty (minSize 0 included): no coding's stream is.
+            or (length is not None and (length == 0 or length < policy.min_size))
             or request.requestHeaders.getRawHeaders(b"range")
         ):
             return None
