@@ -35,6 +35,7 @@ ZSTD_LEVEL: Final = 3
 
 _BROTLI_MAX_WINDOW: Final = 22
 _BROTLI_MIN_WINDOW: Final = 10
+_ZSTD_IDLE_LIMIT: Final = 16
 
 
 class Encoder(Protocol):
@@ -56,7 +57,7 @@ class Encoder(Protocol):
 class _Gzip:
     __slots__ = ("_z",)
 
-    def __init__(self) -> None:
+    def __init__(self, size: int | None = None) -> None:
         self._z = zlib.compressobj(GZIP_LEVEL, zlib.DEFLATED, 31)
 
     def compress(self, data: bytes) -> bytes:
@@ -70,8 +71,9 @@ class _Gzip:
 class _Brotli:
     __slots__ = ("_c",)
 
-    def __init__(self) -> None:
-        self._c = brotli.Compressor(quality=BROTLI_QUALITY, lgwin=_BROTLI_MAX_WINDOW)
+    def __init__(self, size: int | None = None) -> None:
+        window = _BROTLI_MAX_WINDOW if size is None else _brotli_window(size)
+        self._c = brotli.Compressor(quality=BROTLI_QUALITY, lgwin=window)
 
     def compress(self, data: bytes) -> bytes:
         c = self._c
@@ -84,19 +86,29 @@ class _Brotli:
 
 
 class _Zstd:
-    __slots__ = ("_z",)
+    __slots__ = ("_compressor", "_z")
 
-    _compressor = zstandard.ZstdCompressor(level=ZSTD_LEVEL)
+    # A compressor's compression objects share its context: each stream needs a
+    # compressor of its own. Making one allocates its context (~12 µs), so those of
+    # finished streams are kept for the next ones, up to a bound.
+    _idle: list[zstandard.ZstdCompressor] = []
 
-    def __init__(self) -> None:
-        self._z = self._compressor.compressobj()
+    def __init__(self, size: int | None = None) -> None:
+        idle = self._idle
+        compressor = idle.pop() if idle else zstandard.ZstdCompressor(level=ZSTD_LEVEL)
+        self._compressor: zstandard.ZstdCompressor | None = compressor
+        self._z = compressor.compressobj()
 
     def compress(self, data: bytes) -> bytes:
         z = self._z
         return z.compress(data) + z.flush(zstandard.COMPRESSOBJ_FLUSH_BLOCK)
 
     def finish(self) -> bytes:
-        return self._z.flush(zstandard.COMPRESSOBJ_FLUSH_FINISH)
+        out = self._z.flush(zstandard.COMPRESSOBJ_FLUSH_FINISH)
+        compressor, self._compressor = self._compressor, None
+        if compressor is not None and len(self._idle) < _ZSTD_IDLE_LIMIT:
+            self._idle.append(compressor)
+        return out
 
 
 def _gzip_whole(body: bytes) -> bytes:
@@ -126,7 +138,8 @@ class Coding:
     @ivar sidecar: The suffix of its precompressed files (C{app.js.br}).
     @ivar etag_suffix: What goes before the closing quote of a strong entity tag of a
         body compressed on the fly (C{"abc"} -> C{"abc-br"}).
-    @ivar encoder: A new streaming encoder.
+    @ivar encoder: A new streaming encoder, given the body's length when it is known
+        (brotli's window is sized to it).
     @ivar whole: Compresses a whole body at once.
     """
 
@@ -134,7 +147,7 @@ class Coding:
     token: bytes
     sidecar: str
     etag_suffix: bytes
-    encoder: Callable[[], Encoder]
+    encoder: Callable[[int | None], Encoder]
     whole: Callable[[bytes], bytes]
 
 

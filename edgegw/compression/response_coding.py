@@ -171,11 +171,12 @@ class ResponseCoding:
                 Request.write(request, self.whole(request, data))
                 return
             request.response_coding = None
-            coding = self._decide(request, _length(lengths))
+            length = _length(lengths)
+            coding = self._decide(request, length)
             if coding is None:
                 Request.write(request, data)
                 return
-            encoder = self._encoder = coding.encoder()
+            encoder = self._encoder = coding.encoder(length)
             request.response_coding = self
         Request.write(request, encoder.compress(data) if data else data)
 
