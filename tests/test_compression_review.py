@@ -389,7 +389,7 @@ class StalledDownloadMemoryTests(TestCase):
         # What the first 6 MiB compress to, piece by piece as the file producer hands
         # them over: once a client has that much, the gateway's encoder has taken in
         # at least 6 MiB (more than any window).
-        encoder = codings.CODINGS["br"].encoder()
+        encoder = codings.CODINGS["br"].encoder(len(text))
         chunk = 64 * 1024
         stop_after = sum(
             len(encoder.compress(text[offset : offset + chunk]))
