@@ -235,9 +235,10 @@ class EncoderFailureTests(TestCase):
             # An error answer: its own short text, sent as it is.
             self.assertIsNone(answer.header(b"content-encoding"), answer)
 
-    async def streamed(self) -> RawClient:
-        big = _TEXT * 20
-        port, _ = static_gateway(self, {"big.js": big}, static_spec="precompressed: []")
+    def failure_logged(self) -> Deferred[None]:
+        """
+        Fires once the encoder's failure has been logged.
+        """
         logged: Deferred[None] = Deferred()
 
         def observe(event: dict[str, Any]) -> None:
@@ -248,14 +249,15 @@ class EncoderFailureTests(TestCase):
         observer = cast(ILogObserver, observe)
         globalLogPublisher.addObserver(observer)
         self.addCleanup(globalLogPublisher.removeObserver, observer)
-        client = await connect(port)
-        client.send(
-            b"GET /s/big.js HTTP/1.1\r\nHost: x\r\nAccept-Encoding: br\r\nConnection: close\r\n\r\n"
-        )
-        await logged
+        return logged
+
+    async def ended(self, client: RawClient) -> None:
+        """
+        The failure has happened: the response must end (completed, or its connection
+        closed) within a bounded number of reactor turns (not time), as it does at once
+        for any other failure.
+        """
         self.flushLoggedErrors(_EncoderFailedError)
-        # The failure has happened: give the gateway a bounded number of reactor turns
-        # (not time) to end the response, as it does at once for any other failure.
         for _ in range(50):
             if client.closed.called:
                 break
@@ -264,6 +266,17 @@ class EncoderFailureTests(TestCase):
         if not ended:
             await client.close()
         self.assertTrue(ended, f"no end to the response: {client.received[:400]!r}")
+
+    async def streamed(self) -> RawClient:
+        big = _TEXT * 20
+        port, _ = static_gateway(self, {"big.js": big}, static_spec="precompressed: []")
+        logged = self.failure_logged()
+        client = await connect(port)
+        client.send(
+            b"GET /s/big.js HTTP/1.1\r\nHost: x\r\nAccept-Encoding: br\r\nConnection: close\r\n\r\n"
+        )
+        await logged
+        await self.ended(client)
         return client
 
     async def test_streamed_body_fails_at_start(self) -> None:
