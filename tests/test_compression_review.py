@@ -516,3 +516,27 @@ class ProxiedTests(TestCase):
             port, b'GET /page HTTP/1.1\r\nHost: x\r\nAccept-Encoding: br\r\nIf-None-Match: "v1-br"'
         )
         self.assertEqual((answer.status, answer.header(b"etag")), (304, b'"v1-br"'))
+
+
+class WeakComparisonTests(TestCase):
+    """
+    C{If-None-Match} uses the weak comparison (RFC 9110 sections 8.8.3.2 and 13.1.2):
+    C{W/"F-br"} matches a representation tagged C{"F-br"}, and for C{GET} a match is a
+    304 ("MUST NOT perform the requested method"). The gateway turns only strong variant
+    tags back into base tags, so a client (or an intermediary: caches weaken the tags of
+    bodies they transform or store) that revalidates the compressed file with the weak
+    form of its tag gets the whole body again, every time. C{If-Match} is strong, so a
+    weak tag never matches there: only C{If-None-Match} needs it.
+    """
+
+    async def test_weak_form_of_the_variant(self) -> None:
+        port, _ = static_gateway(self, {"app.js": _TEXT}, static_spec="precompressed: []")
+        first = await fetch(port, b"GET /s/app.js HTTP/1.1\r\nHost: x\r\nAccept-Encoding: br")
+        tag = first.header(b"etag")
+        assert tag is not None
+        self.assertTrue(tag.endswith(b'-br"'), tag)
+        again = await fetch(
+            port,
+            b"GET /s/app.js HTTP/1.1\r\nHost: x\r\nAccept-Encoding: br\r\nIf-None-Match: W/" + tag,
+        )
+        self.assertEqual(again.status, 304)
