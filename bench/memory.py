@@ -674,13 +674,13 @@ def table(settings: Settings, results: dict[str, dict[str, Any]]) -> str:
         if name in results:
             lines += _stream_lines(number, title, results[name])
     for number, name, title in (
-        (3, "idle", f"{settings.idle_connections:,} idle keep-alive connections"),
-        (4, "sse", f"{settings.sse_connections:,} idle SSE streams"),
+        ("3.", "idle", f"{settings.idle_connections:,} idle keep-alive connections"),
+        ("4.", "sse", f"{settings.sse_connections:,} idle SSE streams"),
     ):
         if name not in results:
             continue
         held = results[name]
-        lines.append(f"{number}. edgegw RSS holding {title} through reverse-proxy")
+        lines.append(f"{number} edgegw RSS holding {title} through reverse-proxy")
         if "rss_mib" not in held:
             lines.append(f"   {_not_measured(held)}")
             continue

@@ -595,29 +595,40 @@ def verdict(lines: Sequence[Line]) -> list[str]:
     """
     The issue's target, under the table: L{TARGET_SERVER}'s load at most each of
     L{COMPARED}'s in the same run (the median of same-round ratios at most 1), with the
-    medians and bytes transferred; empty when the target server was not run.
+    medians and bytes transferred; the same for the other compressing edgegw servers run,
+    for reference. Empty when no edgegw server was run.
     """
     by_key = {line.key: line for line in lines}
-    mine = by_key.get(TARGET_SERVER)
-    if mine is None or mine.load is None:
-        return []
-    out = [
-        f"TARGET (issue 34): {TARGET_SERVER}'s load at most "
-        + " and ".join(COMPARED)
-        + "'s, same run (median of same-round ratios)"
-    ]
-    for key in COMPARED:
-        other = by_key.get(key)
-        if other is None or other.load is None:
-            out.append(f"  vs {key}: not measured in this run")
+    out: list[str] = []
+    for key, (program, _, compresses) in SERVERS.items():
+        mine = by_key.get(key)
+        if program != "edgegw" or not compresses or mine is None:
             continue
-        share = mine.vs.get(key)
-        state = "-" if share is None else ("OK" if share <= 1.0 else "MISSED")
-        out.append(
-            f"  vs {key}: {'-' if share is None else f'{share:.3f}x'} ({TARGET_SERVER} "
-            f"{mine.load:.2f}s, {mine.transfer_mb or 0:.2f} MB transferred; {key} "
-            f"{other.load:.2f}s, {other.transfer_mb or 0:.2f} MB): {state}"
-        )
+        if not out:
+            out.append(
+                f"TARGET (issue 34): {TARGET_SERVER}'s load at most "
+                + " and ".join(COMPARED)
+                + "'s, same run (median of same-round ratios)"
+            )
+        if mine.load is None:
+            reason = (mine.unavailable or "no load").splitlines()[0][:160]
+            missed = "MISSED, " if key == TARGET_SERVER else ""
+            out.append(f"  {key}: {missed}not measured: {reason}")
+            continue
+        for other_key in COMPARED:
+            other = by_key.get(other_key)
+            if other is None or other.load is None:
+                out.append(f"  {key} vs {other_key}: {other_key} not measured in this run")
+                continue
+            share = mine.vs.get(other_key)
+            state = "-" if share is None else ("OK" if share <= 1.0 else "MISSED")
+            if key != TARGET_SERVER:
+                state += " (for reference)"
+            out.append(
+                f"  {key} vs {other_key}: {'-' if share is None else f'{share:.3f}x'} ({key} "
+                f"{mine.load:.2f}s, {mine.transfer_mb or 0:.2f} MB transferred; {other_key} "
+                f"{other.load:.2f}s, {other.transfer_mb or 0:.2f} MB): {state}"
+            )
     return out
 
 
