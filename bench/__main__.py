@@ -426,7 +426,7 @@ def parser() -> argparse.ArgumentParser:
         default=tls_defaults.handshake_connections,
         help="wrk connections on the new-tls rows (default %(default)s)",
     )
-    _wrk_options(
+    compressing = _wrk_options(
         commands.add_parser(
             "compression",
             help="CPU per request of a 64 KiB JSON response compressed with zstd, br, gzip "
@@ -436,6 +436,11 @@ def parser() -> argparse.ArgumentParser:
         ),
         compression.Settings(),
         "wrk connections",
+    )
+    compressing.add_argument(
+        "--app",
+        action="store_true",
+        help="also time the encoders on the pageload app's text files (npm fetches it once)",
     )
     loaded = pageload.Settings()
     page = commands.add_parser(
@@ -573,7 +578,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 )
             )
         if args.command == "compression":
-            return compression.run(compression.Settings(**_wrk_settings(args)))
+            return compression.run(compression.Settings(**_wrk_settings(args), app=args.app))
         if args.command == "pageload":
             return pageload.run(
                 pageload.Settings(

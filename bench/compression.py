@@ -24,7 +24,8 @@ too (wrk does not look at bodies: a coding whose streams mix up under concurrenc
 otherwise be measured as if it worked); a row that fails this is still measured, marked
 C{WRONG}, and the command exits 1. Then the
 encoders are timed in process on the same document, at edgegw's levels and around them,
-which is what the levels were chosen by.
+which is what the levels were chosen by; with C{--app}, also on the text files of
+C{pageload}'s single-page app (what a browser's first load is mostly made of).
 """
 
 from __future__ import annotations
@@ -47,11 +48,11 @@ import attrs
 import brotli  # type: ignore[import-untyped]
 import zstandard
 
-from bench import gateway, nginx, report, wrk
+from bench import gateway, nginx, report, spa, wrk
 from bench.processes import StartupError, children, scratch, started, warn_if_busy
 from bench.rounds import say
 from bench.targets import Target, start_edgegw
-from bench.tools import ensure_tools, version
+from bench.tools import ensure, ensure_tools, version
 from tests.support.processes import free_port
 
 PATH = "/api.json"
@@ -137,6 +138,7 @@ class Settings:
     @ivar rounds: Interleaved rounds.
     @ivar warmup: Unrecorded seconds per row before round 1 (0: none).
     @ivar keep_tmp: Keep the temporary directory (configurations, logs).
+    @ivar app: Also time the encoders on the single-page app's text files.
     """
 
     duration: int = 10
@@ -144,6 +146,7 @@ class Settings:
     rounds: int = 3
     warmup: int = 1
     keep_tmp: bool = False
+    app: bool = False
 
 
 @attrs.define
@@ -537,7 +540,7 @@ def table(lines: Sequence[Line]) -> str:
 LEVELS: dict[str, tuple[int, ...]] = {
     "gzip": (1, 3, 4, 5, 6, 9),
     "br": (0, 1, 2, 3, 4, 5, 6, 11),
-    "zstd": (1, 2, 3, 4, 6, 9, 19),
+    "zstd": (1, 2, 3, 4, 5, 6, 9, 19),
 }
 """The levels timed in process for each coding (edgegw's: gzip 5, br 4, zstd 3)."""
 EDGEGW_LEVELS = {"gzip": 5, "br": 4, "zstd": 3}
@@ -635,6 +638,70 @@ def encoder_table(body: bytes) -> tuple[str, list[dict[str, Any]]]:
     return report.render(header, out, left=2), records
 
 
+APP_LEVELS: dict[str, tuple[int, ...]] = {
+    "gzip": (1, 5, 6),
+    "br": (3, 4, 5),
+    "zstd": (3, 4, 5, 6, 7, 9),
+}
+"""The levels timed on the app's files."""
+APP_SUFFIXES = (".js", ".mjs", ".css", ".html", ".svg", ".json")
+"""The app's files that every server here compresses."""
+
+
+def app_table(files: Sequence[bytes]) -> tuple[str, list[dict[str, Any]]]:
+    """
+    Compress each of C{files} once with each coding at the levels of L{APP_LEVELS}:
+    the total encoded bytes and the CPU it took.
+    """
+    raw = sum(map(len, files))
+    records = []
+    for coding, levels in APP_LEVELS.items():
+        for level in levels:
+            compress = _compressor(coding, level)
+            start = time.process_time()
+            encoded = sum(len(compress(body)) for body in files)
+            seconds = time.process_time() - start
+            records.append(
+                {
+                    "coding": coding,
+                    "level": level,
+                    "bytes": encoded,
+                    "cpu_ms": seconds * 1e3,
+                    "edgegw": level == EDGEGW_LEVELS[coding],
+                }
+            )
+    header = ("coding", "level", "encoded", "ratio", "CPU ms", "MB/s")
+    out: list[tuple[str, ...] | str] = [
+        (
+            r["coding"],
+            f"{r['level']}{' *' if r['edgegw'] else ''}",
+            f"{r['bytes'] / 1e6:.2f} MB",
+            f"{raw / r['bytes']:.2f}x",
+            f"{r['cpu_ms']:.0f}",
+            f"{raw / r['cpu_ms'] / 1e3:.0f}",
+        )
+        for r in records
+    ]
+    return report.render(header, out, left=2), records
+
+
+def app_files() -> list[bytes]:
+    """
+    The single-page app's text files of at least 1 KiB (L{APP_SUFFIXES}; fetched with
+    npm on first use, as C{pageload} does).
+
+    @raise spa.SpaError: If it cannot be fetched.
+    """
+    root = spa.root(ensure(("npm",))["npm"])
+    files = []
+    for path in sorted(root.rglob("*")):
+        if path.is_file() and path.suffix in APP_SUFFIXES:
+            body = path.read_bytes()
+            if len(body) >= 1024:
+                files.append(body)
+    return files
+
+
 def notes(settings: Settings) -> list[str]:
     """How to read the tables; printed under them and saved with the results."""
     return [
@@ -681,6 +748,19 @@ def run(settings: Settings) -> int:
         lines = summarize(rows)
     say("bench: timing the encoders in process")
     encoders, records = encoder_table(body)
+    app_text, app_records, app_size = "", [], (0, 0)
+    if settings.app:
+        try:
+            files = app_files()
+        except spa.SpaError as e:
+            say(f"bench: {e}")
+            return 1
+        app_size = (len(files), sum(map(len, files)))
+        app_text, app_records = app_table(files)
+    app_title = (
+        f"ENCODERS in process on {spa.PACKAGE}@{spa.VERSION}'s {app_size[0]} text files of "
+        f"1 KiB or more ({app_size[1] / 1e6:.1f} MB), each compressed once, one-shot"
+    )
     text = table(lines)
     print()
     print(text)
@@ -688,6 +768,10 @@ def run(settings: Settings) -> int:
     print(f"ENCODERS in process on the same {len(body) // 1024} KiB document")
     print(encoders)
     print()
+    if app_text:
+        print(app_title)
+        print(app_text)
+        print()
     for note in notes(settings):
         print(f"* {note}")
     machine = report.machine()
@@ -722,6 +806,7 @@ def run(settings: Settings) -> int:
             ],
             "summary": [attrs.asdict(line) for line in lines],
             "encoders": records,
+            "app_encoders": app_records,
             "notes": notes(settings),
         },
     )
@@ -729,11 +814,13 @@ def run(settings: Settings) -> int:
     markdown.write_text(
         f"# edgegw bench compression, {started_at}\n\n"
         f"`python -m bench compression --duration {settings.duration} --rounds "
-        f"{settings.rounds} --connections {settings.connections}` at "
+        f"{settings.rounds} --connections {settings.connections}"
+        f"{' --app' if settings.app else ''}` at "
         f"{machine.get('edgegw_commit', '?')} on {machine.get('cpu', '?')} "
         f"({machine.get('cpus', '?')} CPUs); "
         + ", ".join(versions.values())
         + f"\n\n```\n{text}\n```\n\nEncoders in process:\n\n```\n{encoders}\n```\n\n"
+        + (f"{app_title}:\n\n```\n{app_text}\n```\n\n" if app_text else "")
         + "".join(f"* {note}\n" for note in notes(settings))
     )
     print(f"\nresults: {path} (and {markdown.name})", file=sys.stderr)
