@@ -654,7 +654,7 @@ def app_table(files: Sequence[bytes]) -> tuple[str, list[dict[str, Any]]]:
     the total encoded bytes and the CPU it took.
     """
     raw = sum(map(len, files))
-    records = []
+    records: list[dict[str, Any]] = []
     for coding, levels in APP_LEVELS.items():
         for level in levels:
             compress = _compressor(coding, level)
@@ -748,7 +748,8 @@ def run(settings: Settings) -> int:
         lines = summarize(rows)
     say("bench: timing the encoders in process")
     encoders, records = encoder_table(body)
-    app_text, app_records, app_size = "", [], (0, 0)
+    app_text, app_size = "", (0, 0)
+    app_records: list[dict[str, Any]] = []
     if settings.app:
         try:
             files = app_files()
