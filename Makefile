@@ -154,7 +154,8 @@ test: lint typecheck layers unit unit-oldest
 
 ## Benchmarks (never part of the tests): every scenario in one interleaved run (wrk
 ## against the backend, nginx, an Agent proxy and edgegw; bench/results/suite-*.md), the
-## memory figures, HTTPS beside nginx and Caddy (h2load and wrk; bench/results/tls-*.md)
+## memory figures, HTTPS beside nginx and Caddy (h2load and wrk; bench/results/tls-*.md),
+## compression's CPU per response beside nginx's gzip (bench/results/compression-*.md)
 ## and a single-page app's load in headless Chromium through an emulated 100 ms,
 ## 10 Mbit/s link (bench/results/pageload-*.md). Installs wrk, nginx, h2load, Caddy,
 ## Chromium and its driver and npm as root. The feature benchmarks
@@ -164,6 +165,7 @@ bench: $(STAMP)
 	$(BIN)/python -m bench suite
 	$(BIN)/python -m bench memory
 	$(BIN)/python -m bench tls
+	$(BIN)/python -m bench compression --app
 	$(BIN)/python -m bench pageload
 
 clean:

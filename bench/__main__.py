@@ -1,7 +1,7 @@
 """
 The benchmark harness's command line: C{python -m bench COMMAND}, where COMMAND is one of
 proxy, memory, api, authz, telemetry, session, server-session, bearer, plugins, metrics,
-workers, suite, tls, pageload, soak, profile, chain.
+workers, suite, tls, compression, pageload, soak, profile, chain.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from bench import (
     authz,
     bearer,
     chain,
+    compression,
     memory,
     metrics,
     pageload,
@@ -44,6 +45,12 @@ Measure edgegw's memory on reverse-proxy routes, each with a fresh edgegw proces
      Target: < 32 MiB.
   3. RSS while holding 10,000 idle keep-alive connections and 5,000 concurrent idle
      server-sent-event streams through the route. Target: < 300 MiB.
+  5. RSS growth while a client downloads a 1 GiB text/plain response through the
+     route, compressed by edgegw (gzip, br, zstd: one row each), decoding and checking
+     it. Target: < 32 MiB.
+
+--only NAMES runs some of them: download, upload, idle, sse, text-gzip, text-br,
+text-zstd.
 
 Reported as unavailable while `edgegw check` refuses reverse-proxy routes.
 """
@@ -84,6 +91,16 @@ def _servers(text: str) -> tuple[str, ...]:
             f"servers are among {','.join(pageload.SERVERS)}, got {text!r}"
         )
     return tuple(name for name in pageload.SERVERS if name in names)
+
+
+def _measurements(text: str) -> tuple[str, ...]:
+    names = tuple(name.strip() for name in text.split(",") if name.strip())
+    unknown = [name for name in names if name not in memory.MEASUREMENTS]
+    if unknown or not names:
+        raise argparse.ArgumentTypeError(
+            f"measurements are among {','.join(memory.MEASUREMENTS)}, got {text!r}"
+        )
+    return names
 
 
 def _targets(text: str) -> str:
@@ -178,7 +195,7 @@ def parser() -> argparse.ArgumentParser:
     m = commands.add_parser(
         "memory",
         help="edgegw RSS: streaming 1 GiB down and up, holding 10,000 idle connections and "
-        "5,000 idle SSE streams",
+        "5,000 idle SSE streams, streaming 1 GiB of text compressed",
         description=MEMORY_DESCRIPTION,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -202,6 +219,13 @@ def parser() -> argparse.ArgumentParser:
         help="idle keep-alive connections held beside the streams (default 10000)",
     )
     m.add_argument("--keep-tmp", action="store_true", help="keep configuration and logs")
+    m.add_argument(
+        "--only",
+        type=_measurements,
+        default=mem_defaults.only,
+        metavar="NAMES",
+        help="comma-separated, among " + ",".join(memory.MEASUREMENTS) + " (default: all)",
+    )
     api_defaults = api.Settings()
     a = commands.add_parser(
         "api",
@@ -402,6 +426,22 @@ def parser() -> argparse.ArgumentParser:
         default=tls_defaults.handshake_connections,
         help="wrk connections on the new-tls rows (default %(default)s)",
     )
+    compressing = _wrk_options(
+        commands.add_parser(
+            "compression",
+            help="CPU per request of a 64 KiB JSON response compressed with zstd, br, gzip "
+            "through a reverse-proxy route, beside nginx with gzip on",
+            description=compression.__doc__,
+            formatter_class=argparse.RawDescriptionHelpFormatter,
+        ),
+        compression.Settings(),
+        "wrk connections",
+    )
+    compressing.add_argument(
+        "--app",
+        action="store_true",
+        help="also time the encoders on the pageload app's text files (npm fetches it once)",
+    )
     loaded = pageload.Settings()
     page = commands.add_parser(
         "pageload",
@@ -537,6 +577,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                     handshake_connections=args.handshake_connections,
                 )
             )
+        if args.command == "compression":
+            return compression.run(compression.Settings(**_wrk_settings(args), app=args.app))
         if args.command == "pageload":
             return pageload.run(
                 pageload.Settings(
@@ -577,6 +619,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 sse_connections=args.sse_connections,
                 idle_connections=args.idle_connections,
                 keep_tmp=args.keep_tmp,
+                only=args.only,
             )
         )
     except MissingToolsError as e:

@@ -5,7 +5,8 @@ its own process:
   - C{zeros}: a plain-socket HTTP/1.1 server answering C{GET /zeros/N} with N zero
     bytes and a C{Content-Length}; the bytes are generated as they are sent, never
     stored, and C{sendall} blocks while the peer's buffers are full, so the server
-    goes exactly as fast as the proxy reads.
+    goes exactly as fast as the proxy reads. C{GET /text/N} answers N bytes of
+    C{text/plain} the same way: log lines, L{text_block} over and over.
   - C{sse}: a Twisted server answering C{GET /events} with a C{text/event-stream}
     response head and then nothing, keeping every stream open; C{GET /stats} says how
     many are open.
@@ -21,6 +22,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import random
 import socketserver
 import sys
 from collections import deque
@@ -36,6 +38,39 @@ from bench.agent_proxy import QuietSite, listen
 from bench.processes import Process
 
 _ZEROS = memoryview(bytes(256 * 1024))
+TEXT_BLOCK_SIZE = 8 * 1024 * 1024
+"""The size of L{text_block}: more than any compressor's window here (brotli's is 4 MiB,
+zstd's 2 MiB at edgegw's level), so that the repetition is not what compresses."""
+_TEXT: list[memoryview] = []
+
+
+def text_block() -> memoryview:
+    """
+    L{TEXT_BLOCK_SIZE} bytes of access-log lines, pseudo-random from a fixed seed (the
+    same in every process): what C{GET /text/N} repeats, and what its client checks the
+    decoded body against.
+    """
+    if not _TEXT:
+        rng = random.Random(34)
+        methods = ("GET", "GET", "GET", "POST", "PUT", "DELETE")
+        paths = ("/api/v1/items", "/api/v1/users", "/static/app.js", "/healthz", "/auth/login")
+        levels = ("INFO", "INFO", "INFO", "WARN", "DEBUG")
+        lines = []
+        size = 0
+        while size < TEXT_BLOCK_SIZE:
+            line = (
+                f"2026-11-29T{rng.randrange(24):02d}:{rng.randrange(60):02d}:"
+                f"{rng.randrange(60):02d}.{rng.randrange(1000):03d}Z {rng.choice(levels)} "
+                f"edgegw.access request_id={rng.getrandbits(64):016x} "
+                f"method={rng.choice(methods)} path={rng.choice(paths)}/{rng.randrange(10**6)} "
+                f"status={rng.choice((200, 200, 200, 204, 304, 404, 502))} "
+                f"duration_ms={rng.uniform(0.1, 250):.3f} bytes={rng.randrange(10**6)} "
+                f'ua="Mozilla/5.0 (X11; Linux x86_64) bench/{rng.randrange(100)}"\n'
+            ).encode()
+            lines.append(line)
+            size += len(line)
+        _TEXT.append(memoryview(b"".join(lines)[:TEXT_BLOCK_SIZE]))
+    return _TEXT[0]
 
 
 class ZerosHandler(socketserver.StreamRequestHandler):
@@ -86,7 +121,8 @@ class ZerosHandler(socketserver.StreamRequestHandler):
                 b"Content-Length: %d\r\n\r\n%s" % (len(body), body)
             )
             return not close
-        size_text = target.removeprefix(b"/zeros/")
+        text = target.startswith(b"/text/")
+        size_text = target.removeprefix(b"/text/" if text else b"/zeros/")
         if method not in (b"GET", b"HEAD") or not size_text.isdigit():
             self.wfile.write(
                 b"HTTP/1.1 404 Not Found\r\nContent-Length: 10\r\n"
@@ -94,18 +130,32 @@ class ZerosHandler(socketserver.StreamRequestHandler):
             )
             return not close
         size = int(size_text)
-        head = (
-            b"HTTP/1.1 200 OK\r\nContent-Type: application/octet-stream\r\n"
-            b"Content-Length: %d\r\n%s\r\n" % (size, b"Connection: close\r\n" if close else b"")
+        content_type = b"text/plain; charset=utf-8" if text else b"application/octet-stream"
+        head = b"HTTP/1.1 200 OK\r\nContent-Type: %s\r\nContent-Length: %d\r\n%s\r\n" % (
+            content_type,
+            size,
+            b"Connection: close\r\n" if close else b"",
         )
         self.connection.sendall(head)
         if method == b"GET":
+            if text:
+                self._send_text(size)
+                return not close
             remaining = size
             while remaining:
                 chunk = _ZEROS[: min(remaining, len(_ZEROS))]
                 self.connection.sendall(chunk)
                 remaining -= len(chunk)
         return not close
+
+    def _send_text(self, size: int) -> None:
+        block = text_block()
+        offset = 0
+        while offset < size:
+            start = offset % len(block)
+            chunk = block[start : start + min(size - offset, 256 * 1024)]
+            self.connection.sendall(chunk)
+            offset += len(chunk)
 
 
 class ZerosServer(socketserver.ThreadingTCPServer):

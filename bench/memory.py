@@ -16,11 +16,16 @@ C{python -m bench memory}: edgegw's memory figures on reverse-proxy routes.
      process holding both, estimated from the two (their growths added to one
      baseline): a process holding both at once needs more open files than many
      machines allow one process (30,000 here, with this benchmark's own ends).
+  5. Streaming compressed: the RSS growth while a client downloads a 1 GiB C{text/plain}
+     response (the backend sends it with a C{Content-Length}) through a reverse-proxy
+     route, edgegw compressing it on the fly (C{Accept-Encoding: gzip}, then C{br},
+     then C{zstd}, one row each) and the client decoding it with the coding's own
+     library, checking every byte and discarding it. Target: < 32 MiB.
 
 Each measurement uses a fresh edgegw process, configured without connection caps (every
 client here is 127.0.0.1, and limits.maxConnectionsPerAddress would refuse the rest).
 All need the C{reverse-proxy} handler: when C{edgegw check} refuses the configuration
-they are reported as unavailable.
+they are reported as unavailable. C{only} (C{--only}) runs some of them, by name.
 """
 
 from __future__ import annotations
@@ -35,12 +40,15 @@ import tempfile
 import threading
 import time
 import urllib.request
+import zlib
 from collections.abc import Callable, Sequence
 from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
 import attrs
+import brotli  # type: ignore[import-untyped]
+import zstandard
 
 from bench import backends, gateway, report
 from bench.processes import (
@@ -62,6 +70,10 @@ SSE_TARGET = 300 * MIB
 """The idle target: RSS below this with 10,000 keep-alive connections and 5,000 streams."""
 UNCAPPED = {"maxConnections": 0, "maxConnectionsPerAddress": 0, "maxConnectionsPerUpstream": 0}
 """The Gateway's limits here: one client address opens every connection."""
+TEXT_CODINGS = ("gzip", "br", "zstd")
+"""The codings of the compressed streaming rows (C{text-gzip}, ...), in order."""
+MEASUREMENTS = ("download", "upload", "idle", "sse", *(f"text-{c}" for c in TEXT_CODINGS))
+"""Every measurement C{--only} can name, in the order they run."""
 
 
 @attrs.frozen
@@ -73,12 +85,18 @@ class Settings:
     @ivar sse_connections: Concurrent idle event streams.
     @ivar idle_connections: Idle keep-alive connections held beside the streams.
     @ivar keep_tmp: Keep the temporary directory (configuration and logs).
+    @ivar only: The measurements to run (names of L{MEASUREMENTS}); empty: all.
     """
 
     download_size: int = GIB
     sse_connections: int = 5000
     idle_connections: int = 10_000
     keep_tmp: bool = False
+    only: tuple[str, ...] = ()
+
+    def runs(self, name: str) -> bool:
+        """Whether measurement C{name} is run."""
+        return not self.only or name in self.only
 
 
 class ClientError(Exception):
@@ -143,6 +161,113 @@ def download(port: int, path: str) -> int:
                     total += _drain(stream, size, buffer)
                     stream.readline(1024)
             return _drain(stream, 1 << 62, buffer)
+
+
+class _Decoder:
+    """
+    Decodes one coding's stream piece by piece with the coding's own library, keeping
+    only the decoded length and its CRC-32.
+    """
+
+    def __init__(self, coding: str) -> None:
+        self.encoded = 0
+        self.decoded = 0
+        self.crc = 0
+        self._decode: Callable[[bytes], bytes]
+        if coding == "gzip":
+            self._decode = zlib.decompressobj(31).decompress
+        elif coding == "br":
+            self._decode = brotli.Decompressor().process
+        elif coding == "zstd":
+            self._decode = zstandard.ZstdDecompressor().decompressobj().decompress
+        else:
+            raise ValueError(coding)
+
+    def feed(self, data: bytes) -> None:
+        self.encoded += len(data)
+        out = self._decode(data)
+        self.decoded += len(out)
+        self.crc = zlib.crc32(out, self.crc)
+
+
+def download_decoded(port: int, path: str, coding: str) -> _Decoder:
+    """
+    GET C{path} from 127.0.0.1:C{port} with C{Accept-Encoding: coding} over a plain
+    socket, decoding the body as it arrives (Content-Length, chunked, or until close)
+    and discarding it.
+
+    @return: The decoder, with the encoded and decoded byte counts and the CRC-32 of
+        the decoded bytes.
+    @raise ClientError: If the status is not 200 or the body is not in C{coding}.
+    """
+    decoder = _Decoder(coding)
+    with socket.create_connection(("127.0.0.1", port), timeout=60) as sock:
+        sock.sendall(
+            f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nConnection: close\r\n"
+            f"Accept-Encoding: {coding}\r\n\r\n".encode()
+        )
+        with sock.makefile("rb", buffering=MIB) as stream:
+            status, headers = _read_head(stream)
+            if status != 200:
+                raise ClientError(f"GET {path} answered {status}")
+            got = headers.get(b"content-encoding", b"").decode("latin-1")
+            if got != coding:
+                raise ClientError(f"GET {path} answered Content-Encoding {got or 'none'}")
+            if b"content-length" in headers:
+                _feed(stream, int(headers[b"content-length"]), decoder)
+            elif headers.get(b"transfer-encoding", b"").lower() == b"chunked":
+                while True:
+                    size = int(stream.readline(1024).split(b";")[0].strip() or b"0", 16)
+                    if size == 0:
+                        break
+                    _feed(stream, size, decoder)
+                    stream.readline(1024)
+            else:
+                _feed(stream, 1 << 62, decoder)
+    return decoder
+
+
+def _feed(stream: Any, count: int, decoder: _Decoder) -> None:
+    """Read up to C{count} bytes (until EOF) into C{decoder}."""
+    done = 0
+    while done < count:
+        data = stream.read1(min(MIB, count - done))
+        if not data:
+            return
+        decoder.feed(data)
+        done += len(data)
+
+
+def text_crc(size: int) -> int:
+    """The CRC-32 of the first C{size} bytes of C{GET /text/N}'s body (any N >= size)."""
+    block = backends.text_block()
+    whole, rest = divmod(size, len(block))
+    crc = 0
+    for _ in range(whole):
+        crc = zlib.crc32(block, crc)
+    return zlib.crc32(block[:rest], crc)
+
+
+def measure_text(edgegw: Process, port: int, size: int, coding: str) -> dict[str, Any]:
+    """
+    Measure the RSS growth of C{edgegw} while it compresses a C{size}-byte text
+    response with C{coding} and the client decodes it; check every decoded byte.
+    """
+    last: list[_Decoder] = []
+
+    def transfer(n: int) -> int:
+        decoder = download_decoded(port, f"/text/{n}", coding)
+        last[:] = [decoder]
+        return decoder.decoded
+
+    result = _measure_stream(edgegw, size, transfer)
+    decoder = last[0]
+    if decoder.crc != text_crc(size):
+        raise ClientError(f"the decoded {coding} body is not the backend's text (CRC-32)")
+    result["coding"] = coding
+    result["encoded_bytes"] = decoder.encoded
+    result["ratio"] = round(decoder.decoded / max(decoder.encoded, 1), 2)
+    return result
 
 
 def upload(port: int, path: str, size: int) -> int:
@@ -433,7 +558,8 @@ def _with_processes(
 
 def run(settings: Settings) -> int:
     """
-    Run both measurements, print them, and write the JSON results.
+    Run the measurements (all, or C{settings.only}), print them, and write the JSON
+    results.
 
     @return: The exit status: 0, also when edgegw cannot proxy yet (the results say
         "unavailable"); 1 when a measurement failed.
@@ -448,45 +574,52 @@ def run(settings: Settings) -> int:
     results: dict[str, dict[str, Any]] = {}
     try:
         zeros_port, sse_port, port = free_port(), free_port(), free_port()
+        zeros = f"http://127.0.0.1:{zeros_port}"
         config = gateway.write_config(
             tmp / "edgegw",
             port,
             [
-                gateway.reverse_proxy("zeros", "GET /zeros/", f"http://127.0.0.1:{zeros_port}"),
-                gateway.reverse_proxy("sink", "POST /sink", f"http://127.0.0.1:{zeros_port}"),
+                gateway.reverse_proxy("zeros", "GET /zeros/", zeros),
+                gateway.reverse_proxy("text", "GET /text/", zeros),
+                gateway.reverse_proxy("sink", "POST /sink", zeros),
                 gateway.reverse_proxy("events", "GET /events", f"http://127.0.0.1:{sse_port}"),
             ],
             [gateway.gateway_fields({"limits": UNCAPPED})],
         )
         reason = gateway.check(config)
-        if reason is not None:
-            for name in ("download", "upload", "sse"):
+        size = settings.download_size
+
+        def stream(label: str, measure: Callable[[Process], dict[str, Any]]) -> dict[str, Any]:
+            return _with_processes(label, tmp, config, port, [("zeros", zeros_port)], measure)
+
+        for name in MEASUREMENTS:
+            if not settings.runs(name):
+                continue
+            if reason is not None:
                 results[name] = {"unavailable": reason}
-        else:
-            size = settings.download_size
-            results["download"] = _with_processes(
-                f"streaming {size / MIB:.0f} MiB through edgegw",
-                tmp,
-                config,
-                port,
-                [("zeros", zeros_port)],
-                lambda edgegw: measure_download(edgegw, port, size),
-            )
-            results["upload"] = _with_processes(
-                f"uploading {size / MIB:.0f} MiB through edgegw",
-                tmp,
-                config,
-                port,
-                [("zeros", zeros_port)],
-                lambda edgegw: measure_upload(edgegw, port, size),
-            )
-            for name, streams, connections in (("idle", 0, idle), ("sse", count, 0)):
-                if fd_limit < needed:
-                    results[name] = {
-                        "unavailable": f"the open-file limit is {fd_limit}, below the {needed} "
-                        "needed (raise it with ulimit -n, or run as root)"
-                    }
-                    continue
+            elif name == "download":
+                results[name] = stream(
+                    f"streaming {size / MIB:.0f} MiB through edgegw",
+                    lambda edgegw: measure_download(edgegw, port, size),
+                )
+            elif name == "upload":
+                results[name] = stream(
+                    f"uploading {size / MIB:.0f} MiB through edgegw",
+                    lambda edgegw: measure_upload(edgegw, port, size),
+                )
+            elif name.startswith("text-"):
+                coding = name.removeprefix("text-")
+                results[name] = stream(
+                    f"streaming {size / MIB:.0f} MiB of text through edgegw, {coding}",
+                    functools.partial(measure_text, port=port, size=size, coding=coding),
+                )
+            elif fd_limit < needed:
+                results[name] = {
+                    "unavailable": f"the open-file limit is {fd_limit}, below the {needed} "
+                    "needed (raise it with ulimit -n, or run as root)"
+                }
+            else:
+                streams, connections = (0, idle) if name == "idle" else (count, 0)
                 what = (
                     f"{connections} idle keep-alive connections"
                     if connections
@@ -530,35 +663,24 @@ def run(settings: Settings) -> int:
 
 def table(settings: Settings, results: dict[str, dict[str, Any]]) -> str:
     """
-    The two figures against their targets, with the details under each.
+    The figures run against their targets, with the details under each.
     """
     size = f"{settings.download_size / MIB:,.0f} MiB"
-    lines = []
+    lines: list[str] = []
     for number, name, title in (
-        (1, "download", f"streaming a {size} response down through reverse-proxy"),
-        (2, "upload", f"streaming a {size} request body up through reverse-proxy"),
+        ("1.", "download", f"streaming a {size} response down through reverse-proxy"),
+        ("2.", "upload", f"streaming a {size} request body up through reverse-proxy"),
     ):
-        stream = results.get(name, {})
-        lines.append(f"{number}. edgegw RSS growth while {title}")
-        if "growth_mib" in stream:
-            verdict = "ok" if stream["ok"] else "OVER TARGET"
-            lines.append(
-                f"   growth {stream['growth_mib']:.1f} MiB (target < {stream['target_mib']} "
-                f"MiB): {verdict}"
-            )
-            lines.append(
-                f"   baseline {stream['baseline_rss_mib']:.1f} MiB, peak "
-                f"{stream['peak_rss_mib']:.1f} MiB, {stream['seconds']:.1f}s at "
-                f"{stream['mib_per_second']:,.0f} MiB/s"
-            )
-        else:
-            lines.append(f"   {_not_measured(stream)}")
+        if name in results:
+            lines += _stream_lines(number, title, results[name])
     for number, name, title in (
-        (3, "idle", f"{settings.idle_connections:,} idle keep-alive connections"),
-        (4, "sse", f"{settings.sse_connections:,} idle SSE streams"),
+        ("3.", "idle", f"{settings.idle_connections:,} idle keep-alive connections"),
+        ("4.", "sse", f"{settings.sse_connections:,} idle SSE streams"),
     ):
-        held = results.get(name, {})
-        lines.append(f"{number}. edgegw RSS holding {title} through reverse-proxy")
+        if name not in results:
+            continue
+        held = results[name]
+        lines.append(f"{number} edgegw RSS holding {title} through reverse-proxy")
         if "rss_mib" not in held:
             lines.append(f"   {_not_measured(held)}")
             continue
@@ -584,7 +706,37 @@ def table(settings: Settings, results: dict[str, dict[str, Any]]) -> str:
             f"   both at once (3's RSS plus 4's growth): ~{both:.1f} MiB "
             f"(target < {SSE_TARGET // MIB} MiB): {verdict}"
         )
+    for index, coding in enumerate(TEXT_CODINGS):
+        name = f"text-{coding}"
+        if name in results:
+            title = (
+                f"streaming a {size} text/plain response down through reverse-proxy, "
+                f"compressed with {coding} (the client decoding it)"
+            )
+            lines += _stream_lines(f"5{'abc'[index]}.", title, results[name])
     return "\n".join(lines)
+
+
+def _stream_lines(number: str, title: str, stream: dict[str, Any]) -> list[str]:
+    """One streaming figure against its target, with its details."""
+    lines = [f"{number} edgegw RSS growth while {title}"]
+    if "growth_mib" not in stream:
+        return [*lines, f"   {_not_measured(stream)}"]
+    verdict = "ok" if stream["ok"] else "OVER TARGET"
+    lines.append(
+        f"   growth {stream['growth_mib']:.1f} MiB (target < {stream['target_mib']} MiB): {verdict}"
+    )
+    lines.append(
+        f"   baseline {stream['baseline_rss_mib']:.1f} MiB, peak "
+        f"{stream['peak_rss_mib']:.1f} MiB, {stream['seconds']:.1f}s at "
+        f"{stream['mib_per_second']:,.0f} MiB/s"
+    )
+    if "encoded_bytes" in stream:
+        lines.append(
+            f"   {stream['bytes'] / MIB:,.0f} MiB sent as {stream['encoded_bytes'] / MIB:,.1f} "
+            f"MiB of {stream['coding']} ({stream['ratio']:.2f}x), decoded and checked (CRC-32)"
+        )
+    return lines
 
 
 def _not_measured(result: dict[str, Any]) -> str:

@@ -17,7 +17,10 @@ Measured from the navigation's start: the load event (C{loadEventStart}), the ap
 first render (the first element in its mount point, seen by a C{MutationObserver}), the
 first contentful paint; and what the Performance API says of the protocol
 (C{nextHopProtocol}), the resources and their bytes, and how many connections the relay
-saw. Medians over rounds; C{vs caddy} is the median of same-round ratios of load times.
+saw; from Chromium's DevTools events, which C{Content-Encoding} each response came in.
+Medians over rounds; C{vs caddy-gzip} and C{vs nginx-gzip} are medians of same-round
+ratios of load times. The target (issue 34): edgegw, compressing by default over HTTP/2,
+loads the app in at most the compressing Caddy's and nginx's time, in the same run.
 """
 
 from __future__ import annotations
@@ -47,17 +50,33 @@ HOSTNAME = "app.test"
 """The name the browser uses for every server (the certificate's)."""
 
 SERVERS = {
-    "edgegw": ("edgegw", "static route, Gateway.spec.tls (ALPN h2, http/1.1)", False),
-    "edgegw-ssl": ("edgegw", "static route, listen as an ssl: endpoint string", False),
+    "edgegw": (
+        "edgegw",
+        "static route, Gateway.spec.tls (ALPN h2, http/1.1), compression at its defaults",
+        True,
+    ),
+    "edgegw-br": ("edgegw", "the same with compression.encodings: [br, gzip]", True),
+    "edgegw-plain": ("edgegw", "the same with compression.enabled: false", False),
+    "edgegw-ssl": (
+        "edgegw",
+        "static route, listen as an ssl: endpoint string, compression at its defaults",
+        True,
+    ),
     "nginx": ("nginx", "listen ssl http2", False),
     "nginx-gzip": ("nginx", "listen ssl http2, gzip on", True),
     "nginx-h1": ("nginx", "listen ssl (no http2)", False),
     "nginx-h1-gzip": ("nginx", "listen ssl (no http2), gzip on", True),
     "caddy": ("caddy", "file_server, protocols h1 h2", False),
-    "caddy-gzip": ("caddy", "file_server, encode gzip", True),
+    "caddy-gzip": ("caddy", "file_server, encode zstd gzip", True),
 }
 """Every server C{--servers} can name: (program, configuration, compresses), in round
 order."""
+
+TARGET_SERVER = "edgegw"
+"""The server the issue's target is about: edgegw as configured by default (h2,
+compressing)."""
+COMPARED = ("caddy-gzip", "nginx-gzip")
+"""The servers its load time must be at most (issue 34): the compressing Caddy and nginx."""
 
 # Run in every document before its own scripts: it records, once, what the page load
 # measured into sessionStorage (which survives the app's own navigations, if any).
@@ -194,10 +213,10 @@ def start_servers(
 
         return start
 
-    def caddy(gzip: bool) -> Callable[[Target], None]:
+    def caddy(encode: bool) -> Callable[[Target], None]:
         def start(target: Target) -> None:
             process = tls_servers.caddy_static(
-                stack, tools["caddy"], tmp / target.key, cert, target.port, root, gzip
+                stack, tools["caddy"], tmp / target.key, cert, target.port, root, encode
             )
             target.process = process
             target.pids = [process.pid]
@@ -206,6 +225,12 @@ def start_servers(
 
     starters: dict[str, Callable[[Target], None]] = {
         "edgegw": edgegw(tls_servers.edgegw_tls_fields(cert)),
+        "edgegw-br": edgegw(
+            {**tls_servers.edgegw_tls_fields(cert), "compression": {"encodings": ["br", "gzip"]}}
+        ),
+        "edgegw-plain": edgegw(
+            {**tls_servers.edgegw_tls_fields(cert), "compression": {"enabled": False}}
+        ),
         "nginx": nginx(True, False),
         "nginx-gzip": nginx(True, True),
         "nginx-h1": nginx(False, False),
@@ -277,6 +302,9 @@ def _chromium(tools: dict[str, str], cert: tls_servers.Certificate, profile: Pat
     options = Options()
     options.binary_location = tools["chromium"]
     options.page_load_strategy = "none"
+    # The DevTools events of the load, from which the responses' Content-Encoding is read
+    # (the Performance API does not say which coding a response came in).
+    options.set_capability("goog:loggingPrefs", {"performance": "ALL"})
     for argument in (
         "--headless=new",
         "--no-sandbox",
@@ -301,6 +329,40 @@ def _chromium(tools: dict[str, str], cert: tls_servers.Certificate, profile: Pat
     os.environ.setdefault("SE_OFFLINE", "true")
     service = Service(executable_path=tools["chromedriver"])
     return webdriver.Chrome(service=service, options=options)
+
+
+def _responses(entries: Sequence[dict[str, Any]]) -> tuple[dict[str, int], list[str]]:
+    """
+    From Chromium's DevTools events of one load: how many of the app's responses came in
+    each C{Content-Encoding} (C{identity}: none; C{Network.responseReceived}), and the
+    app's requests that failed (C{Network.loadingFailed}, other than a cancelled
+    C{net::ERR_ABORTED}), each as C{"ERROR URL"}.
+    """
+    counts: dict[str, int] = {}
+    urls: dict[str, str] = {}
+    failures: list[str] = []
+    for entry in entries:
+        try:
+            message = json.loads(entry["message"])["message"]
+        except (KeyError, TypeError, ValueError):
+            continue
+        method = message.get("method")
+        params = message.get("params", {})
+        if method == "Network.requestWillBeSent":
+            urls[params.get("requestId", "")] = str(params.get("request", {}).get("url", ""))
+        elif method == "Network.responseReceived":
+            response = params.get("response", {})
+            if not str(response.get("url", "")).startswith(f"https://{HOSTNAME}:"):
+                continue
+            headers = {str(k).lower(): str(v) for k, v in response.get("headers", {}).items()}
+            coding = headers.get("content-encoding", "").strip().lower() or "identity"
+            counts[coding] = counts.get(coding, 0) + 1
+        elif method == "Network.loadingFailed":
+            url = urls.get(params.get("requestId", ""), "")
+            error = str(params.get("errorText", ""))
+            if url.startswith(f"https://{HOSTNAME}:") and error != "net::ERR_ABORTED":
+                failures.append(f"{error} {url}")
+    return counts, failures
 
 
 def load(
@@ -350,6 +412,14 @@ def load(
         if "error" in figures:
             raise RuntimeError(f"the page's recorder failed: {figures['error']}")
         figures["connections"] = _opened(server.relay) - before
+        figures["encodings"], failures = _responses(driver.get_log("performance"))
+        if failures:
+            # A load missing some of its files is not a load of the app: its time (short,
+            # with the modules that failed and everything they import left out) says
+            # nothing about the server's speed.
+            raise RuntimeError(
+                f"{len(failures)} of the app's requests failed: " + "; ".join(failures[:3])
+            )
         if screenshot is not None:
             screenshot.parent.mkdir(parents=True, exist_ok=True)
             driver.save_screenshot(str(screenshot))
@@ -382,7 +452,8 @@ def measure(
             say(
                 f"round {round_}/{s.rounds} {server.key:<14} load {figures['load'] / 1000:5.2f}s "
                 f"app {app}  {figures['protocol']}  {figures['resources']} resources, "
-                f"{figures['transfer'] / 1e6:.2f} MB, {figures['connections']} connections"
+                f"{figures['transfer'] / 1e6:.2f} MB, {figures['connections']} connections, "
+                f"{_encoding_text(figures['encodings'])}"
             )
 
 
@@ -404,24 +475,47 @@ class Line:
     app: float | None
     fcp: float | None
     resources: float | None
+    encodings: str
     transfer_mb: float | None
+    encoded_mb: float | None
+    decoded_mb: float | None
     connections: float | None
-    vs_caddy: float | None
+    vs: dict[str, float | None]
     unavailable: str | None
 
 
+def _encoding_text(counts: dict[str, int]) -> str:
+    """C{429 zstd}: the responses in each coding, identity left out (C{none})."""
+    coded = sorted(((n, name) for name, n in counts.items() if name != "identity"), reverse=True)
+    return ", ".join(f"{n} {name}" for n, name in coded) or "none"
+
+
+def _ratios(samples: Sequence[dict[str, Any]], reference: dict[int, dict[str, Any]]) -> list[float]:
+    """Same-round ratios of load times of C{samples} over C{reference}'s (by round)."""
+    return [
+        s["load"] / reference[s["round"]]["load"]
+        for s in samples
+        if s["round"] in reference and reference[s["round"]]["load"] > 0
+    ]
+
+
 def summarize(servers: Sequence[Server]) -> list[Line]:
-    """Medians over rounds; C{vs_caddy} from same-round ratios of load times."""
-    caddy = {s["round"]: s for server in servers if server.key == "caddy" for s in server.samples}
+    """
+    Medians over rounds; C{vs}: for each of L{COMPARED}, the median of same-round
+    ratios of load times.
+    """
+    references = {
+        key: {s["round"]: s for server in servers if server.key == key for s in server.samples}
+        for key in COMPARED
+    }
     lines = []
     for server in servers:
         samples = server.samples
         loads = [s["load"] / 1000 for s in samples]
-        ratios = [
-            s["load"] / caddy[s["round"]]["load"]
-            for s in samples
-            if s["round"] in caddy and caddy[s["round"]]["load"] > 0
-        ]
+        vs = {
+            key: None if key == server.key else _median(_ratios(samples, reference))
+            for key, reference in references.items()
+        }
         protocols = sorted({s["protocol"] for s in samples})
         lines.append(
             Line(
@@ -435,9 +529,12 @@ def summarize(servers: Sequence[Server]) -> list[Line]:
                 _median([s["app"] / 1000 for s in samples if s["app"] is not None]),
                 _median([s["fcp"] / 1000 for s in samples if s["fcp"] is not None]),
                 _median([s["resources"] for s in samples]),
+                _encoding_text(samples[-1].get("encodings", {})) if samples else "-",
                 _median([s["transfer"] / 1e6 for s in samples]),
+                _median([s["encoded"] / 1e6 for s in samples]),
+                _median([s["decoded"] / 1e6 for s in samples]),
                 _median([s["connections"] for s in samples]),
-                _median(ratios) if server.key != "caddy" else None,
+                vs,
                 server.target.unavailable,
             )
         )
@@ -454,14 +551,22 @@ def table(lines: Sequence[Line]) -> str:
         "app render",
         "FCP",
         "resources",
+        "compressed responses",
         "transferred",
+        "encoded",
         "connections",
-        "vs caddy",
+        *(f"vs {key}" for key in COMPARED),
     )
     out: list[tuple[str, ...] | str] = []
 
     def seconds(value: float | None) -> str:
         return "-" if value is None else f"{value:.2f}s"
+
+    def megabytes(value: float | None) -> str:
+        return "-" if value is None else f"{value:.2f} MB"
+
+    def ratio(value: float | None) -> str:
+        return "-" if value is None else f"{value:.2f}x"
 
     for line in lines:
         if line.unavailable is not None and line.load is None:
@@ -476,12 +581,55 @@ def table(lines: Sequence[Line]) -> str:
                 seconds(line.app),
                 seconds(line.fcp),
                 "-" if line.resources is None else f"{line.resources:.0f}",
-                "-" if line.transfer_mb is None else f"{line.transfer_mb:.2f} MB",
+                line.encodings,
+                megabytes(line.transfer_mb),
+                megabytes(line.encoded_mb),
                 "-" if line.connections is None else f"{line.connections:.0f}",
-                "-" if line.vs_caddy is None else f"{line.vs_caddy:.2f}x",
+                *(ratio(line.vs.get(key)) for key in COMPARED),
             )
         )
     return report.render(header, out, left=2)
+
+
+def verdict(lines: Sequence[Line]) -> list[str]:
+    """
+    The issue's target, under the table: L{TARGET_SERVER}'s load at most each of
+    L{COMPARED}'s in the same run (the median of same-round ratios at most 1), with the
+    medians and bytes transferred; the same for the other compressing edgegw servers run,
+    for reference. Empty when no edgegw server was run.
+    """
+    by_key = {line.key: line for line in lines}
+    out: list[str] = []
+    for key, (program, _, compresses) in SERVERS.items():
+        mine = by_key.get(key)
+        if program != "edgegw" or not compresses or mine is None:
+            continue
+        if not out:
+            out.append(
+                f"TARGET (issue 34): {TARGET_SERVER}'s load at most "
+                + " and ".join(COMPARED)
+                + "'s, same run (median of same-round ratios)"
+            )
+        if mine.load is None:
+            reason = (mine.unavailable or "no load").splitlines()[0][:160]
+            missed = "MISSED, " if key == TARGET_SERVER else ""
+            out.append(f"  {key}: {missed}not measured: {reason}")
+            continue
+        for other_key in COMPARED:
+            other = by_key.get(other_key)
+            if other is None or other.load is None:
+                out.append(f"  {key} vs {other_key}: {other_key} not measured in this run")
+                continue
+            share = mine.vs.get(other_key)
+            state = "-" if share is None else ("OK" if share <= 1.0 else "MISSED")
+            if key != TARGET_SERVER:
+                state += " (for reference)"
+            out.append(
+                f"  {key} vs {other_key}: {'-' if share is None else f'{share:.3f}x'} ({key} "
+                f"{mine.load:.2f}s, {mine.transfer_mb or 0:.2f} MB transferred; {other_key} "
+                f"{other.load:.2f}s, {other.transfer_mb or 0:.2f} MB): {state}"
+            )
+    return out
 
 
 def notes(settings: Settings, files: int, size: int) -> list[str]:
@@ -499,15 +647,21 @@ def notes(settings: Settings, files: int, size: int) -> list[str]:
         "paint; medians over rounds, (min-max) of the load. nextHopProtocol: the "
         "navigation's, from the Performance API. transferred: the page's and its "
         "resources' transferSize (headers and bodies as received, compressed where the "
-        "server compressed). connections: TCP connections the relay saw during the load.",
+        "server compressed); encoded: the bodies alone as received (encodedBodySize); "
+        "compressed responses: how many responses came with each Content-Encoding "
+        "(Chromium's DevTools events; Chromium offers gzip, deflate, br, zstd over HTTPS). "
+        "connections: TCP connections the relay saw during the load.",
         f"Each load in a new headless Chromium (fresh profile, cache disabled); rounds "
         f"interleave the servers; {settings.rounds} round(s). One serving process each: "
-        "edgegw one process, nginx worker_processes 1, Caddy GOMAXPROCS=1. The gzip rows "
-        f"compress {tls_servers.GZIP_TYPES} (nginx gzip_comp_level 5, Caddy's encode "
-        "gzip at its default level); the others, edgegw's included, send files as they "
-        "are.",
-        "vs caddy: the load time over Caddy's (h2, no compression) in the same round, "
-        "median over rounds.",
+        "edgegw one process, nginx worker_processes 1, Caddy GOMAXPROCS=1. nginx-gzip "
+        f"and nginx-h1-gzip compress {tls_servers.GZIP_TYPES} (gzip_comp_level 5); "
+        "caddy-gzip compresses with encode zstd gzip (Caddy's default types and levels: "
+        "zstd's default, gzip 5); edgegw and edgegw-ssl compress at edgegw's defaults "
+        "(zstd 3, br 4, gzip 5, on the fly: the app has no precompressed files), "
+        "edgegw-br the same without zstd (Chromium then gets br); "
+        "edgegw-plain, nginx, nginx-h1 and caddy send files as they are.",
+        "vs caddy-gzip, vs nginx-gzip: the load time over that server's in the same "
+        "round, median over rounds.",
     ]
 
 
@@ -539,8 +693,12 @@ def run(settings: Settings) -> int:
         measure(servers, tools, cert, settings)
         lines = summarize(servers)
     text = table(lines)
+    target = verdict(lines)
     print()
     print(text)
+    if target:
+        print()
+        print("\n".join(target))
     print()
     for note in notes(settings, files, size):
         print(f"* {note}")
@@ -570,17 +728,20 @@ def run(settings: Settings) -> int:
                 for server in servers
             ],
             "summary": [attrs.asdict(line) for line in lines],
+            "target": target,
             "notes": notes(settings, files, size),
         },
     )
     markdown = path.with_suffix(".md")
     markdown.write_text(
         f"# edgegw bench pageload, {started_at}\n\n"
-        f"`python -m bench pageload --rounds {settings.rounds}` at "
+        f"`python -m bench pageload --rounds {settings.rounds} --servers "
+        f"{','.join(settings.servers)}` at "
         f"{machine.get('edgegw_commit', '?')} on {machine.get('cpu', '?')} "
         f"({machine.get('cpus', '?')} CPUs); "
         + ", ".join(versions.values())
         + f"\n\n```\n{text}\n```\n\n"
+        + ("```\n" + "\n".join(target) + "\n```\n\n" if target else "")
         + "".join(f"* {note}\n" for note in notes(settings, files, size))
     )
     print(f"\nresults: {path} (and {markdown.name})", file=sys.stderr)

@@ -141,7 +141,8 @@ _NGINX_GZIP = """\
 """
 
 GZIP_TYPES = "text/css, text/plain, JavaScript, JSON, SVG, XML, web manifests"
-"""What the compressing variants compress (nginx's C{gzip_types}; Caddy's defaults)."""
+"""What the compressing variants of nginx and Caddy compress (nginx's C{gzip_types};
+Caddy's defaults)."""
 
 
 def nginx_tls_proxy(
@@ -313,12 +314,13 @@ def caddy_static(
     cert: Certificate,
     port: int,
     root: Path,
-    gzip: bool = False,
+    encode: bool = False,
 ) -> Process:
     """
     Start Caddy (C{GOMAXPROCS=1}) serving C{root} over TLS (HTTP/2) on C{port} with a
-    single-page app's fallback (C{try_files {path} /index.html}), compressing
-    (C{encode gzip}) when C{gzip}; stopped when C{stack} closes.
+    single-page app's fallback (C{try_files {path} /index.html}), compressing with
+    C{encode zstd gzip} (what newer Caddy's bare C{encode} means; this one, 2.6, needs
+    the codings named) when C{encode}; stopped when C{stack} closes.
 
     @raise StartupError: If it does not listen.
     """
@@ -327,7 +329,7 @@ def caddy_static(
         cert=cert.cert,
         key=cert.key,
         root=root,
-        encode="\tencode gzip\n" if gzip else "",
+        encode="\tencode zstd gzip\n" if encode else "",
     )
     process = _caddy(stack, binary, directory, f"caddy {directory.name}", body)
     process.wait_for_port(port)
