@@ -582,7 +582,7 @@ def streaming_time(coding: str, body: bytes, piece: int) -> tuple[float, int]:
     pieces = [body[i : i + piece] for i in range(0, len(body), piece)]
 
     def run(_: bytes) -> bytes:
-        encoder = CODINGS[coding].encoder()
+        encoder = CODINGS[coding].encoder(None)
         out = [encoder.compress(p) for p in pieces]
         out.append(encoder.finish())
         return b"".join(out)

@@ -214,14 +214,16 @@ class PolicyTests(SynchronousTestCase):
         request = _Request(
             accept_encoding=b"br",
             if_none_match=b'"abc-br", W/"weak-br", "other-gzip", "x"',
-            if_match=b'"abc-br"',
+            if_match=b'"abc-br", W/"weak-br"',
         )
         self.policy.offer(request)
         headers = request.requestHeaders
+        # If-None-Match compares weakly: the weak form of a variant is one too.
         self.assertEqual(
-            headers.getRawHeaders(b"if-none-match"), [b'"abc", W/"weak-br", "other-gzip", "x"']
+            headers.getRawHeaders(b"if-none-match"), [b'"abc", W/"weak", "other-gzip", "x"']
         )
-        self.assertEqual(headers.getRawHeaders(b"if-match"), [b'"abc"'])
+        # If-Match compares strongly: a weak tag never matches, and is left.
+        self.assertEqual(headers.getRawHeaders(b"if-match"), [b'"abc", W/"weak-br"'])
 
     def test_other_codings_tags_are_left(self) -> None:
         request = _Request(accept_encoding=b"gzip", if_none_match=b'"abc-br"')

@@ -7,8 +7,9 @@ above 0, or lists C{*} above 0 and not the coding itself. The client's q-values 
 ties go to the gateway's own order. A q-value that does not parse (C{q=high}, C{q=2})
 makes its element unacceptable, and a coding listed twice gets the lower of its two: the
 gateway never compresses with a coding the client may not have asked for. No
-C{Accept-Encoding} field, or an empty one, accepts none (the body goes as it is).
-Parameters other than C{q} are ignored.
+C{Accept-Encoding} field, or an empty one, accepts none (the body goes as it is). A
+client that lists C{identity} with a q-value is not sent a coding it ranks lower (a tie
+goes to the coding). Parameters other than C{q} are ignored.
 """
 
 from __future__ import annotations
@@ -81,6 +82,7 @@ class AcceptedCodings:
     def _rank(self, field: bytes) -> tuple[str, ...]:
         listed: dict[bytes, float] = {}
         star: float | None = None
+        identity: float | None = None
         for element in field.split(b","):
             coding, *parameters = element.split(b";")
             coding = coding.strip().lower()
@@ -90,6 +92,9 @@ class AcceptedCodings:
             if coding == b"*":
                 star = q
                 continue
+            if coding == b"identity":
+                identity = q if identity is None else min(q, identity)
+                continue
             coding = _ALIASES.get(coding, coding)
             # Listed twice: the lower q-value counts (q=0 anywhere refuses it).
             listed[coding] = min(q, listed.get(coding, q))
@@ -98,5 +103,8 @@ class AcceptedCodings:
             accepted = listed.get(token, star)
             if accepted is not None and accepted > 0:
                 scored.append((-accepted, position))
+        if identity is not None:
+            # The body as it is, preferred to codings the client ranks lower.
+            scored = [entry for entry in scored if -entry[0] >= identity]
         scored.sort()
         return tuple(self.offered[position] for _, position in scored)

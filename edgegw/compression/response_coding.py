@@ -8,23 +8,29 @@ output calls once no response filter (the response plugins) holds them, so plugi
 the identity body, and the coding decides as the head goes out (the first write, or the
 finish of an empty response) whether the body is compressed:
 
-  - never a 1xx, 204, 206 or 304 response, a C{HEAD} body (the head is the one a C{GET}
-    would get: C{Content-Encoding}, the variant C{ETag}, no C{Content-Length}), a type
-    outside the policy's types (C{text/event-stream} never), a body already encoded, one
-    a C{Cache-Control: no-transform} protects, the answer to a C{Range} request, or a body
-    whose known length is under C{minSize};
+  - never a 1xx, 204, 206 or 304 response, an empty body, a C{HEAD} body (the head is
+    the one a C{GET} would get: C{Content-Encoding}, the variant C{ETag}, no
+    C{Content-Length}), a type outside the policy's types (C{text/event-stream} never), a
+    body already encoded, one a C{Cache-Control: no-transform} protects, the answer to a
+    C{Range} request, a body whose known length is under C{minSize}, or a streamed body
+    to an HTTP/1.0 client (it would be delimited by the connection's close alone);
   - C{Vary: Accept-Encoding} on every response whose type could be compressed (the
-    identity answer too) and every 304;
+    identity answer too) and every 304 whose type is unknown or could be;
   - compressed: C{Content-Encoding} set, C{Content-Length} the encoded length when the
     whole body came in one write, else dropped, C{Accept-Ranges} dropped (ranges are
     answered from the identity body), digests of the identity body dropped, and a strong
     C{ETag} made the coding's variant (C{"abc"} -> C{"abc-br"}).
 
-On the request side, the chosen coding's variant tags in C{If-None-Match} and C{If-Match}
-are turned back into the base tags the handler or backend knows, so that either tag
-gives a 304; a 304 answering a variant carries the variant tag again. (A backend whose
-own tags end in the same suffix, C{"v1-br"}, is read as if they were variants: at worst
-a 304 for a tag the client did not quite send; Caddy's C{encode} reads them so too.)
+On the request side, the chosen coding's variant tags in C{If-None-Match} (strong, or
+their weak form) and C{If-Match} are turned back into the base tags the handler or
+backend knows, so that either tag gives a 304; a 304 whose tag was sent as a variant
+carries the variant again. (A backend whose own tags end in the same suffix, C{"v1-br"},
+is read as if they were variants: a conditional request naming C{"v1-br"} is then
+evaluated against C{"v1"}; Caddy's C{encode} reads them so too.)
+
+An encoder that fails (it cannot allocate its memory) before anything of the body is
+sent leaves the response as it is, uncompressed; one that fails later drops the client
+connection, so that the client sees a broken transfer. Either is logged.
 """
 
 from __future__ import annotations
@@ -33,19 +39,27 @@ import re
 from collections.abc import Sequence
 from typing import Any, Final
 
+from twisted.logger import Logger
 from twisted.web.server import Request
 
 from edgegw.compression.accept import AcceptedCodings
 from edgegw.compression.codings import CODINGS, Coding, Encoder
+from edgegw.stream.boundary import abort_client
 
 __all__ = ["CompressionPolicy", "ResponseCoding", "attach_coding", "media_type_matcher"]
+
+_log = Logger(namespace="edgegw.compression")
 
 _EVENT_STREAM: Final = b"text/event-stream"
 _VARY_VALUE: Final = b"Accept-Encoding"
 _TYPE_CACHE_SIZE: Final = 256
-_DIGESTS: Final = (b"content-md5", b"content-digest", b"repr-digest")
+_TYPE_CACHED_LENGTH: Final = 128
+# Digests of the body as the handler wrote it (RFC 3230 Digest is of the content as
+# sent, encoded: the backend's no longer holds either).
+_DIGESTS: Final = (b"content-md5", b"content-digest", b"repr-digest", b"digest")
 _NO_TRANSFORM: Final = re.compile(rb"(?:^|[\s,])no-transform(?:$|[\s,=])", re.IGNORECASE)
 _VARY_TOKENS: Final = re.compile(rb"(?:^|[\s,])(?:accept-encoding|\*)(?:$|[\s,])", re.IGNORECASE)
+_NOTHING: Final[frozenset[bytes]] = frozenset()
 
 
 def media_type_matcher(types: Sequence[str]) -> tuple[frozenset[bytes], tuple[bytes, ...]]:
@@ -74,7 +88,7 @@ class CompressionPolicy:
         self._exact, self._prefixes = media_type_matcher(types)
         self._types: dict[bytes, bool] = {}
         self._strippers = {name: _VariantStripper(CODINGS[name]) for name in encodings}
-        self._identity = ResponseCoding(self, None, False)
+        self._identity = ResponseCoding(self, None, _NOTHING)
 
     def compressible(self, content_type: bytes) -> bool:
         """
@@ -86,9 +100,10 @@ class CompressionPolicy:
             known = media != _EVENT_STREAM and (
                 media in self._exact or media.startswith(self._prefixes)
             )
-            if len(self._types) >= _TYPE_CACHE_SIZE:
-                self._types.clear()
-            self._types[content_type] = known
+            if len(content_type) <= _TYPE_CACHED_LENGTH:
+                if len(self._types) >= _TYPE_CACHE_SIZE:
+                    self._types.clear()
+                self._types[content_type] = known
         return known
 
     def offer(self, request: Any) -> ResponseCoding:
@@ -101,9 +116,9 @@ class CompressionPolicy:
         if name is None:
             return self._identity
         stripper = self._strippers[name]
-        variant = stripper.strip(headers, b"if-none-match")
-        stripper.strip(headers, b"if-match")
-        return ResponseCoding(self, stripper.coding, variant)
+        variants = stripper.strip(headers, b"if-none-match", weak=True)
+        stripper.strip(headers, b"if-match", weak=False)
+        return ResponseCoding(self, stripper.coding, variants)
 
 
 class _VariantStripper:
@@ -114,21 +129,31 @@ class _VariantStripper:
     def __init__(self, coding: Coding) -> None:
         self.coding = coding
         self._suffix = coding.etag_suffix + b'"'
-        # A strong tag (not after "W/") ending in the suffix.
-        self._pattern = re.compile(rb'(^|[\s,])"([^"]*)' + re.escape(coding.etag_suffix) + rb'"')
+        suffix = re.escape(coding.etag_suffix)
+        # A tag (strong, or also weak) ending in the suffix, where a tag may start.
+        self._strong = re.compile(rb'(^|[\s,])()"([^"]*)' + suffix + rb'"')
+        self._any = re.compile(rb'(^|[\s,])(W/)?"([^"]*)' + suffix + rb'"')
 
-    def strip(self, headers: Any, name: bytes) -> bool:
+    def strip(self, headers: Any, name: bytes, *, weak: bool) -> frozenset[bytes]:
+        """
+        Turn the variant tags of field C{name} into base tags.
+
+        @param weak: Whether weak tags are turned too (C{If-None-Match}'s weak
+            comparison matches them).
+        @return: The opaque parts (C{abc}) of the tags that were variants.
+        """
         values = headers.getRawHeaders(name)
         if not values:
-            return False
+            return _NOTHING
         field = values[0] if len(values) == 1 else b",".join(values)
         if self._suffix not in field:
-            return False
-        stripped, count = self._pattern.subn(rb'\1"\2"', field)
-        if not count:
-            return False
-        headers.setRawHeaders(name, [stripped])
-        return True
+            return _NOTHING
+        pattern = self._any if weak else self._strong
+        bases = frozenset(match.group(3) for match in pattern.finditer(field))
+        if not bases:
+            return _NOTHING
+        headers.setRawHeaders(name, [pattern.sub(rb'\1\2"\3"', field)])
+        return bases
 
 
 class ResponseCoding:
@@ -144,13 +169,20 @@ class ResponseCoding:
     then, so one is shared by all such requests (L{CompressionPolicy.offer}).
     """
 
-    __slots__ = ("_coding", "_encoder", "_policy", "_variant")
+    __slots__ = ("_coding", "_encoder", "_failed", "_policy", "_variants")
 
-    def __init__(self, policy: CompressionPolicy, coding: Coding | None, variant: bool) -> None:
+    def __init__(
+        self, policy: CompressionPolicy, coding: Coding | None, variants: frozenset[bytes]
+    ) -> None:
+        """
+        @param variants: The opaque parts of the tags the client sent as variants of
+            C{coding} in C{If-None-Match}.
+        """
         self._policy = policy
         self._coding = coding
-        self._variant = variant
+        self._variants = variants
         self._encoder: Encoder | None = None
+        self._failed = False
 
     @property
     def coding(self) -> Coding | None:
@@ -164,40 +196,71 @@ class ResponseCoding:
         Write C{data} of the body, compressed when the response is.
         """
         encoder = self._encoder
-        if encoder is None:
-            lengths = request.responseHeaders.getRawHeaders(b"content-length")
-            # The whole body in one write: compressed at once, sent with its length.
-            if lengths and data and lengths[0] == b"%d" % len(data):
-                Request.write(request, self.whole(request, data))
+        if encoder is not None:
+            try:
+                data = encoder.compress(data) if data else data
+            except Exception:
+                self._fail(request)
                 return
-            request.response_coding = None
-            length = _length(lengths)
-            coding = self._decide(request, length)
-            if coding is None:
-                Request.write(request, data)
-                return
-            encoder = self._encoder = coding.encoder(length)
-            request.response_coding = self
-        Request.write(request, encoder.compress(data) if data else data)
+            Request.write(request, data)
+            return
+        if self._failed:
+            return
+        lengths = request.responseHeaders.getRawHeaders(b"content-length")
+        # The whole body in one write: compressed at once, sent with its length.
+        if lengths and data and lengths[0] == b"%d" % len(data):
+            Request.write(request, self.whole(request, data))
+            return
+        request.response_coding = None
+        length = _length(lengths)
+        coding = self._choose(request, length)
+        if coding is not None and request.clientproto == b"HTTP/1.0":
+            # No chunks: the end of a compressed stream of unknown length would be the
+            # connection's close alone, which a cut transfer looks like too.
+            coding = None
+        if coding is None:
+            Request.write(request, data)
+            return
+        try:
+            encoder = coding.encoder(length)
+            first = encoder.compress(data) if data else data
+        except Exception:
+            _log.failure("the {coding} encoder failed: the body goes as it is", coding=coding.name)
+            Request.write(request, data)
+            return
+        self._encoder = encoder
+        request.response_coding = self
+        _apply(request.responseHeaders, coding)
+        Request.write(request, first)
 
     def finish(self, request: Any) -> None:
         """
         Finish the response (its encoder's last bytes first).
         """
+        if self._failed:
+            # The connection is being dropped: no end of the body may follow.
+            return
         request.response_coding = None
         encoder = self._encoder
         if encoder is not None:
             self._encoder = None
-            tail = encoder.finish()
+            try:
+                tail = encoder.finish()
+            except Exception:
+                self._fail(request)
+                return
             if tail:
                 Request.write(request, tail)
-        elif _head_only(request):
-            # The head a GET would get: its length is the one the handler announced.
-            length = _length(request.responseHeaders.getRawHeaders(b"content-length"))
-            self._decide(request, length)
         else:
-            # Nothing was written: an empty body.
-            self._decide(request, 0)
+            headers = request.responseHeaders
+            if _head_only(request):
+                # The head a GET would get: its length is the one the handler announced.
+                coding = self._choose(request, _length(headers.getRawHeaders(b"content-length")))
+                if coding is not None:
+                    _apply(headers, coding)
+            else:
+                # Nothing was written: an empty body, which is never compressed.
+                self._choose(request, 0)
         Request.finish(request)
 
     def whole(self, request: Any, body: bytes) -> bytes:
@@ -206,17 +269,37 @@ class ResponseCoding:
         send (compressed, with its C{Content-Length} set, when the response is).
         """
         request.response_coding = None
-        coding = self._decide(request, len(body))
+        coding = self._choose(request, len(body))
         if coding is None:
             return body
-        encoded = coding.whole(body)
-        request.responseHeaders.setRawHeaders(b"content-length", [b"%d" % len(encoded)])
+        headers = request.responseHeaders
+        if _head_only(request):
+            _apply(headers, coding)
+            return body
+        try:
+            encoded = coding.whole(body)
+        except Exception:
+            _log.failure("the {coding} encoder failed: the body goes as it is", coding=coding.name)
+            return body
+        _apply(headers, coding)
+        headers.setRawHeaders(b"content-length", [b"%d" % len(encoded)])
         return encoded
 
-    def _decide(self, request: Any, length: int | None) -> Coding | None:
+    def _fail(self, request: Any) -> None:
         """
-        Set the head's fields for the representation sent, and say whether the body is
-        compressed, with which coding.
+        The encoder failed once part of the body was sent: drop the connection.
+        """
+        _log.failure(
+            "the {coding} encoder failed mid-body: the connection is dropped",
+            coding=self._coding.name if self._coding else "",
+        )
+        self._encoder = None
+        self._failed = True
+        abort_client(request)
+
+    def _choose(self, request: Any, length: int | None) -> Coding | None:
+        """
+        Whether the body is compressed, with which coding; set C{Vary} (and a 304's tag).
 
         @param length: The identity body's length, when known.
         """
@@ -226,21 +309,23 @@ class ResponseCoding:
             # Twisted would add it after this decision, as it was set (setETag).
             headers.setRawHeaders(b"etag", [request.etag])
             request.etag = None
+        policy = self._policy
+        types = headers.getRawHeaders(b"content-type")
         if code == 304:
-            _add_vary(headers)
+            if not types or policy.compressible(types[0]):
+                _add_vary(headers)
+            coding = self._coding
             # Not for a representation encoded already (a precompressed file): its tag
             # is its own.
             if (
-                self._variant
-                and self._coding is not None
+                self._variants
+                and coding is not None
                 and not headers.getRawHeaders(b"content-encoding")
             ):
-                _variant_tag(headers, self._coding)
+                _variant_tag(headers, coding, self._variants)
             return None
         if code < 200 or code == 204 or code == 206:
             return None
-        policy = self._policy
-        types = headers.getRawHeaders(b"content-type")
         if not types or not policy.compressible(types[0]):
             return None
         _add_vary(headers)
@@ -256,15 +341,19 @@ class ResponseCoding:
         cache_control = headers.getRawHeaders(b"cache-control")
         if cache_control and any(_NO_TRANSFORM.search(value) for value in cache_control):
             return None
-        headers.setRawHeaders(b"content-encoding", [coding.token])
-        headers.removeHeader(b"content-length")
-        headers.removeHeader(b"accept-ranges")
-        for name in _DIGESTS:
-            headers.removeHeader(name)
-        _variant_tag(headers, coding)
-        if _head_only(request):
-            return None
         return coding
+
+
+def _apply(headers: Any, coding: Coding) -> None:
+    """
+    Make the head that of the body compressed with C{coding}.
+    """
+    headers.setRawHeaders(b"content-encoding", [coding.token])
+    headers.removeHeader(b"content-length")
+    headers.removeHeader(b"accept-ranges")
+    for name in _DIGESTS:
+        headers.removeHeader(name)
+    _variant_tag(headers, coding, None)
 
 
 def _head_only(request: Any) -> bool:
@@ -286,11 +375,16 @@ def _add_vary(headers: Any) -> None:
         headers.setRawHeaders(b"vary", [*values, _VARY_VALUE])
 
 
-def _variant_tag(headers: Any, coding: Coding) -> None:
+def _variant_tag(headers: Any, coding: Coding, only: frozenset[bytes] | None) -> None:
+    """
+    Make a strong C{ETag} the coding's variant (when C{only} is given: if its opaque
+    part is one of them).
+    """
     tags = headers.getRawHeaders(b"etag")
     if tags:
         tag = tags[0]
-        if len(tag) >= 2 and tag[:1] == b'"' and tag[-1:] == b'"':
+        strong = len(tag) >= 2 and tag[:1] == b'"' and tag[-1:] == b'"'
+        if strong and (only is None or tag[1:-1] in only):
             headers.setRawHeaders(b"etag", [tag[:-1] + coding.etag_suffix + b'"'])
 
 
