@@ -136,11 +136,11 @@ class StaticHandler(TerminalResource):
             return
 
         fd, info, name, real = target
-        encoding: bytes | None = None
-        if self._precompressed is not None:
-            fd, info, encoding = self._sidecar(response, fd, info, real)
         producer: FileProducer | None = None
         try:
+            encoding: bytes | None = None
+            if self._precompressed is not None:
+                fd, info, encoding = self._sidecar(response, fd, info, real)
             producer = self._respond(response, fd, info, name, encoding)
         finally:
             if producer is None:
@@ -168,8 +168,9 @@ class StaticHandler(TerminalResource):
             if found is None:
                 continue
             sidecar_fd, sidecar_info = found
-            if sidecar_info.st_mtime_ns < info.st_mtime_ns:
-                # Older than the file: left from a build before it, never served.
+            if sidecar_info.st_mtime_ns < info.st_mtime_ns or sidecar_info.st_size == 0:
+                # Older than the file (left from a build before it), or empty (no
+                # coding's stream is): never served.
                 os.close(sidecar_fd)
                 continue
             os.close(fd)
