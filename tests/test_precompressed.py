@@ -441,6 +441,15 @@ class StalenessTests(PrecompressedTestCase):
         answer = await self.fetch(b"/app.js", b"br, gzip")
         self.assertSidecar(answer, "gzip", self.path("app.js"), APP_JS)
 
+    async def test_empty_sidecar_falls_to_the_next_accepted(self) -> None:
+        # An empty file is no coding's stream: a build that left one behind must not
+        # make the browser fail the script.
+        with open(self.path("app.js.br"), "wb"):
+            pass
+        self.serve("compress: false")
+        answer = await self.fetch(b"/app.js", b"br, gzip")
+        self.assertSidecar(answer, "gzip", self.path("app.js"), APP_JS)
+
     async def test_equal_and_newer_are_served(self) -> None:
         self.age("app.js.gz", -1_000_000_000)
         self.serve("compress: false")
