@@ -24,6 +24,7 @@ from twisted.trial.unittest import TestCase
 from twisted.web.resource import Resource
 from twisted.web.server import NOT_DONE_YET, Request, Site
 
+from edgegw.compression.response_coding import HOLD_LIMIT
 from tests.support.backends import EndlessBody, RawBackend, RawConnection, RawRequest
 from tests.support.configs import GATEWAY
 from tests.support.encodings import (
@@ -397,6 +398,101 @@ class ProxiedCodingTests(CompressionTestCase):
         port = self.serve()
         reply = await self.get(port, "/whole", "gzip, br, zstd")
         self.assert_compressed(reply, "zstd", TEXT)
+
+
+class HeldBodyTests(CompressionTestCase):
+    """
+    A body of known length up to C{HOLD_LIMIT} that arrives in pieces is held until it
+    is whole, compressed at once and sent with its length; a longer one, or one a pull
+    producer writes, streams; one that ends short of its length is a cut transfer.
+    """
+
+    def paced(self, body: bytes, pieces: int, declared: int | None = None) -> Page:
+        """
+        A page whose C{Content-Length} (C{declared}, else the body's) goes out with the
+        head, then the body in C{pieces} writes a reactor turn apart (the last one
+        closing the connection when the body is short of its length).
+        """
+
+        def page(request: RawRequest, connection: RawConnection) -> None:
+            length = len(body) if declared is None else declared
+            connection.write(
+                head_bytes(
+                    200, [(b"Content-Type", b"text/plain"), (b"Content-Length", b"%d" % length)]
+                )
+            )
+            size = -(-len(body) // pieces)
+            parts = [body[i : i + size] for i in range(0, len(body), size)]
+
+            def send(index: int) -> None:
+                if index == len(parts):
+                    if declared is not None:
+                        assert connection.transport is not None
+                        connection.transport.loseConnection()
+                    return
+                connection.write(parts[index])
+                reactor.callLater(0.01, send, index + 1)
+
+            reactor.callLater(0.01, send, 0)
+
+        return page
+
+    async def test_held_until_whole_then_sent_with_its_length(self) -> None:
+        body = TEXT * 4  # ~96 KiB
+        self.assertLess(len(body), HOLD_LIMIT)
+        self.origin.pages[b"paced"] = self.paced(body, 4)
+        port = self.serve()
+        for coding in CODINGS:
+            reply = await self.get(port, "/paced", coding)
+            self.assert_compressed(reply, coding, body)
+            self.assertFalse(reply.chunked, reply.headers)
+            self.assertEqual(reply.header("content-length"), str(len(reply.body)))
+
+    async def test_longer_than_the_limit_streams(self) -> None:
+        body = BIG_TEXT  # over 256 KiB
+        self.assertGreater(len(body), HOLD_LIMIT)
+        self.origin.pages[b"paced"] = self.paced(body, 4)
+        port = self.serve()
+        reply = await self.get(port, "/paced", "gzip")
+        self.assert_compressed(reply, "gzip", body)
+        self.assertTrue(reply.chunked, reply.headers)
+
+    async def test_short_of_its_length_is_cut(self) -> None:
+        """
+        The backend closes before the length it announced: the client never gets a
+        complete response it would trust.
+        """
+        body = TEXT * 2
+        self.origin.pages[b"paced"] = self.paced(body, 2, declared=len(body) + 1000)
+        port = self.serve()
+        client = await connect(port)
+        client.send(request_bytes("GET", "/paced", [("Accept-Encoding", "gzip")]))
+        await client.closed
+        # Held, nothing of it had gone out: the connection is dropped with nothing
+        # (streamed, a head and part of a body would have come first).
+        self.assertEqual(client.received, b"")
+
+    async def test_pulled_file_between_the_limits_streams(self) -> None:
+        """
+        A static file over the one-read size and under C{HOLD_LIMIT} is written by a pull
+        producer, which writes its next piece only once the last is sent: it streams
+        (held, it would never complete).
+        """
+        body = TEXT * 5  # ~120 KiB: pulled, not read whole
+        port = serve_documents(
+            self,
+            gateway_document(None)
+            + route(
+                "s",
+                "/",
+                {"type": "static", "dir": "ROOT/site", "precompressed": []},
+            ),
+            {"site/mid.txt": body},
+        )
+        for coding in CODINGS:
+            reply = await self.get(port, "/mid.txt", coding)
+            self.assert_compressed(reply, coding, body)
+            self.assertTrue(reply.chunked, reply.headers)
 
 
 def _decodes_to(coding: str, sent: bytes) -> Callable[[bytes], bool]:

@@ -46,7 +46,13 @@ from edgegw.compression.accept import AcceptedCodings
 from edgegw.compression.codings import CODINGS, Coding, Encoder
 from edgegw.stream.boundary import abort_client
 
-__all__ = ["CompressionPolicy", "ResponseCoding", "attach_coding", "media_type_matcher"]
+__all__ = [
+    "HOLD_LIMIT",
+    "CompressionPolicy",
+    "ResponseCoding",
+    "attach_coding",
+    "media_type_matcher",
+]
 
 _log = Logger(namespace="edgegw.compression")
 
@@ -60,6 +66,13 @@ _DIGESTS: Final = (b"content-md5", b"content-digest", b"repr-digest", b"digest")
 _NO_TRANSFORM: Final = re.compile(rb"(?:^|[\s,])no-transform(?:$|[\s,=])", re.IGNORECASE)
 _VARY_TOKENS: Final = re.compile(rb"(?:^|[\s,])(?:accept-encoding|\*)(?:$|[\s,])", re.IGNORECASE)
 _NOTHING: Final[frozenset[bytes]] = frozenset()
+
+HOLD_LIMIT: Final = 256 * 1024
+"""
+A compressed body of known length up to this many bytes, written in pieces, is held
+until it is whole and compressed at once (unless a pull producer writes it: it is asked
+for more only once what it wrote is sent).
+"""
 
 
 def media_type_matcher(types: Sequence[str]) -> tuple[frozenset[bytes], tuple[bytes, ...]]:
@@ -169,7 +182,7 @@ class ResponseCoding:
     then, so one is shared by all such requests (L{CompressionPolicy.offer}).
     """
 
-    __slots__ = ("_coding", "_encoder", "_failed", "_policy", "_variants")
+    __slots__ = ("_coding", "_encoder", "_failed", "_held", "_policy", "_variants", "_wanted")
 
     def __init__(
         self, policy: CompressionPolicy, coding: Coding | None, variants: frozenset[bytes]
@@ -183,6 +196,8 @@ class ResponseCoding:
         self._variants = variants
         self._encoder: Encoder | None = None
         self._failed = False
+        self._held: list[bytes] | None = None
+        self._wanted = 0
 
     @property
     def coding(self) -> Coding | None:
@@ -200,9 +215,16 @@ class ResponseCoding:
             try:
                 data = encoder.compress(data) if data else data
             except Exception:
-                self._fail(request)
+                self._fail(request, "mid-body")
                 return
             Request.write(request, data)
+            return
+        held = self._held
+        if held is not None:
+            held.append(data)
+            self._wanted -= len(data)
+            if self._wanted <= 0:
+                self._release(request)
             return
         if self._failed:
             return
@@ -214,11 +236,27 @@ class ResponseCoding:
         request.response_coding = None
         length = _length(lengths)
         coding = self._choose(request, length)
-        if coding is not None and request.clientproto == b"HTTP/1.0":
+        if coding is None:
+            Request.write(request, data)
+            return
+        if _head_only(request):
+            _apply(request.responseHeaders, coding)
+            Request.write(request, data)
+            return
+        if length is not None and length <= HOLD_LIMIT and _may_hold(request):
+            # A body of known length that is not too long is held until it is whole and
+            # compressed at once: less CPU than a flush after every piece, and sent with
+            # its length. The response has started, for everyone else (an error now
+            # drops the connection, as it would mid-body).
+            request.response_coding = self
+            request.startedWriting = True
+            self._held = []
+            self._wanted = length
+            self.write(request, data)
+            return
+        if request.clientproto == b"HTTP/1.0":
             # No chunks: the end of a compressed stream of unknown length would be the
             # connection's close alone, which a cut transfer looks like too.
-            coding = None
-        if coding is None:
             Request.write(request, data)
             return
         try:
@@ -237,6 +275,9 @@ class ResponseCoding:
         """
         Finish the response (its encoder's last bytes first).
         """
+        if self._held is not None:
+            # Finished short of the length it announced.
+            self._fail(request, "short of its length")
         if self._failed:
             # The connection is being dropped: no end of the body may follow.
             return
@@ -247,7 +288,7 @@ class ResponseCoding:
             try:
                 tail = encoder.finish()
             except Exception:
-                self._fail(request)
+                self._fail(request, "mid-body")
                 return
             if tail:
                 Request.write(request, tail)
@@ -272,29 +313,60 @@ class ResponseCoding:
         coding = self._choose(request, len(body))
         if coding is None:
             return body
-        headers = request.responseHeaders
         if _head_only(request):
-            _apply(headers, coding)
+            _apply(request.responseHeaders, coding)
             return body
+        return self._compressed(request, coding, body)
+
+    def _compressed(self, request: Any, coding: Coding, body: bytes) -> bytes:
+        """
+        C{body} compressed at once and the head made its own (as it is, should the
+        encoder fail).
+        """
         try:
             encoded = coding.whole(body)
         except Exception:
             _log.failure("the {coding} encoder failed: the body goes as it is", coding=coding.name)
             return body
+        headers = request.responseHeaders
         _apply(headers, coding)
         headers.setRawHeaders(b"content-length", [b"%d" % len(encoded)])
         return encoded
 
-    def _fail(self, request: Any) -> None:
+    def _release(self, request: Any) -> None:
         """
-        The encoder failed once part of the body was sent: drop the connection.
+        The held body is whole: compress and send it.
         """
-        _log.failure(
-            "the {coding} encoder failed mid-body: the connection is dropped",
-            coding=self._coding.name if self._coding else "",
-        )
+        held = self._held
+        assert held is not None and self._coding is not None
+        self._held = None
+        request.response_coding = None
+        if self._wanted < 0:
+            # More than the length announced: no body can be right.
+            self._fail(request, "past its length")
+            return
+        body = self._compressed(request, self._coding, b"".join(held))
+        # Twisted writes the head with the first write of a response not started.
+        request.startedWriting = False
+        Request.write(request, body)
+
+    def _fail(self, request: Any, when: str) -> None:
+        """
+        The body cannot be completed (its encoder failed once part of it was sent, or it
+        is not of the length announced): drop the connection.
+        """
+        coding = self._coding
+        if when == "mid-body":
+            _log.failure(
+                "the {coding} encoder failed mid-body: the connection is dropped",
+                coding=coding.name if coding is not None else "",
+            )
+        else:
+            _log.error("a response body {when}: the connection is dropped", when=when)
         self._encoder = None
+        self._held = None
         self._failed = True
+        request.response_coding = self
         abort_client(request)
 
     def _choose(self, request: Any, length: int | None) -> Coding | None:
@@ -354,6 +426,11 @@ def _apply(headers: Any, coding: Coding) -> None:
     for name in _DIGESTS:
         headers.removeHeader(name)
     _variant_tag(headers, coding, None)
+
+
+def _may_hold(request: Any) -> bool:
+    # A pull producer writes its next piece only once the last one is sent.
+    return request.producer is None or bool(request.streamingProducer)
 
 
 def _head_only(request: Any) -> bool:
