@@ -6,7 +6,7 @@ the same nginx backend (which sends it with a C{Content-Length}).
 Rows, every round loading each in turn with C{wrk -t1 -cN --latency} and the row's
 C{Accept-Encoding}:
 
-  - C{edgegw-zstd}, C{edgegw-br}, C{edgegw-gzip}: edgegw's default compression (zstd 3,
+  - C{edgegw-zstd}, C{edgegw-br}, C{edgegw-gzip}: edgegw's default compression (zstd 6,
     brotli 4, gzip 5), the client accepting only that coding;
   - C{edgegw-identity}: the same edgegw, the client sending no C{Accept-Encoding}
     (the identity answer: the compression stage still runs and adds C{Vary});
@@ -53,6 +53,7 @@ from bench.processes import StartupError, children, scratch, started, warn_if_bu
 from bench.rounds import say
 from bench.targets import Target, start_edgegw
 from bench.tools import ensure, ensure_tools, version
+from edgegw.compression.codings import BROTLI_QUALITY, GZIP_LEVEL, ZSTD_LEVEL
 from tests.support.processes import free_port
 
 PATH = "/api.json"
@@ -288,7 +289,13 @@ def start_rows(stack: ExitStack, tmp: Path, settings: Settings) -> list[Row]:
         return Row(key, key.partition("-")[0], encoding, baseline, description, own)
 
     rows = [
-        row("edgegw-zstd", compressing, "zstd", "edgegw-identity", "edgegw, zstd level 3"),
+        row(
+            "edgegw-zstd",
+            compressing,
+            "zstd",
+            "edgegw-identity",
+            f"edgegw, zstd level {ZSTD_LEVEL}",
+        ),
         row("edgegw-br", compressing, "br", "edgegw-identity", "edgegw, brotli quality 4"),
         row("edgegw-gzip", compressing, "gzip", "edgegw-identity", "edgegw, gzip level 5"),
         row("edgegw-identity", compressing, None, None, "edgegw, no Accept-Encoding"),
@@ -542,8 +549,8 @@ LEVELS: dict[str, tuple[int, ...]] = {
     "br": (0, 1, 2, 3, 4, 5, 6, 11),
     "zstd": (1, 2, 3, 4, 5, 6, 9, 19),
 }
-"""The levels timed in process for each coding (edgegw's: gzip 5, br 4, zstd 3)."""
-EDGEGW_LEVELS = {"gzip": 5, "br": 4, "zstd": 3}
+"""The levels timed in process for each coding (edgegw's: L{EDGEGW_LEVELS})."""
+EDGEGW_LEVELS = {"gzip": GZIP_LEVEL, "br": BROTLI_QUALITY, "zstd": ZSTD_LEVEL}
 """The levels edgegw compresses with (L{edgegw.compression.codings})."""
 
 

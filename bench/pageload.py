@@ -44,6 +44,7 @@ from bench.processes import Process, StartupError, scratch, started, warn_if_bus
 from bench.rounds import say
 from bench.targets import Target
 from bench.tools import MissingToolsError, ensure, version
+from edgegw.compression.codings import BROTLI_QUALITY, GZIP_LEVEL, ZSTD_LEVEL
 from tests.support.processes import free_port
 
 HOSTNAME = "app.test"
@@ -657,7 +658,8 @@ def notes(settings: Settings, files: int, size: int) -> list[str]:
         f"and nginx-h1-gzip compress {tls_servers.GZIP_TYPES} (gzip_comp_level 5); "
         "caddy-gzip compresses with encode zstd gzip (Caddy's default types and levels: "
         "zstd's default, gzip 5); edgegw and edgegw-ssl compress at edgegw's defaults "
-        "(zstd 3, br 4, gzip 5, on the fly: the app has no precompressed files), "
+        f"(zstd {ZSTD_LEVEL}, br {BROTLI_QUALITY}, gzip {GZIP_LEVEL}, on the fly: the app "
+        "has no precompressed files), "
         "edgegw-br the same without zstd (Chromium then gets br); "
         "edgegw-plain, nginx, nginx-h1 and caddy send files as they are.",
         "vs caddy-gzip, vs nginx-gzip: the load time over that server's in the same "
