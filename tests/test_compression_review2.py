@@ -1,0 +1,245 @@
+"""
+An adversarial review of compression on the fly (issue 34), after its held bodies: a body
+of known length up to C{HOLD_LIMIT} that comes in pieces is held until whole. What the
+holding could break, over real sockets on 127.0.0.1: a body short of its length, a client
+that leaves while the body is held, HTTP/1.0 and HTTP/2, keep-alive, response plugins
+that change the status, and the encoders' own state.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from twisted.internet import reactor as _reactor
+from twisted.internet.defer import Deferred
+from twisted.trial.unittest import TestCase
+
+from edgegw.compression.response_coding import HOLD_LIMIT
+from tests.support.backends import RawConnection, RawRequest
+from tests.support.encodings import (
+    CODINGS,
+    dechunk_prefix,
+    decode,
+    parse_reply,
+    request_bytes,
+)
+from tests.support.gateways import start_gateway
+from tests.support.h2client import connect_h2, listen_tls
+from tests.support.plugin_dists import install_plugins
+from tests.support.rawclient import connect
+from tests.test_compression import (
+    BIG_TEXT,
+    TEXT,
+    CompressionTestCase,
+    Origin,
+    Page,
+    head_bytes,
+    plugin,
+    route,
+    wait_for,
+)
+
+reactor: Any = _reactor
+
+
+def paced(body: bytes, pieces: int, declared: int | None = None) -> Page:
+    """
+    A page whose C{Content-Length} (C{declared}, else the body's) goes out with the
+    head, then the body in C{pieces} writes a reactor turn apart; when C{declared} is
+    given, the backend closes its connection after the last piece.
+    """
+
+    def page(request: RawRequest, connection: RawConnection) -> None:
+        length = len(body) if declared is None else declared
+        connection.write(
+            head_bytes(200, [(b"Content-Type", b"text/plain"), (b"Content-Length", b"%d" % length)])
+        )
+        size = -(-len(body) // pieces)
+        parts = [body[i : i + size] for i in range(0, len(body), size)]
+
+        def send(index: int) -> None:
+            if connection.transport is None or not connection.transport.connected:
+                return
+            connection.write(parts[index])
+            if index + 1 < len(parts):
+                reactor.callLater(0.01, send, index + 1)
+            elif declared is not None:
+                connection.transport.loseConnection()
+
+        reactor.callLater(0.01, send, 0)
+
+    return page
+
+
+class ReviewTestCase(CompressionTestCase):
+    """
+    An L{Origin} with a held page (C{/held}: about 96 KiB in four pieces).
+    """
+
+    def setUp(self) -> None:
+        super().setUp()
+        self.held_body = TEXT * 4
+        assert len(self.held_body) < HOLD_LIMIT
+        self.origin.pages[b"held"] = paced(self.held_body, 4)
+
+
+class ShortBodyTests(ReviewTestCase):
+    """
+    A body that ends short of its C{Content-Length} never reaches the client as a
+    complete response, held or streamed.
+    """
+
+    async def test_streamed_body_short_of_its_length(self) -> None:
+        """
+        Over C{HOLD_LIMIT} (streamed, chunked): the backend closes early, and the
+        client gets no last chunk.
+        """
+        body = BIG_TEXT[: HOLD_LIMIT + 20_000]
+        self.origin.pages[b"cut"] = paced(body, 4, declared=len(body) + 50_000)
+        port = self.serve()
+        for coding in CODINGS:
+            client = await connect(port)
+            client.send(request_bytes("GET", "/cut", [("Accept-Encoding", coding)]))
+            await client.closed
+            head, _, rest = client.received.partition(b"\r\n\r\n")
+            self.assertIn(b"transfer-encoding: chunked", head.lower())
+            _, complete = dechunk_prefix(rest)
+            self.assertFalse(complete, f"{coding}: a cut body ended with its last chunk")
+
+
+class HeldBodyProtocolTests(ReviewTestCase):
+    """
+    A held body over HTTP/1.0, keep-alive HTTP/1.1 and HTTP/2.
+    """
+
+    async def test_http10_client_gets_the_held_body_with_its_length(self) -> None:
+        port = self.serve()
+        for coding in CODINGS:
+            client = await connect(port)
+            client.send(
+                b"GET /held HTTP/1.0\r\nHost: x\r\nAccept-Encoding: "
+                + coding.encode()
+                + b"\r\n\r\n"
+            )
+            await client.closed
+            reply = parse_reply(client.received)
+            self.assert_compressed(reply, coding, self.held_body)
+            self.assertEqual(reply.header("content-length"), str(len(reply.body)))
+
+    async def test_keep_alive_after_a_held_body(self) -> None:
+        """
+        Two requests on one connection, the first one's body held: both answered in
+        order, the first with its compressed length.
+        """
+        port = self.serve()
+        client = await connect(port)
+        client.send(
+            b"GET /held HTTP/1.1\r\nHost: x\r\nAccept-Encoding: gzip\r\n\r\n"
+            b"GET /whole HTTP/1.1\r\nHost: x\r\nAccept-Encoding: br\r\nConnection: close\r\n\r\n"
+        )
+        await client.closed
+        first = parse_reply(client.received)
+        self.assertEqual(first.header("content-encoding"), "gzip")
+        length = int(first.header("content-length") or "-1")
+        self.assertEqual(decode("gzip", first.raw[:length]), self.held_body)
+        second = parse_reply(first.raw[length:])
+        self.assert_compressed(second, "br", TEXT)
+
+    async def test_held_body_over_http2(self) -> None:
+        built, _ = start_gateway(self, self.origin.url)
+        port = listen_tls(self, built.site)
+        client = await connect_h2(self, port)
+        for coding in CODINGS:
+            response = await client.request(
+                b"GET", b"/held", [(b"accept-encoding", coding.encode())]
+            )
+            self.assertEqual(response.status, 200)
+            self.assertEqual(response.header(b"content-encoding"), coding.encode())
+            self.assertEqual(response.header(b"content-length"), b"%d" % len(response.body))
+            self.assertEqual(decode(coding, response.body), self.held_body)
+
+
+class ClientGoneTests(ReviewTestCase):
+    """
+    A client that leaves while its body is held.
+    """
+
+    async def test_backend_connection_dropped_and_gateway_goes_on(self) -> None:
+        lost: list[Deferred[None]] = []
+
+        def slow(request: RawRequest, connection: RawConnection) -> None:
+            # The head and half the body, then nothing: the body stays held.
+            connection.write(
+                head_bytes(
+                    200,
+                    [(b"Content-Type", b"text/plain"), (b"Content-Length", b"%d" % len(TEXT))],
+                )
+                + TEXT[: len(TEXT) // 2]
+            )
+            lost.append(self.origin.raw.next_lost())
+
+        self.origin.pages[b"slow"] = slow
+        port = self.serve()
+        client = await connect(port)
+        client.send(request_bytes("GET", "/slow", [("Accept-Encoding", "gzip")]))
+        await wait_for(lambda: lost)
+        self.assertEqual(client.received, b"")
+        client.transport.abortConnection()  # type: ignore[union-attr]
+        await client.closed
+        # The gateway lets the backend's exchange go.
+        await lost[0]
+        reply = await self.get(port, "/held", "zstd")
+        self.assert_compressed(reply, "zstd", self.held_body)
+
+
+class PluginStatusTests(ReviewTestCase):
+    """
+    A response plugin that makes a held response a 304 or a 204.
+    """
+
+    def setUp(self) -> None:
+        super().setUp()
+        install_plugins(self)
+
+    async def test_hook_makes_it_not_modified(self) -> None:
+        for status in (304, 204):
+            port = self.serve(
+                route("p", "/", {"type": "reverse-proxy", "upstream": self.origin.url}),
+                plugin("ResponsePlugin", "st", "status", {"status": status}),
+            )
+            client = await connect(port)
+            client.send(
+                b"GET /held HTTP/1.1\r\nHost: x\r\nAccept-Encoding: gzip\r\n\r\n"
+                b"GET /whole HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+            )
+            await client.closed
+            head, _, rest = client.received.partition(b"\r\n\r\n")
+            self.assertTrue(head.startswith(b"HTTP/1.1 %d " % status), head)
+            self.assertNotIn(b"content-length", head.lower())
+            self.assertNotIn(b"content-encoding", head.lower())
+            self.assertNotIn(b"transfer-encoding", head.lower())
+            # Nothing of the body follows the head: the next response does.
+            self.assertTrue(rest.startswith(b"HTTP/1.1 %d " % status), rest[:80])
+
+
+class DrainTests(ReviewTestCase):
+    """
+    A gateway that starts draining while a response's body is held.
+    """
+
+    async def test_held_response_says_it_closes(self) -> None:
+        """
+        Draining makes every response not yet sent carry C{Connection: close}; a held
+        response has sent nothing yet, so it carries it too (as a streamed one whose
+        head had not gone out would).
+        """
+        built, port = start_gateway(self, self.origin.url)
+        client = await connect(port)
+        client.send(b"GET /held HTTP/1.1\r\nHost: x\r\nAccept-Encoding: gzip\r\n\r\n")
+        await wait_for(lambda: self.origin.requests)
+        self.assertEqual(client.received, b"")
+        built.inflight.drain()
+        await client.closed
+        reply = parse_reply(client.received)
+        self.assert_compressed(reply, "gzip", self.held_body)
+        self.assertEqual(reply.header("connection"), "close", reply.headers)
