@@ -25,6 +25,7 @@ from tests.support.encodings import (
 )
 from tests.support.gateways import start_gateway
 from tests.support.h2client import connect_h2, listen_tls
+from tests.support.log_capture import capture_log
 from tests.support.plugin_dists import install_plugins
 from tests.support.rawclient import connect
 from tests.test_compression import (
@@ -190,6 +191,39 @@ class ClientGoneTests(ReviewTestCase):
         await lost[0]
         reply = await self.get(port, "/held", "zstd")
         self.assert_compressed(reply, "zstd", self.held_body)
+
+
+    async def test_access_log_says_nothing_was_sent(self) -> None:
+        """
+        The access log counts a request whose client left before any response with no
+        status (edgegw.chain.access_log._status): a held body is no response yet.
+        """
+        events = capture_log(self)
+
+        def slow(request: RawRequest, connection: RawConnection) -> None:
+            connection.write(
+                head_bytes(
+                    200,
+                    [(b"Content-Type", b"text/plain"), (b"Content-Length", b"%d" % len(TEXT))],
+                )
+                + TEXT[: len(TEXT) // 2]
+            )
+
+        self.origin.pages[b"slow"] = slow
+        port = self.serve()
+        client = await connect(port)
+        client.send(request_bytes("GET", "/slow", [("Accept-Encoding", "gzip")]))
+        await wait_for(lambda: self.origin.requests)
+        client.transport.abortConnection()  # type: ignore[union-attr]
+        await client.closed
+
+        def logged() -> list[dict[str, Any]]:
+            return [e["access"] for e in events if e.get("access", {}).get("path") == "/slow"]
+
+        await wait_for(logged)
+        [record] = logged()
+        self.assertEqual(client.received, b"")
+        self.assertIsNone(record["status"], record)
 
 
 class PluginStatusTests(ReviewTestCase):
