@@ -12,9 +12,9 @@ from typing import Any
 
 from twisted.internet import reactor as _reactor
 from twisted.internet.defer import Deferred
-from twisted.trial.unittest import TestCase
 
 from edgegw.compression.response_coding import HOLD_LIMIT
+from edgegw.plugins.stages import PluginError
 from tests.support.backends import RawConnection, RawRequest
 from tests.support.encodings import (
     CODINGS,
@@ -32,7 +32,6 @@ from tests.test_compression import (
     BIG_TEXT,
     TEXT,
     CompressionTestCase,
-    Origin,
     Page,
     head_bytes,
     plugin,
@@ -43,12 +42,16 @@ from tests.test_compression import (
 reactor: Any = _reactor
 
 
-def paced(body: bytes, pieces: int, declared: int | None = None) -> Page:
+def paced(
+    body: bytes, pieces: int, declared: int | None = None, pending: list[Any] | None = None
+) -> Page:
     """
     A page whose C{Content-Length} (C{declared}, else the body's) goes out with the
     head, then the body in C{pieces} writes a reactor turn apart; when C{declared} is
-    given, the backend closes its connection after the last piece.
+    given, the backend closes its connection after the last piece. The calls still to
+    come are kept in C{pending} (for the test to cancel once it is done).
     """
+    scheduled = [] if pending is None else pending
 
     def page(request: RawRequest, connection: RawConnection) -> None:
         length = len(body) if declared is None else declared
@@ -63,11 +66,11 @@ def paced(body: bytes, pieces: int, declared: int | None = None) -> Page:
                 return
             connection.write(parts[index])
             if index + 1 < len(parts):
-                reactor.callLater(0.01, send, index + 1)
+                scheduled.append(reactor.callLater(0.01, send, index + 1))
             elif declared is not None:
                 connection.transport.loseConnection()
 
-        reactor.callLater(0.01, send, 0)
+        scheduled.append(reactor.callLater(0.01, send, 0))
 
     return page
 
@@ -81,7 +84,14 @@ class ReviewTestCase(CompressionTestCase):
         super().setUp()
         self.held_body = TEXT * 4
         assert len(self.held_body) < HOLD_LIMIT
-        self.origin.pages[b"held"] = paced(self.held_body, 4)
+        self.pending: list[Any] = []
+        self.addCleanup(self._cancel_pending)
+        self.origin.pages[b"held"] = paced(self.held_body, 4, pending=self.pending)
+
+    def _cancel_pending(self) -> None:
+        for call in self.pending:
+            if call.active():
+                call.cancel()
 
 
 class ShortBodyTests(ReviewTestCase):
@@ -96,7 +106,9 @@ class ShortBodyTests(ReviewTestCase):
         client gets no last chunk.
         """
         body = BIG_TEXT[: HOLD_LIMIT + 20_000]
-        self.origin.pages[b"cut"] = paced(body, 4, declared=len(body) + 50_000)
+        self.origin.pages[b"cut"] = paced(
+            body, 4, declared=len(body) + 50_000, pending=self.pending
+        )
         port = self.serve()
         for coding in CODINGS:
             client = await connect(port)
@@ -192,7 +204,6 @@ class ClientGoneTests(ReviewTestCase):
         reply = await self.get(port, "/held", "zstd")
         self.assert_compressed(reply, "zstd", self.held_body)
 
-
     async def test_access_log_says_nothing_was_sent(self) -> None:
         """
         The access log counts a request whose client left before any response with no
@@ -210,10 +221,11 @@ class ClientGoneTests(ReviewTestCase):
             )
 
         self.origin.pages[b"slow"] = slow
-        port = self.serve()
+        built, port = start_gateway(self, self.origin.url)
         client = await connect(port)
         client.send(request_bytes("GET", "/slow", [("Accept-Encoding", "gzip")]))
-        await wait_for(lambda: self.origin.requests)
+        # Held: the response counts as started, though nothing of it went out.
+        await wait_for(lambda: any(r.startedWriting for r in built.inflight.requests))
         client.transport.abortConnection()  # type: ignore[union-attr]
         await client.closed
 
@@ -255,6 +267,40 @@ class PluginStatusTests(ReviewTestCase):
             # Nothing of the body follows the head: the next response does.
             self.assertTrue(rest.startswith(b"HTTP/1.1 %d " % status), rest[:80])
 
+    async def test_body_plugin_over_a_paced_body(self) -> None:
+        """
+        A plugin that wants the body gets the whole identity body of a paced response;
+        what it returns is compressed with its length.
+        """
+        port = self.serve(
+            route("p", "/", {"type": "reverse-proxy", "upstream": self.origin.url}),
+            plugin("ResponsePlugin", "up", "upper", {"maxBodyBytes": 1_000_000}),
+        )
+        rewritten = b"[" + self.held_body.upper() + b"]"
+        for coding in CODINGS:
+            reply = await self.get(port, "/held", coding)
+            self.assert_compressed(reply, coding, rewritten)
+            self.assertEqual(reply.header("content-length"), str(len(reply.body)))
+            self.assertEqual(reply.header("x-upper"), str(len(self.held_body)))
+
+    async def test_failing_plugin_over_a_paced_body(self) -> None:
+        """
+        A plugin that raises on the head, or wants the body and gets more than its
+        limit (4096 bytes), over a paced body: one clean answer (500, 502), one head,
+        nothing of the backend's body.
+        """
+        answers = ((False, 500, b"internal server error\n"), (True, 502, b"bad gateway\n"))
+        for wants, status, text in answers:
+            port = self.serve(
+                route("p", "/", {"type": "reverse-proxy", "upstream": self.origin.url}),
+                plugin("ResponsePlugin", "b", "boom", {"wantsBody": wants}),
+            )
+            reply = await self.get(port, "/held", "gzip")
+            self.assertEqual(reply.status, status, reply)
+            self.assertEqual(reply.raw.count(b"HTTP/1.1"), 0, reply.raw[:200])
+            self.assertEqual(reply.body, text)
+        self.flushLoggedErrors(PluginError)
+
 
 class DrainTests(ReviewTestCase):
     """
@@ -270,7 +316,7 @@ class DrainTests(ReviewTestCase):
         built, port = start_gateway(self, self.origin.url)
         client = await connect(port)
         client.send(b"GET /held HTTP/1.1\r\nHost: x\r\nAccept-Encoding: gzip\r\n\r\n")
-        await wait_for(lambda: self.origin.requests)
+        await wait_for(lambda: any(r.startedWriting for r in built.inflight.requests))
         self.assertEqual(client.received, b"")
         built.inflight.drain()
         await client.closed
