@@ -241,6 +241,37 @@ class ClientGoneTests(ReviewTestCase):
         self.assertEqual(client.received, b"")
         self.assertIsNone(record["status"], record)
 
+    async def test_http2_stream_reset_while_held(self) -> None:
+        """
+        Over HTTP/2, a client that resets its stream while the body is held: the
+        backend's exchange is let go, and the connection's next stream is answered.
+        """
+        lost: list[Deferred[None]] = []
+
+        def slow(request: RawRequest, connection: RawConnection) -> None:
+            connection.write(
+                head_bytes(
+                    200,
+                    [(b"Content-Type", b"text/plain"), (b"Content-Length", b"%d" % len(TEXT))],
+                )
+                + TEXT[: len(TEXT) // 2]
+            )
+            lost.append(self.origin.raw.next_lost())
+
+        self.origin.pages[b"slow"] = slow
+        built, _ = start_gateway(self, self.origin.url)
+        port = listen_tls(self, built.site)
+        client = await connect_h2(self, port)
+        stream_id, response = client.start(b"GET", b"/slow", [(b"accept-encoding", b"br")])
+        await wait_for(lambda: any(r.startedWriting for r in built.inflight.requests))
+        self.assertIsNone(response.status)
+        client.h2.reset_stream(stream_id)
+        client.flush()
+        await lost[0]
+        again = await client.request(b"GET", b"/held", [(b"accept-encoding", b"br")])
+        self.assertEqual(again.header(b"content-length"), b"%d" % len(again.body))
+        self.assertEqual(decode("br", again.body), self.held_body)
+
 
 class PluginStatusTests(ReviewTestCase):
     """
