@@ -19,7 +19,7 @@ from twisted.trial.unittest import SynchronousTestCase
 from edgegw.compression.codings import CODINGS as CODING_TABLE
 from edgegw.compression.response_coding import HOLD_LIMIT
 from edgegw.plugins.stages import PluginError
-from tests.support.backends import RawConnection, RawRequest
+from tests.support.backends import RawBackend, RawConnection, RawRequest
 from tests.support.encodings import (
     CODINGS,
     dechunk_prefix,
@@ -271,6 +271,45 @@ class ClientGoneTests(ReviewTestCase):
         again = await client.request(b"GET", b"/held", [(b"accept-encoding", b"br")])
         self.assertEqual(again.header(b"content-length"), b"%d" % len(again.body))
         self.assertEqual(decode("br", again.body), self.held_body)
+
+
+class MalformedUploadTests(ReviewTestCase):
+    """
+    A request body that turns out malformed while the response's body is held.
+    """
+
+    async def test_bad_request_answered_while_nothing_was_sent(self) -> None:
+        """
+        The backend answers on the request's head (half of a body of known length,
+        held); the client's chunked upload then breaks its framing. Nothing of the
+        response has gone out, so the client is told 400, as when no response has
+        started, rather than the connection closing on nothing.
+        """
+
+        def early(request: RawRequest, connection: RawConnection) -> None:
+            if request.complete:
+                return
+            connection.write(
+                head_bytes(
+                    200,
+                    [(b"Content-Type", b"text/plain"), (b"Content-Length", b"%d" % len(TEXT))],
+                )
+                + TEXT[: len(TEXT) // 2]
+            )
+
+        backend = RawBackend(early, on_head=True).start()
+        self.addCleanup(backend.stop)
+        built, port = start_gateway(self, f"http://127.0.0.1:{backend.port}")
+        client = await connect(port)
+        client.send(
+            b"POST /upload HTTP/1.1\r\nHost: x\r\nAccept-Encoding: gzip\r\n"
+            b"Transfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n"
+        )
+        await wait_for(lambda: any(r.startedWriting for r in built.inflight.requests))
+        self.assertEqual(client.received, b"")
+        client.send(b"zz\r\nnot a chunk\r\n")
+        await client.closed
+        self.assertTrue(client.received.startswith(b"HTTP/1.1 400 "), client.received[:200])
 
 
 class PluginStatusTests(ReviewTestCase):
