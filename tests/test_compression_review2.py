@@ -66,13 +66,14 @@ def paced(
         parts = [body[i : i + size] for i in range(0, len(body), size)]
 
         def send(index: int) -> None:
-            if connection.transport is None or not connection.transport.connected:
+            transport: Any = connection.transport
+            if transport is None or not transport.connected:
                 return
             connection.write(parts[index])
             if index + 1 < len(parts):
                 scheduled.append(reactor.callLater(0.01, send, index + 1))
             elif declared is not None:
-                connection.transport.loseConnection()
+                transport.loseConnection()
 
         scheduled.append(reactor.callLater(0.01, send, 0))
 
