@@ -402,9 +402,9 @@ class ProxiedCodingTests(CompressionTestCase):
 
 class HeldBodyTests(CompressionTestCase):
     """
-    A body of known length up to C{HOLD_LIMIT} that arrives in pieces is held until it
-    is whole, compressed at once and sent with its length; a longer one, or one a pull
-    producer writes, streams; one that ends short of its length is a cut transfer.
+    A proxied body of known length up to C{HOLD_LIMIT} that arrives in pieces is read
+    whole, compressed at once and sent with its length; a longer one, or a static file a
+    pull producer writes, streams; one that ends short of its length is a cut transfer.
     """
 
     def paced(self, body: bytes, pieces: int, declared: int | None = None) -> Page:

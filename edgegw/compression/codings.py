@@ -40,11 +40,10 @@ ZSTD_LEVEL: Final = 6
 _BROTLI_MAX_WINDOW: Final = 22
 _BROTLI_MIN_WINDOW: Final = 10
 _STREAM_WINDOW: Final = 19
-_ZSTD_IDLE_LIMIT: Final = 16
 # A streamed body's encoder lives as long as its download: its window is held to
 # 512 KiB (measured per stream: brotli 4 holds 1.8 MiB with it, 11 MiB with its own
-# default of 4 MiB; zstd 1.4-1.8 MiB, 3 MiB with its default), for 0.7-0.9 % more bytes
-# on the benchmark app's scripts over 64 KiB.
+# default of 4 MiB; zstd 6 about 3.2 MiB, its tables included), for 0.7-0.9 % more
+# bytes on the benchmark app's scripts over 64 KiB.
 _ZSTD_STREAM_PARAMETERS: Final = zstandard.ZstdCompressionParameters.from_level(
     ZSTD_LEVEL, window_log=_STREAM_WINDOW
 )
@@ -98,21 +97,14 @@ class _Brotli:
 
 
 class _Zstd:
-    __slots__ = ("_compressor", "_z")
-
-    # A compressor's compression objects share its context: each stream needs a
-    # compressor of its own. Making one allocates its context (~12 µs), so those of
-    # finished streams are kept for the next ones, up to a bound.
-    _idle: list[zstandard.ZstdCompressor] = []
+    __slots__ = ("_z",)
 
     def __init__(self, size: int | None = None) -> None:
-        idle = self._idle
-        compressor = (
-            idle.pop()
-            if idle
-            else zstandard.ZstdCompressor(compression_params=_ZSTD_STREAM_PARAMETERS)
-        )
-        self._compressor: zstandard.ZstdCompressor | None = compressor
+        # A compressor's compression objects share its context: each stream needs a
+        # compressor of its own (making one, its context included, costs ~12 µs: this
+        # is for bodies streamed, over 256 KiB or of unknown length). None is kept for
+        # later: a finished one would hold its ~3 MiB for nothing.
+        compressor = zstandard.ZstdCompressor(compression_params=_ZSTD_STREAM_PARAMETERS)
         self._z = compressor.compressobj()
 
     def compress(self, data: bytes) -> bytes:
@@ -120,11 +112,7 @@ class _Zstd:
         return z.compress(data) + z.flush(zstandard.COMPRESSOBJ_FLUSH_BLOCK)
 
     def finish(self) -> bytes:
-        out = self._z.flush(zstandard.COMPRESSOBJ_FLUSH_FINISH)
-        compressor, self._compressor = self._compressor, None
-        if compressor is not None and len(self._idle) < _ZSTD_IDLE_LIMIT:
-            self._idle.append(compressor)
-        return out
+        return self._z.flush(zstandard.COMPRESSOBJ_FLUSH_FINISH)
 
 
 def _gzip_whole(body: bytes) -> bytes:

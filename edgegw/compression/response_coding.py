@@ -51,6 +51,7 @@ __all__ = [
     "CompressionPolicy",
     "ResponseCoding",
     "attach_coding",
+    "compresses_whole",
     "media_type_matcher",
 ]
 
@@ -69,9 +70,9 @@ _NOTHING: Final[frozenset[bytes]] = frozenset()
 
 HOLD_LIMIT: Final = 256 * 1024
 """
-A compressed body of known length up to this many bytes, written in pieces, is held
-until it is whole and compressed at once (unless a pull producer writes it: it is asked
-for more only once what it wrote is sent).
+A body of known length up to this many bytes that would be compressed is worth reading
+whole before it is written (L{compresses_whole}): it is then compressed at once and sent
+with its length, where written in pieces it would be flushed after each and chunked.
 """
 
 
@@ -182,7 +183,7 @@ class ResponseCoding:
     then, so one is shared by all such requests (L{CompressionPolicy.offer}).
     """
 
-    __slots__ = ("_coding", "_encoder", "_failed", "_held", "_policy", "_variants", "_wanted")
+    __slots__ = ("_coding", "_encoder", "_failed", "_policy", "_variants")
 
     def __init__(
         self, policy: CompressionPolicy, coding: Coding | None, variants: frozenset[bytes]
@@ -196,8 +197,6 @@ class ResponseCoding:
         self._variants = variants
         self._encoder: Encoder | None = None
         self._failed = False
-        self._held: list[bytes] | None = None
-        self._wanted = 0
 
     @property
     def coding(self) -> Coding | None:
@@ -215,16 +214,9 @@ class ResponseCoding:
             try:
                 data = encoder.compress(data) if data else data
             except Exception:
-                self._fail(request, "mid-body")
+                self._fail(request)
                 return
             Request.write(request, data)
-            return
-        held = self._held
-        if held is not None:
-            held.append(data)
-            self._wanted -= len(data)
-            if self._wanted <= 0:
-                self._release(request)
             return
         if self._failed:
             return
@@ -242,17 +234,6 @@ class ResponseCoding:
         if _head_only(request):
             _apply(request.responseHeaders, coding)
             Request.write(request, data)
-            return
-        if length is not None and length <= HOLD_LIMIT and _may_hold(request):
-            # A body of known length that is not too long is held until it is whole and
-            # compressed at once: less CPU than a flush after every piece, and sent with
-            # its length. The response has started, for everyone else (an error now
-            # drops the connection, as it would mid-body).
-            request.response_coding = self
-            request.startedWriting = True
-            self._held = []
-            self._wanted = length
-            self.write(request, data)
             return
         if request.clientproto == b"HTTP/1.0":
             # No chunks: the end of a compressed stream of unknown length would be the
@@ -275,9 +256,6 @@ class ResponseCoding:
         """
         Finish the response (its encoder's last bytes first).
         """
-        if self._held is not None:
-            # Finished short of the length it announced.
-            self._fail(request, "short of its length")
         if self._failed:
             # The connection is being dropped: no end of the body may follow.
             return
@@ -288,7 +266,7 @@ class ResponseCoding:
             try:
                 tail = encoder.finish()
             except Exception:
-                self._fail(request, "mid-body")
+                self._fail(request)
                 return
             if tail:
                 Request.write(request, tail)
@@ -333,57 +311,46 @@ class ResponseCoding:
         headers.setRawHeaders(b"content-length", [b"%d" % len(encoded)])
         return encoded
 
-    def _release(self, request: Any) -> None:
+    def _fail(self, request: Any) -> None:
         """
-        The held body is whole: compress and send it.
-        """
-        held = self._held
-        assert held is not None and self._coding is not None
-        self._held = None
-        request.response_coding = None
-        if self._wanted < 0:
-            # More than the length announced: no body can be right.
-            self._fail(request, "past its length")
-            return
-        body = self._compressed(request, self._coding, b"".join(held))
-        # Twisted writes the head with the first write of a response not started.
-        request.startedWriting = False
-        Request.write(request, body)
-
-    def _fail(self, request: Any, when: str) -> None:
-        """
-        The body cannot be completed (its encoder failed once part of it was sent, or it
-        is not of the length announced): drop the connection.
+        The encoder failed once part of the body was sent: drop the connection.
         """
         coding = self._coding
-        if when == "mid-body":
-            _log.failure(
-                "the {coding} encoder failed mid-body: the connection is dropped",
-                coding=coding.name if coding is not None else "",
-            )
-        else:
-            _log.error("a response body {when}: the connection is dropped", when=when)
+        _log.failure(
+            "the {coding} encoder failed mid-body: the connection is dropped",
+            coding=coding.name if coding is not None else "",
+        )
         self._encoder = None
-        self._held = None
         self._failed = True
         request.response_coding = self
         abort_client(request)
 
-    def _choose(self, request: Any, length: int | None) -> Coding | None:
+    def would_compress(self, request: Any, length: int | None) -> bool:
         """
-        Whether the body is compressed, with which coding; set C{Vary} (and a 304's tag).
+        Whether the body, were it written now, would be compressed (nothing is changed).
+
+        @param length: The identity body's length, when known.
+        """
+        return self._choose(request, length, mark=False) is not None
+
+    def _choose(self, request: Any, length: int | None, mark: bool = True) -> Coding | None:
+        """
+        Whether the body is compressed, with which coding; set C{Vary} (and a 304's tag)
+        unless C{mark} is false.
 
         @param length: The identity body's length, when known.
         """
         code = request.code
         headers = request.responseHeaders
-        if request.etag is not None:
+        if mark and request.etag is not None:
             # Twisted would add it after this decision, as it was set (setETag).
             headers.setRawHeaders(b"etag", [request.etag])
             request.etag = None
         policy = self._policy
         types = headers.getRawHeaders(b"content-type")
         if code == 304:
+            if not mark:
+                return None
             if not types or policy.compressible(types[0]):
                 _add_vary(headers)
             coding = self._coding
@@ -400,7 +367,8 @@ class ResponseCoding:
             return None
         if not types or not policy.compressible(types[0]):
             return None
-        _add_vary(headers)
+        if mark:
+            _add_vary(headers)
         coding = self._coding
         if (
             coding is None
@@ -426,11 +394,6 @@ def _apply(headers: Any, coding: Coding) -> None:
     for name in _DIGESTS:
         headers.removeHeader(name)
     _variant_tag(headers, coding, None)
-
-
-def _may_hold(request: Any) -> bool:
-    # A pull producer writes its next piece only once the last one is sent.
-    return request.producer is None or bool(request.streamingProducer)
 
 
 def _head_only(request: Any) -> bool:
@@ -463,6 +426,15 @@ def _variant_tag(headers: Any, coding: Coding, only: frozenset[bytes] | None) ->
         strong = len(tag) >= 2 and tag[:1] == b'"' and tag[-1:] == b'"'
         if strong and (only is None or tag[1:-1] in only):
             headers.setRawHeaders(b"etag", [tag[:-1] + coding.etag_suffix + b'"'])
+
+
+def compresses_whole(request: Any, length: int) -> bool:
+    """
+    Whether C{request}'s response, whose head is set and whose body is C{length} bytes,
+    would be compressed, and is short enough (L{HOLD_LIMIT}) to be read whole first.
+    """
+    coding = getattr(request, "response_coding", None)
+    return length <= HOLD_LIMIT and coding is not None and coding.would_compress(request, length)
 
 
 def attach_coding(request: Any, coding: ResponseCoding) -> None:

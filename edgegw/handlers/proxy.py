@@ -23,6 +23,7 @@ from twisted.logger import Logger
 from twisted.web.server import Request
 from zope.interface import implementer
 
+from edgegw.compression.response_coding import compresses_whole
 from edgegw.config.model import ProxyHandlerSpec
 from edgegw.handlers.hop_by_hop import HOP_BY_HOP, connection_tokens, is_websocket_upgrade
 from edgegw.handlers.tunnel import Tunnel
@@ -473,6 +474,12 @@ class ProxyHandler(TerminalResource):
             if not client_gone(request):
                 write_whole(request, body)
             return
+        length = response.length
+        if length is not None and compresses_whole(request, length):
+            # A body the client gets compressed, short enough to read whole first: then
+            # compressed at once and sent with its length (not flushed piece by piece).
+            await self._relay_whole(request, response, call)
+            return
         relay = _Relay(request, response)
         request.registerProducer(relay, True)
         # Send the head now: a stream (server-sent events) may have no body byte for a
@@ -496,9 +503,42 @@ class ProxyHandler(TerminalResource):
         if not client_gone(request):
             request.finish()
 
+    async def _relay_whole(
+        self, request: Request, response: UpstreamResponse, call: UpstreamCall
+    ) -> None:
+        pieces: list[bytes] = []
+        sink = _Collect(pieces)
+        try:
+            await response.deliver(sink)
+        except CancelledError:
+            call.end(response.code, "cancelled mid-body")
+            response.abort()
+            raise
+        except Exception as e:
+            # As for a body streamed: the client sees a broken transfer, never a short
+            # body it would trust. (Unless it is gone already: its channel may have
+            # answered it, a malformed upload's 400, which dropping would lose.)
+            call.end(response.code, "body: " + describe_error(e))
+            if not client_gone(request):
+                abort(request)
+            return
+        call.end(response.code)
+        if not client_gone(request):
+            write_whole(request, b"".join(pieces))
+
 
 def _values(response: UpstreamResponse, name: bytes) -> list[bytes]:
     return [value for header, value in response.headers if header.lower() == name]
+
+
+class _Collect:
+    """
+    Keeps the pieces of a body read whole (at most
+    L{HOLD_LIMIT<edgegw.compression.response_coding.HOLD_LIMIT>} bytes).
+    """
+
+    def __init__(self, pieces: list[bytes]) -> None:
+        self.write = pieces.append
 
 
 class _Discard:
