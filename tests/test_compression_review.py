@@ -13,12 +13,9 @@ import base64
 import hashlib
 import os
 import random
-import zlib
 from typing import Any, cast
 
 import attrs
-import brotli  # type: ignore[import-untyped]
-import zstandard
 from twisted.internet.defer import Deferred
 from twisted.internet.endpoints import TCP4ClientEndpoint, connectProtocol
 from twisted.internet.protocol import Protocol
@@ -30,6 +27,7 @@ from twisted.web.server import Request
 
 from edgegw.compression import codings
 from tests.support.backends import SiteBackend
+from tests.support.encodings import decode as decode_stream
 from tests.support.gateways import reactor, start_gateway
 from tests.support.rawclient import RawClient, connect
 
@@ -86,17 +84,7 @@ def decode(coding: bytes, body: bytes) -> bytes:
     """
     C{body} decoded by C{coding}'s own library, which must find a complete stream.
     """
-    if coding == b"gzip":
-        return zlib.decompress(body, 31)
-    if coding == b"br":
-        return brotli.decompress(body)  # type: ignore[no-any-return]
-    if coding == b"zstd":
-        decoder = zstandard.ZstdDecompressor().decompressobj()
-        out = decoder.decompress(body)
-        if not decoder.eof:
-            raise ValueError("incomplete zstd frame")
-        return out
-    raise ValueError(coding)
+    return decode_stream(coding.decode("ascii"), body)
 
 
 async def fetch(port: int, head: bytes) -> Answer:

@@ -16,20 +16,9 @@ from edgegw.compression.accept import AcceptedCodings
 from edgegw.compression.codings import CODINGS
 from edgegw.compression.response_coding import CompressionPolicy
 from edgegw.seam import GatewayHeaders
+from tests.support.encodings import decode
 
 _DEFAULT_TYPES = ("text/*", "application/json", "image/svg+xml")
-
-
-def decode(name: str, data: bytes) -> bytes:
-    """
-    C{data} decoded with the library of coding C{name}.
-    """
-    if name == "gzip":
-        return zlib.decompress(data, 31)
-    if name == "br":
-        out: bytes = brotli.decompress(data)
-        return out
-    return zstandard.ZstdDecompressor().decompressobj().decompress(data)
 
 
 class AcceptedCodingsTests(SynchronousTestCase):

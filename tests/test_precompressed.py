@@ -15,18 +15,18 @@ import base64
 import gzip
 import os
 import random
-import zlib
 from collections.abc import Mapping
 
-import attrs
 import brotli  # type: ignore[import-untyped]
 import zstandard
 from twisted.trial.unittest import TestCase
 from twisted.web.http import datetimeToString
 
 from tests.support.configs import GATEWAY
+from tests.support.encodings import decode
 from tests.support.gateways import serve_yaml
 from tests.support.processes import connections_closed
+from tests.support.raw_response import RawResponse, parse_response
 from tests.support.rawclient import connect
 
 # Every file of the tree gets this modification time (ns), sidecars included: a sidecar
@@ -61,74 +61,6 @@ def encode(coding: str, data: bytes) -> bytes:
     if coding == "zstd":
         return zstandard.ZstdCompressor(level=19).compress(data)
     return gzip.compress(data, compresslevel=9, mtime=0)
-
-
-def decode(coding: str, data: bytes) -> bytes:
-    """
-    C{data} decoded with coding C{coding}'s library.
-    """
-    if coding == "br":
-        out: bytes = brotli.decompress(data)
-        return out
-    if coding == "zstd":
-        return zstandard.ZstdDecompressor().decompressobj().decompress(data)
-    return zlib.decompress(data, 31)
-
-
-@attrs.frozen
-class Answer:
-    """
-    One response as it came off the wire (the connection closed after it).
-
-    @ivar status: The status code.
-    @ivar headers: Header names (lower case) to their values, in order.
-    @ivar body: The body, de-chunked when it was sent chunked.
-    """
-
-    status: int
-    headers: dict[bytes, list[bytes]]
-    body: bytes
-
-    def header(self, name: bytes) -> bytes | None:
-        """
-        The single value of a header, or L{None}; fails if it is repeated.
-        """
-        values = self.headers.get(name.lower())
-        if values is None:
-            return None
-        assert len(values) == 1, (name, values)
-        return values[0]
-
-
-def dechunk(data: bytes) -> bytes:
-    """
-    The body of a complete chunked transfer coding.
-    """
-    out: list[bytes] = []
-    while True:
-        size_line, _, data = data.partition(b"\r\n")
-        size = int(size_line.split(b";")[0], 16)
-        if size == 0:
-            return b"".join(out)
-        out.append(data[:size])
-        data = data[size + 2 :]
-
-
-def parse(data: bytes, method: bytes) -> Answer:
-    """
-    Split a complete HTTP/1.1 response.
-    """
-    head, separator, body = data.partition(b"\r\n\r\n")
-    assert separator, data[:300]
-    lines = head.split(b"\r\n")
-    status = int(lines[0].split(b" ", 2)[1])
-    headers: dict[bytes, list[bytes]] = {}
-    for line in lines[1:]:
-        name, _, value = line.partition(b":")
-        headers.setdefault(name.strip().lower(), []).append(value.strip())
-    if method != b"HEAD" and headers.get(b"transfer-encoding") == [b"chunked"]:
-        body = dechunk(body)
-    return Answer(status, headers, body)
 
 
 def write(path: str, data: bytes, mtime_ns: int = MTIME_NS) -> None:
@@ -213,7 +145,7 @@ class PrecompressedTestCase(TestCase):
         accept: bytes | None = None,
         method: bytes = b"GET",
         headers: Mapping[bytes, bytes] | None = None,
-    ) -> Answer:
+    ) -> RawResponse:
         """
         One request on a fresh connection (C{Connection: close}).
 
@@ -226,7 +158,7 @@ class PrecompressedTestCase(TestCase):
         client = await connect(self.port)
         client.send(b"\r\n".join(lines) + b"\r\n\r\n")
         await client.closed
-        answer = parse(client.received, method)
+        answer = parse_response(client.received, method)
         length = answer.header(b"content-length")
         if length is not None and method != b"HEAD" and answer.status != 304:
             self.assertEqual(len(answer.body), int(length))
@@ -245,7 +177,7 @@ class PrecompressedTestCase(TestCase):
 
     def assertSidecar(
         self,
-        answer: Answer,
+        answer: RawResponse,
         coding: str,
         path: str,
         original: bytes,
@@ -271,7 +203,7 @@ class PrecompressedTestCase(TestCase):
             _http_date(os.stat(path + SUFFIX[coding]).st_mtime_ns),
         )
 
-    def assertOriginal(self, answer: Answer, original: bytes = APP_JS) -> None:
+    def assertOriginal(self, answer: RawResponse, original: bytes = APP_JS) -> None:
         """
         C{answer} is the original file as it is (no coding).
         """

@@ -35,6 +35,7 @@ from edgegw.config.model import StaticHandlerSpec
 from edgegw.handlers.static import SMALL_FILE_LIMIT, StaticHandler
 from tests.support.configs import load_text
 from tests.support.memory import MemoryClient
+from tests.support.raw_response import RawResponse, parse_response
 
 _reactor: Any = reactor
 
@@ -45,46 +46,6 @@ SECRETS = (b"ENV-SECRET", b"GIT-SECRET", b"OUTSIDE-SECRET", b"PASSWD-SECRET")
 BIG_SIZE = 5 * 1024 * 1024
 ETAG_FORMAT = re.compile(rb'^"[0-9a-f]+-[0-9a-f]+"$')
 LONG_AGO = b"Sat, 01 Jan 2000 00:00:00 GMT"
-
-
-@attrs.frozen
-class RawResponse:
-    """
-    One response as it came off the wire.
-
-    @ivar status: The status code.
-    @ivar headers: Header names (lower case) to their values, in order.
-    @ivar body: Everything after the header block.
-    """
-
-    status: int
-    headers: dict[bytes, list[bytes]]
-    body: bytes
-
-    def header(self, name: bytes) -> bytes | None:
-        """
-        The single value of a header, or L{None}; fails if it is repeated.
-        """
-        values = self.headers.get(name.lower())
-        if values is None:
-            return None
-        assert len(values) == 1, (name, values)
-        return values[0]
-
-
-def parse_response(data: bytes) -> RawResponse:
-    """
-    Split a complete HTTP/1.1 response (the server closed the connection after it).
-    """
-    head, separator, body = data.partition(b"\r\n\r\n")
-    assert separator, data[:200]
-    lines = head.split(b"\r\n")
-    status = int(lines[0].split(b" ", 2)[1])
-    headers: dict[bytes, list[bytes]] = {}
-    for line in lines[1:]:
-        name, _, value = line.partition(b":")
-        headers.setdefault(name.strip().lower(), []).append(value.strip())
-    return RawResponse(status, headers, body)
 
 
 class RawClient(Protocol):
