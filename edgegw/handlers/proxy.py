@@ -17,7 +17,7 @@ from collections.abc import Callable
 from typing import Any
 from urllib.parse import urlsplit
 
-from twisted.internet.defer import CancelledError, Deferred, TimeoutError
+from twisted.internet.defer import CancelledError, TimeoutError
 from twisted.internet.interfaces import IPushProducer, IReactorTime
 from twisted.logger import Logger
 from twisted.web.server import Request
@@ -38,7 +38,7 @@ from edgegw.terminal.exchange import Exchange, exchange_of
 from edgegw.terminal.resource import TerminalResource
 from edgegw.upstream.calls import UpstreamCall, describe_error, start_call
 from edgegw.upstream.pool import UpstreamClient, UpstreamUnavailableError
-from edgegw.upstream.response import UpstreamResponse
+from edgegw.upstream.response import BodySink, UpstreamResponse
 from edgegw.upstream.shared import join_path
 from edgegw.upstream.upstreams import Upstream
 
@@ -486,45 +486,43 @@ class ProxyHandler(TerminalResource):
         # long time, and the client must see the response start. Twisted only writes the
         # head on the first write; an empty write sends it and nothing else.
         request.write(b"")
-        delivered: Deferred[None] = response.deliver(relay)
-        try:
-            await delivered
-        except CancelledError:
-            call.end(response.code, "cancelled mid-body")
-            response.abort()
-            raise
-        except Exception as e:
-            call.end(response.code, "body: " + describe_error(e))
-            request.unregisterProducer()
-            abort(request)
-            return
-        call.end(response.code)
+        whole = await _deliver(response, relay, call)
         request.unregisterProducer()
-        if not client_gone(request):
+        if not whole:
+            abort(request)
+        elif not client_gone(request):
             request.finish()
 
     async def _relay_whole(
         self, request: Request, response: UpstreamResponse, call: UpstreamCall
     ) -> None:
         pieces: list[bytes] = []
-        sink = _Collect(pieces)
-        try:
-            await response.deliver(sink)
-        except CancelledError:
-            call.end(response.code, "cancelled mid-body")
-            response.abort()
-            raise
-        except Exception as e:
+        if not await _deliver(response, _Collect(pieces), call):
             # As for a body streamed: the client sees a broken transfer, never a short
             # body it would trust. (Unless it is gone already: its channel may have
             # answered it, a malformed upload's 400, which dropping would lose.)
-            call.end(response.code, "body: " + describe_error(e))
             if not client_gone(request):
                 abort(request)
-            return
-        call.end(response.code)
-        if not client_gone(request):
+        elif not client_gone(request):
             write_whole(request, b"".join(pieces))
+
+
+async def _deliver(response: UpstreamResponse, sink: BodySink, call: UpstreamCall) -> bool:
+    """
+    The upstream's body into C{sink}, the call ended with how it went: whether the body
+    came whole (else the upstream broke off). Cancelled, the upstream exchange is aborted.
+    """
+    try:
+        await response.deliver(sink)
+    except CancelledError:
+        call.end(response.code, "cancelled mid-body")
+        response.abort()
+        raise
+    except Exception as e:
+        call.end(response.code, "body: " + describe_error(e))
+        return False
+    call.end(response.code)
+    return True
 
 
 def _values(response: UpstreamResponse, name: bytes) -> list[bytes]:
