@@ -9,7 +9,8 @@ makes its element unacceptable, and a coding listed twice gets the lower of its 
 gateway never compresses with a coding the client may not have asked for. No
 C{Accept-Encoding} field, or an empty one, accepts none (the body goes as it is). A
 client that lists C{identity} with a q-value is not sent a coding it ranks lower (a tie
-goes to the coding). Parameters other than C{q} are ignored.
+goes to the coding). Parameters other than C{q} are ignored. A field over 1 KiB is not
+read at all (the body goes as it is).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ _QVALUE: Final = re.compile(rb"(?:0(?:\.[0-9]{0,3})?|1(?:\.0{0,3})?)\Z")
 _ALIASES: Final = {b"x-gzip": b"gzip"}
 _CACHE_SIZE: Final = 256
 _CACHED_LENGTH: Final = 256
+_LONGEST: Final = 1024
 
 
 def _qvalue(parameters: list[bytes]) -> float:
@@ -65,6 +67,10 @@ class AcceptedCodings:
         cache = self._cache
         answer = cache.get(field)
         if answer is None:
+            if len(field) > _LONGEST:
+                # Browsers send a few dozen bytes; thousands of elements to parse on every
+                # request are someone's attempt at the gateway's CPU: the body as it is.
+                return ()
             answer = self._rank(field)
             if len(field) <= _CACHED_LENGTH:
                 if len(cache) >= _CACHE_SIZE:
