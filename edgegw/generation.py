@@ -161,9 +161,9 @@ class GenerationService(MultiService):
     def retire(self) -> Deferred[None]:
         """
         Leave the service tree, replaced by a reload's configuration. Leaving a running
-        tree stops the generation, which then first drains its gateway as a stop of the
-        daemon does (its connections close after their response, idle ones at once;
-        past its C{drainTimeout} what is still open is cut), then stops its Site and its
+        tree stops the generation, which then first drains its gateway: its requests in
+        flight finish (their connections then serve the new configuration; past its
+        C{drainTimeout} what it still serves is cut), then it stops its Site and its
         services in reverse start order.
 
         @return: Fires once it has; fails with what failed.
@@ -193,9 +193,9 @@ class GenerationService(MultiService):
         sites: list[LimitedSite] = [gateway.site]
         if gateway.redirect_site is not None:
             sites.append(gateway.redirect_site)
-        drained = gateway.inflight.drain()
-        for site in sites:
-            site.shut_down()
+        # Its connections serve their next requests from the new configuration's Sites
+        # already (LimitedSite.take_over): only the requests in flight are waited for.
+        drained = gateway.inflight.drained()
         drained.addTimeout(gateway.config.gateway.drain_timeout, self.reactor)
 
         def abort(_: object) -> None:

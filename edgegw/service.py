@@ -323,11 +323,18 @@ class GatewayService(MultiService):
 
     def _drain(self) -> Deferred[None]:
         inflight = self.gateway.inflight
-        drained = inflight.drain()
         # An idle keep-alive connection would otherwise carry new requests until the end.
-        self.gateway.site.shut_down()
+        sites = [self.gateway.site]
         if self.gateway.redirect_site is not None:
-            self.gateway.redirect_site.shut_down()
+            sites.append(self.gateway.redirect_site)
+        for site in sites:
+            site.shut_down()
+        # Done once every connection has closed (after its response; one that has not
+        # sent its first request yet after it, or after a grace), and with it every
+        # request in flight.
+        waits = [inflight.drain()] + [site.closed() for site in sites]
+        drained: Deferred[Any] = gatherResults(waits, consumeErrors=True)
+        drained.addCallback(lambda _: None)
         for retiring in self._retiring:
             # Their gateways are draining already; keep the tree's stop within its own.
             retiring.addTimeout(self.gateway.config.gateway.drain_timeout, self.reactor)
