@@ -40,6 +40,7 @@ from edgegw.listener import ListenerService
 from edgegw.metrics.serve import ScrapeListener, scrape_root
 from edgegw.notify import SystemdNotifier
 from edgegw.reload import WARM_UP_TIMEOUT, redirect_to, reload_configuration
+from edgegw.server.gateway_site import LimitedSite
 from edgegw.server.scrape_site import ScrapeSite
 
 _log = Logger(namespace="edgegw.service")
@@ -324,7 +325,7 @@ class GatewayService(MultiService):
     def _drain(self) -> Deferred[None]:
         inflight = self.gateway.inflight
         # An idle keep-alive connection would otherwise carry new requests until the end.
-        sites = [self.gateway.site]
+        sites: list[LimitedSite] = [self.gateway.site]
         if self.gateway.redirect_site is not None:
             sites.append(self.gateway.redirect_site)
         for site in sites:

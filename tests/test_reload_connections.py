@@ -46,6 +46,14 @@ def get(path: str) -> bytes:
     return f"GET {path} HTTP/1.1\r\nHost: x\r\n\r\n".encode()
 
 
+def is_open(client: RawClient) -> bool:
+    """
+    Whether C{client}'s connection is still open.
+    """
+    transport: Any = client.transport
+    return transport is not None and bool(transport.connected)
+
+
 class ReloadConnectionTests(TestCase):
     """
     A tree with routes C{/old} (first configuration only), C{/slow} (proxied to a backend
@@ -107,7 +115,7 @@ class ReloadConnectionTests(TestCase):
 
     async def client(self) -> RawClient:
         client = await connect(self.port)
-        self.addCleanup(lambda: client.close() if client.transport.connected else None)
+        self.addCleanup(lambda: client.close() if is_open(client) else None)
         return client
 
     async def exchange(self, client: RawClient, path: str) -> bytes:
@@ -142,7 +150,7 @@ class ReloadConnectionTests(TestCase):
         await sleep(0.1)
         self.assertServed(await self.exchange(client, "/new"))
         self.assertServed(await self.exchange(client, "/old"), b"404")
-        self.assertTrue(client.transport.connected)
+        self.assertTrue(is_open(client))
 
     async def test_an_idle_keep_alive_connection(self) -> None:
         """
@@ -154,7 +162,7 @@ class ReloadConnectionTests(TestCase):
         self.assertServed(await self.exchange(client, "/old"))
         await self.reload()
         await sleep(0.2)
-        self.assertTrue(client.transport.connected)
+        self.assertTrue(is_open(client))
         self.assertServed(await self.exchange(client, "/new"))
 
     async def test_a_request_head_arriving_at_the_reload(self) -> None:
