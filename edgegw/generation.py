@@ -19,10 +19,11 @@ named, in start order:
   - C{metrics-export}: the OTLP metrics export, with C{Telemetry.metrics.otlp} (one last
     export on stop).
 
-It stops them in reverse start order, one after another. The service tree
-(L{edgegw.service.GatewayService}) holds the serving generation; a reload starts the
-next one outside the tree to warm it up, puts it in, and retires the one it replaced,
-which drains before it stops (L{GenerationService.retire}).
+It stops them in reverse start order, one after another (one that fails to stop keeps
+none of the others running). The service tree (L{edgegw.service.GatewayService}) holds
+the serving generation; a reload starts the next one outside the tree to warm it up,
+puts it in, and retires the one it replaced, which drains before it stops
+(L{GenerationService.retire}).
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from typing import Any
 
 from twisted.application.service import IService, MultiService, Service
 from twisted.internet.defer import Deferred, DeferredLock, maybeDeferred, succeed
+from twisted.python.failure import Failure
 
 from edgegw.assembly.assemble import Gateway
 from edgegw.chain.access_log import AccessLog
@@ -180,13 +182,22 @@ class GenerationService(MultiService):
         """
         Stop the children in reverse start order, one after another (a child that is not
         running has nothing to stop); a generation a reload replaced drains first
-        (L{retire}).
+        (L{retire}). One that fails to stop keeps none of the others running.
+
+        @return: Fires once they have; fails with the first failure.
         """
         Service.stopService(self)
         stopping: Deferred[Any] = self._drain() if self._replaced else succeed(None)
+        failures: list[Failure] = []
+
+        def record(failure: Failure) -> None:
+            failures.append(failure)
+
         for child in reversed(list(self)):
+            stopping.addErrback(record)
             stopping.addCallback(stop_child, child)
-        return stopping.addCallback(lambda _: None)
+        stopping.addErrback(record)
+        return stopping.addCallback(lambda _: failures[0] if failures else None)
 
     def _drain(self) -> Deferred[Any]:
         gateway = self.gateway

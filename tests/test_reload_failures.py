@@ -397,6 +397,32 @@ class ReloadFailureTests(TestCase):
     async def test_telemetry_start(self) -> None:
         await self.starts(TelemetryService)
 
+    async def test_a_stop_that_fails_stops_the_others(self) -> None:
+        """
+        The last child fails to start, and then one of the started children fails to
+        stop: the children before it stop all the same (the state store's Redis
+        connections are closed).
+        """
+
+        def inject(patches: _Patches, service: GatewayService, error: BaseException) -> None:
+            patches.patch(TelemetryService, "startService", _raising(error))
+            stopping = IdentityProvider.stopService
+
+            def failing_stop(provider: IdentityProvider) -> None:
+                stopping(provider)
+                raise InjectedError("cannot stop")
+
+            patches.patch(IdentityProvider, "stopService", failing_stop)
+
+        service, _, _ = await self.serving()
+        with self.injected(service, inject, InjectedError("start")):
+            before = await footprint(self.redis)
+            self.assertFalse(await service.reload())
+            after = await footprint(self.redis)
+        self.assertEqual(len(self.flushLoggedErrors(InjectedError)), 2)
+        self.assertEqual(after.excess_over(before), {})
+        self.assertEqual(await get(port_of(service), "/healthz"), 200)
+
     # -- warming up --------------------------------------------------------------------
 
     async def test_warm_up_fails(self) -> None:
