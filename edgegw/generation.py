@@ -243,9 +243,14 @@ def build_generation(
         generation of the tree (see L{edgegw.service.GatewayService}).
     @raise ConfigError: The OTLP metric exporter cannot be made.
     """
-    return GenerationService(
-        gateway, reactor, _children_of(gateway), _export_of(gateway, reactor, export_locks)
-    )
+    export = _export_of(gateway, reactor, export_locks)
+    try:
+        return GenerationService(gateway, reactor, _children_of(gateway), export)
+    except BaseException:
+        # Its exporter was made: nothing else would shut it down.
+        if export is not None:
+            export.discard()
+        raise
 
 
 def _children_of(gateway: Gateway) -> list[IService]:

@@ -29,6 +29,7 @@ from twisted.logger import formatEvent, globalLogPublisher
 from twisted.trial.unittest import TestCase
 
 import edgegw.reload as reload_module
+from edgegw import generation as generation_module
 from edgegw.assembly import assemble as assemble_module
 from edgegw.config.errors import ConfigError, Problem
 from edgegw.config.parse import load_config
@@ -39,6 +40,8 @@ from edgegw.generation import (
     open_access_log,
 )
 from edgegw.identity.provider import IdentityProvider
+from edgegw.metrics import serve as serve_module
+from edgegw.metrics.otlp import make_metric_exporter
 from edgegw.server.gateway_site import DESCRIPTOR_RESERVE
 from edgegw.service import GatewayService, build_service
 from edgegw.sessions.server import ServerSessions
@@ -354,6 +357,42 @@ class ReloadFailureTests(TestCase):
                 patches.patch(reload_module, "open_access_log", _after(open_access_log, error))
 
         await self.at_each_failure("open_access_log", inject, config_error=True)
+
+    async def test_the_metrics_export(self) -> None:
+        """
+        The exporter cannot be made (a located problem); or the generation cannot be
+        made once its export was (a child that cannot join it): the exporter made is
+        shut down.
+        """
+        made: list[Any] = []
+        making = make_metric_exporter
+
+        def recording(*args: Any) -> Any:
+            exporter = making(*args)
+            made.append(exporter)
+            return exporter
+
+        def inject(patches: _Patches, service: GatewayService, error: BaseException) -> None:
+            made.clear()
+            if isinstance(error, ConfigError):
+                patches.patch(serve_module, "make_metric_exporter", _raising(RuntimeError("no")))
+                return
+            patches.patch(serve_module, "make_metric_exporter", recording)
+            children = generation_module._children_of
+
+            class Unparentable(Service):
+                def setServiceParent(self, parent: Any) -> None:
+                    raise error
+
+            def with_unparentable(gateway: Any) -> list[Any]:
+                return [*children(gateway), Unparentable()]
+
+            patches.patch(generation_module, "_children_of", with_unparentable)
+
+        await self.at_each_failure("generation_of", inject, config_error=True)
+        # Made by the unexpected failure's reload, the last one injected.
+        [exporter] = made
+        self.assertTrue(getattr(exporter, "_shutdown", False), "the exporter is shut down")
 
     async def test_idp_take_over(self) -> None:
         def inject(patches: _Patches, service: GatewayService, error: BaseException) -> None:
