@@ -23,7 +23,7 @@ from typing import Any
 
 from twisted.application.service import Service
 from twisted.internet import reactor as _reactor
-from twisted.internet.defer import CancelledError
+from twisted.internet.defer import CancelledError, Deferred
 from twisted.internet.task import deferLater
 from twisted.logger import formatEvent, globalLogPublisher
 from twisted.trial.unittest import TestCase
@@ -461,6 +461,37 @@ class ReloadFailureTests(TestCase):
         self.assertEqual(len(self.flushLoggedErrors(InjectedError)), 2)
         self.assertEqual(after.excess_over(before), {})
         self.assertEqual(await get(port_of(service), "/healthz"), 200)
+
+    async def test_the_reload_ends_once_what_started_has_stopped(self) -> None:
+        """
+        The reload's answer (and so a stop of the daemon, which waits for it) comes
+        once the children that started have stopped: nothing of the new configuration
+        is left to stop behind it.
+        """
+        service, _, redis = await self.serving()
+        stopped: list[Deferred[None]] = []
+
+        def slow_stop(pool: UpstreamPoolService) -> Deferred[None]:
+            Service.stopService(pool)
+            closing = pool.client.close()
+            waited: Deferred[None] = Deferred()
+            stopped.append(waited)
+            return waited.addCallback(lambda _: closing)
+
+        def inject(patches: _Patches, service: GatewayService, error: BaseException) -> None:
+            patches.patch(TelemetryService, "startService", _raising(error))
+            patches.patch(UpstreamPoolService, "stopService", slow_stop)
+
+        before = await footprint(redis)
+        with self.injected(service, inject, InjectedError("start")):
+            reloading = service.reload()
+            await _settle()
+            self.assertEqual(len(stopped), 1)
+            self.assertFalse(reloading.called)
+            stopped[0].callback(None)
+            self.assertFalse(await reloading)
+        self.assertEqual(len(self.flushLoggedErrors(InjectedError)), 1)
+        self.assertEqual((await footprint(redis)).excess_over(before), {})
 
     # -- warming up --------------------------------------------------------------------
 
