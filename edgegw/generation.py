@@ -28,7 +28,7 @@ puts it in, and retires the one it replaced, which drains before it stops
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from twisted.application.service import IService, MultiService, Service
@@ -340,12 +340,24 @@ def open_access_log(gateway: Gateway) -> None:
 def discard(gateway: Gateway, export: MetricsExportService | None = None) -> None:
     """
     Let go of a gateway built for a reload that was then refused or abandoned, and of
-    its metrics C{export} (never started): it never served.
+    its metrics C{export} (never started): it never served. Each is let go of even when
+    letting go of another fails.
+
+    @raise Exception: The first failure, once all are let go of.
     """
+    steps: list[Callable[[], object]] = []
     if export is not None:
-        export.discard()
+        steps.append(export.discard)
     if gateway.telemetry is not None:
-        gateway.telemetry.discard()
+        steps.append(gateway.telemetry.discard)
     writer = gateway.access_log.writer
     if writer is not None:
-        writer.close()
+        steps.append(writer.close)
+    failed: Exception | None = None
+    for step in steps:
+        try:
+            step()
+        except Exception as e:
+            failed = failed or e
+    if failed is not None:
+        raise failed

@@ -46,6 +46,7 @@ from edgegw.server.gateway_site import DESCRIPTOR_RESERVE
 from edgegw.service import GatewayService, build_service
 from edgegw.sessions.server import ServerSessions
 from edgegw.state.kvstore import KvStoreService
+from edgegw.telemetry import Telemetry
 from tests.support.backends import SiteBackend, answer
 from tests.support.configs import GATEWAY, write_tree
 from tests.support.fake_idp import FakeIdP
@@ -492,6 +493,35 @@ class ReloadFailureTests(TestCase):
             self.assertFalse(await reloading)
         self.assertEqual(len(self.flushLoggedErrors(InjectedError)), 1)
         self.assertEqual((await footprint(redis)).excess_over(before), {})
+
+    async def test_a_discard_that_fails_lets_go_of_the_rest(self) -> None:
+        """
+        Letting go of the span export fails: the access-log file is closed all the
+        same, and the refusal is reported as the configuration problem it is.
+        """
+
+        kept: list[Telemetry] = []
+
+        def failing(telemetry: Telemetry) -> None:
+            kept.append(telemetry)
+            raise InjectedError("discard")
+
+        def inject(patches: _Patches, service: GatewayService, error: BaseException) -> None:
+            patches.patch(reload_module, "open_access_log", _after(open_access_log, error))
+            patches.patch(Telemetry, "discard", failing)
+
+        service, _, _ = await self.serving()
+        with self.injected(service, inject, self.located(service)):
+            before = await footprint(self.redis)
+            self.assertFalse(await service.reload())
+            after = await footprint(self.redis)
+        self.assertEqual(len(self.flushLoggedErrors(InjectedError)), 1)
+        self.assertNotIn(os.path.join(self.logs, "new.log"), after.descriptors)
+        # The span export's thread is what was not let go of.
+        self.assertEqual(list(after.excess_over(before)), ["threads"])
+        [telemetry] = kept
+        telemetry.discard()
+        self.assertEqual((await footprint(self.redis)).excess_over(before), {})
 
     # -- warming up --------------------------------------------------------------------
 
