@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Protocol
 
-from twisted.internet.defer import Deferred
+from twisted.internet.defer import Deferred, maybeDeferred, succeed
 from twisted.internet.interfaces import IListeningPort, IOpenSSLContextFactory
 from twisted.internet.task import deferLater
 from twisted.logger import Logger
@@ -115,7 +115,7 @@ async def reload_configuration(tree: ReloadingTree) -> bool:
 
     @return: Whether the new configuration serves.
     """
-    prepared = prepare(tree)
+    prepared = await prepare(tree)
     if prepared is None:
         return False
     generation, tls = prepared
@@ -123,7 +123,7 @@ async def reload_configuration(tree: ReloadingTree) -> bool:
         await warm_up(tree, generation.gateway)
     except BaseException:
         # A bug (or a cancellation): nothing of the new configuration keeps running.
-        await _abandon(generation)
+        await _abandon(generation.gateway, generation)
         raise
     if not tree.stopping:
         # From here the new configuration serves: a failure is a bug, logged, and
@@ -131,16 +131,17 @@ async def reload_configuration(tree: ReloadingTree) -> bool:
         switch(tree, generation, tls)
         return True
     # Stopping meanwhile: the new configuration never serves.
-    await _abandon(generation)
+    await _abandon(generation.gateway, generation)
     return False
 
 
-def prepare(
+async def prepare(
     tree: ReloadingTree,
 ) -> tuple[GenerationService, IOpenSSLContextFactory | None] | None:
     """
     Load and build the new configuration and start its generation (outside the tree,
-    the old one serving on); L{None}, logged, when it is refused.
+    the old one serving on); L{None}, logged, when it is refused. Whatever fails, what
+    was built and started of it is let go of first (L{_abandon}).
 
     Its OTLP metrics export is built (so that one that cannot be refuses the reload)
     but not started: until the switch the running export sends the same series, and
@@ -172,10 +173,8 @@ def prepare(
         generation.privilegedStartService()
         generation.startService()
     except BaseException as e:
-        if generation is not None and generation.running:
-            generation.stopService().addErrback(_log_retire_failure)
         if new is not None:
-            discard(new, generation.export if generation is not None else None)
+            await _abandon(new, generation)
         if not isinstance(e, ConfigError):
             raise
         _log.error(
@@ -340,18 +339,32 @@ async def cold_parts(gateway: Gateway, within: float, reactor: Any) -> list[str]
     return cold
 
 
-def _abandon(generation: GenerationService) -> Deferred[None]:
+def _abandon(gateway: Gateway, generation: GenerationService | None = None) -> Deferred[None]:
     """
-    Stop a generation that never served (started outside the tree) and let go of what
-    it holds.
+    Let go of a configuration that never served: stop what its generation (if it was
+    made) started, outside the tree -- the children that did start, in reverse order,
+    even when the start failed half-way or one of them fails to stop -- then what was
+    built but never started (L{discard}: its span export's thread, its access-log file,
+    its metrics exporter).
+
+    @return: Fires once all that is done (a failure is logged, never passed on: the
+        reload's own error is what is reported).
     """
-    stopping = generation.stopService()
-    stopping.addErrback(_log_retire_failure)
-    return stopping.addCallback(lambda _: discard(generation.gateway, generation.export))
+    stopping: Deferred[None] = (
+        maybeDeferred(generation.stopService) if generation is not None else succeed(None)
+    )
+    stopping.addErrback(_log_abandon_failure)
+    export = generation.export if generation is not None else None
+    stopping.addCallback(lambda _: discard(gateway, export))
+    return stopping.addErrback(_log_abandon_failure)
 
 
 def _log_retire_failure(failure: Failure) -> None:
     _log.failure("stopping the services of a replaced configuration", failure)
+
+
+def _log_abandon_failure(failure: Failure) -> None:
+    _log.failure("letting go of a configuration that never served", failure)
 
 
 def _scrape_address(config: Config) -> str | None:

@@ -280,9 +280,15 @@ class KvStoreService(Service):
 
     def stopService(self) -> Deferred[None]:
         """
-        Stop reconnecting and close the connections.
+        Stop reconnecting and close the connections; subscriptions still waiting for the
+        pub/sub connection fail now.
         """
         super().stopService()
+        # Else each waits out its timeout on a stopped store, its timer pending.
+        waiting, self._subscribing = self._subscribing, []
+        for waiter in waiting:
+            if not waiter.called:
+                waiter.errback(StoreUnavailableError("the state store stopped"))
         factories = [f for f in (self._commands, self._subscriber) if f is not None]
         self._commands = self._subscriber = None
         closing = [f.disconnect() for f in factories]
