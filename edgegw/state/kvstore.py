@@ -270,6 +270,11 @@ class _Link:
             return succeed(None)
         factories = [f for f in (self.commands, self.subscriber) if f is not None]
         self.commands = self.subscriber = None
+        # Subscriptions still waiting for the pub/sub connection will never be made.
+        waiting, self.subscribing = self.subscribing, []
+        for d in waiting:
+            if not d.called:
+                d.errback(StoreUnavailableError("the state store stopped"))
         closing = [f.disconnect() for f in factories]
         done: Deferred[None] = Deferred()
         remaining = [len(closing)]
