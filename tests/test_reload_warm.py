@@ -155,6 +155,14 @@ class WarmTestCase(TestCase):
         await idp.start(self)
         return idp
 
+    async def world(self) -> tuple[RedisServer, FakeIdP, str]:
+        """
+        A started redis-server, fake IdP, and backend (its URL).
+        """
+        redis = await redis_server(self)
+        idp = await self.idp()
+        return redis, idp, f"http://127.0.0.1:{self.backend().port}"
+
     async def bearer_call(self, service: GatewayService, token: str) -> BrowserResponse:
         return await Browser().get(
             f"http://127.0.0.1:{port_of(service)}/api/x",
@@ -315,11 +323,6 @@ async def connections(redis: RedisServer) -> set[int]:
 
 
 class StoreCarriedTests(WarmTestCase):
-    async def world(self) -> tuple[RedisServer, FakeIdP, str]:
-        redis = await redis_server(self)
-        idp = await self.idp()
-        return redis, idp, f"http://127.0.0.1:{self.backend().port}"
-
     def config(self, redis: RedisServer, idp: FakeIdP, upstream: str, **more: Any) -> str:
         return server_session_config(
             key=KEY,
@@ -597,6 +600,32 @@ class WarmUpTimeoutTests(WarmTestCase):
         idp_client = service.gateway.idp
         assert idp_client is not None
         self.assertTrue(idp_client.ready)
+
+    async def test_a_carried_store_is_not_waited_for(self) -> None:
+        """
+        Redis away, the store's settings unchanged: the new configuration takes the old
+        store's connections (reconnecting as they were) and switches without waiting
+        for a store that would be no warmer than the one serving.
+        """
+        redis, idp, upstream = await self.world()
+        text = server_session_config(
+            key=KEY, redis_address=redis.address, issuer=idp.issuer, upstream=upstream
+        )
+        service, root = self.serve(text)
+        await until(lambda: service.gateway.idp is not None and service.gateway.idp.ready, "IdP")
+        await until(lambda: store_of(service).connected, "the store connected")
+        await redis.stop()
+        await until(lambda: not store_of(service).connected, "the store disconnected")
+        warnings = self.warnings()
+        await self.reload(service, root, text + extra_route(1))
+        self.assertTrue(store_of(service).carried_over)
+        self.assertEqual(
+            [e for e in warnings if "before it is warm" in e.get("log_format", "")], []
+        )
+        # Redis back: the carried connections reconnect for the new configuration.
+        await redis.start()
+        await until(lambda: store_of(service).connected, "the store reconnected")
+        self.assertIsNone(await store_of(service).get(b"k"))
 
 
 # -- a real gateway process under load -------------------------------------------------
