@@ -63,7 +63,8 @@ class IStateProviderFactory(Interface):
         """
         The store for a C{config} that L{validate} accepted, not started: it also
         provides L{IService} (named C{state}), connects when started and closes when
-        stopped.
+        stopped. It may offer C{take_over(old) -> bool}, called by a reload before it
+        starts, to use the connections of the store it replaces (L{take_over_store}).
 
         @param key_prefix: Prepended to every key, index and channel the store uses.
         @param reactor: The gateway's reactor.
