@@ -4,8 +4,8 @@ Reloading the configuration (SIGHUP): the steps of one reload.
   1. L{prepare}: read and build the configuration again; refuse it (logged, the running
      one serving on) when it is invalid or changes what only a restart can; start its
      generation of services outside the tree;
-  2. L{warm_up}: wait, at most L{WARM_UP_TIMEOUT} seconds, until its IdP is discovered
-     (or carried over) and its state store answers;
+  2. L{warm_up}: wait, at most its C{reload.warmupTimeout}, until its IdP is discovered
+     (or carried over) and its state store answers (or is carried over);
   3. L{switch}: put the new generation in the tree, send new connections to its Site
      (and its TLS contexts, and its redirect Site), hand the metrics over;
   4. retire: the replaced generation leaves the tree, drains and stops
@@ -33,15 +33,10 @@ from edgegw.config.parse import load_config
 from edgegw.generation import GenerationService, discard, open_access_log
 from edgegw.listener import ListenerService
 from edgegw.metrics.serve import ScrapeListener
+from edgegw.state.providers import take_over_store
 
 # The namespace the daemon's log has always shown for the service tree's events.
 _log = Logger(namespace="edgegw.service")
-
-WARM_UP_TIMEOUT = 5.0
-"""
-The most seconds a reload waits for the new configuration to be warm (see
-L{edgegw.service.GatewayService.reload}).
-"""
 
 WARM_UP_POLL = 0.05
 """Seconds between two looks at whether a reload's new configuration is warm."""
@@ -81,8 +76,11 @@ class ReloadingTree(Protocol):
         """The serving generation."""
 
     @property
-    def warm_up_timeout(self) -> float:
-        """The most seconds a new configuration warms up before it takes over."""
+    def warm_up_timeout(self) -> float | None:
+        """
+        The most seconds a new configuration warms up before it takes over, when set;
+        L{None}: its own C{reload.warmupTimeout}.
+        """
 
     @property
     def stopping(self) -> bool:
@@ -170,6 +168,13 @@ async def prepare(
         if new.idp is not None and old.idp is not None and new.idp.take_over(old.idp):
             # Logins and Bearer tokens go on without waiting for a rediscovery.
             _log.info("IdP {issuer}: discovery and keys carried over", issuer=new.idp.spec.issuer)
+            bearer, old_bearer = new.idp.bearer, old.idp.bearer
+            if bearer is not None and old_bearer is not None and bearer.take_over(old_bearer):
+                # Tokens verified before are not verified (nor userinfo asked) again.
+                _log.info("Bearer tokens verified before carried over")
+        if take_over_store(new.state, old.state):
+            # No reconnection: sessions go on on the same connections and subscriptions.
+            _log.info("state store: connections carried over")
         generation.privilegedStartService()
         generation.startService()
     except BaseException as e:
@@ -188,11 +193,15 @@ async def prepare(
 async def warm_up(tree: ReloadingTree, new: Gateway) -> None:
     """
     Wait until C{new} can serve what the old one does: its IdP discovered (carried
-    over when the issuer is the same) and its state store answering; past the tree's
-    C{warm_up_timeout} it takes over anyway (logged), as it would at a start.
+    over when the issuer is the same) and its state store answering (carried over when
+    its settings are the same); past C{new}'s C{reload.warmupTimeout} (or the tree's
+    C{warm_up_timeout}, when set) it takes over anyway (logged), as it would at a start.
     """
     reactor = tree.reactor
-    deadline = reactor.seconds() + tree.warm_up_timeout
+    bound = tree.warm_up_timeout
+    if bound is None:
+        bound = new.config.gateway.reload.warmup_timeout
+    deadline = reactor.seconds() + bound
     waiting = ["?"]
     while not tree.stopping:
         waiting = await cold_parts(new, max(0.0, deadline - reactor.seconds()), reactor)
@@ -201,10 +210,11 @@ async def warm_up(tree: ReloadingTree, new: Gateway) -> None:
         await deferLater(reactor, WARM_UP_POLL, lambda: None)
     if waiting and not tree.stopping:
         _log.warn(
-            "the new configuration takes over before it is warm ({parts}); until "
-            "then login and Bearer requests may answer 503 and server-side sessions "
-            "fail closed",
+            "the new configuration takes over before it is warm ({parts}: not ready "
+            "within reload.warmupTimeout, {bound:g}s); until then login and Bearer "
+            "requests may answer 503 and server-side sessions fail closed",
             parts=", ".join(waiting),
+            bound=bound,
         )
 
 
@@ -322,13 +332,16 @@ async def cold_parts(gateway: Gateway, within: float, reactor: Any) -> list[str]
     """
     What C{gateway} still lacks to serve like a warm one: C{IdP discovery} and C{state
     store} (a store that says it is not connected yet is not asked; one that is must
-    answer a read within C{within} seconds).
+    answer a read within C{within} seconds; one that carried the old store's connections
+    over is not waited for).
     """
     cold = []
     if gateway.idp is not None and not gateway.idp.ready:
         cold.append("IdP discovery")
     state = gateway.state
-    if state is not None:
+    # A store that took over the old one's connections is as warm as the old one: waiting
+    # for it would keep the old configuration serving on the same connections.
+    if state is not None and not getattr(state, "carried_over", False):
         if getattr(state, "connected", True) is False:
             cold.append("state store")
         else:

@@ -39,7 +39,7 @@ from edgegw.generation import GenerationService, build_generation, stop_child
 from edgegw.listener import ListenerService
 from edgegw.metrics.serve import ScrapeListener, scrape_root
 from edgegw.notify import SystemdNotifier
-from edgegw.reload import WARM_UP_TIMEOUT, redirect_to, reload_configuration
+from edgegw.reload import redirect_to, reload_configuration
 from edgegw.server.gateway_site import LimitedSite
 from edgegw.server.scrape_site import ScrapeSite
 
@@ -56,8 +56,9 @@ class GatewayService(MultiService):
 
     @ivar generation: The serving generation: the services of the configuration that
         serves new connections (named: C{getServiceNamed("idp")} on it).
-    @ivar warm_up_timeout: The most seconds a reload's configuration warms up before it
-        takes over (L{reload}).
+    @ivar warm_up_timeout: When set, the most seconds a reload's configuration warms
+        up before it takes over (L{reload}), whatever it says; L{None} (the default):
+        its own C{reload.warmupTimeout}.
     """
 
     def __init__(
@@ -114,7 +115,7 @@ class GatewayService(MultiService):
         self._status = ""
         self._reloading: Deferred[bool] | None = None
         self._reload_again = False
-        self.warm_up_timeout = WARM_UP_TIMEOUT
+        self.warm_up_timeout: float | None = None
 
     @property
     def gateway(self) -> Gateway:
@@ -234,7 +235,7 @@ class GatewayService(MultiService):
         """
         Read the configuration again (SIGHUP). A valid one is built and its services
         started beside the running ones; once it is warm (its IdP discovered, its state
-        store answering; at most L{warm_up_timeout} seconds) it serves every new
+        store answering; at most its C{reload.warmupTimeout}) it serves every new
         connection. The requests in flight finish on the old one, whose connections
         close after their response (idle ones at once), and whose services stop once
         they have (or after its C{drainTimeout}). An invalid one, or one that listens
