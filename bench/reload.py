@@ -156,8 +156,8 @@ def run(settings: Settings) -> int:
                         {"round": number}
                         | _measure(wrk_path, target, tmp / "reload", settings, mode)
                     )
-                target.check_alive()
-                if target.unavailable is not None:
+                if not target.alive():
+                    target.check_alive()
                     say(f"bench: {target.unavailable}")
                     return 1
             assert target.process is not None

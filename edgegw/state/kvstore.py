@@ -229,21 +229,27 @@ class _Link:
     configuration's stop closes nothing the new one uses, nor does a new one's that
     never served.
 
-    @ivar channels: Each subscribed channel (with the key prefix) and its callbacks,
+    @ivar subscriptions: Each subscribed channel (with the key prefix) and its callbacks,
         whichever store they were subscribed through.
     """
 
-    def __init__(self, store: KvStoreService, log_interval: float) -> None:
+    def __init__(
+        self,
+        store: KvStoreService,
+        reactor: Any,
+        trust_root: IOpenSSLTrustRoot | Certificate | None,
+        log_interval: float,
+    ) -> None:
         self.config = store.config
         self.timeout = store.timeout
         self.first_retry = store.first_retry
         self.retry_cap = store.retry_cap
-        self.reactor = store._reactor
-        self.trust_root = store._trust_root
-        self.throttle = _Throttle(store._reactor, log_interval)
+        self.reactor = reactor
+        self.trust_root = trust_root
+        self.throttle = _Throttle(reactor, log_interval)
         self.commands: _Factory | None = None
         self.subscriber: _Factory | None = None
-        self.channels: dict[bytes, list[MessageCallback]] = {}
+        self.subscriptions: dict[bytes, list[MessageCallback]] = {}
         self.subscribing: list[Deferred[None]] = []
         self.holders: list[KvStoreService] = []
 
@@ -338,7 +344,7 @@ class _Link:
             waiting, self.subscribing = self.subscribing, []
             made = [
                 self.bounded(conn.execute_command("SUBSCRIBE", channel))
-                for channel in self.channels
+                for channel in self.subscriptions
             ]
             subscribed = gatherResults(made, consumeErrors=True)
 
@@ -357,7 +363,7 @@ class _Link:
         """
         Hand a message published on C{channel} to each of its callbacks.
         """
-        for callback in list(self.channels.get(channel, ())):
+        for callback in list(self.subscriptions.get(channel, ())):
             try:
                 callback(message)
             except Exception:
@@ -453,7 +459,7 @@ class KvStoreService(Service):
             trust_root = _trust_root_of(self._ca_pem, config.ca_file)
         self._trust_root = trust_root
         self.carried_over = False
-        self._link = _Link(self, log_interval)
+        self._link = _Link(self, reactor, self._trust_root, log_interval)
 
     @property
     def connected(self) -> bool:
@@ -563,7 +569,7 @@ class KvStoreService(Service):
     def subscribe(self, channel: bytes, callback: MessageCallback) -> Deferred[None]:
         link = self._link
         full = self._key(channel)
-        callbacks = link.channels.setdefault(full, [])
+        callbacks = link.subscriptions.setdefault(full, [])
         callbacks.append(callback)
         if link.subscriber is None:
             if not self.running:
@@ -583,12 +589,12 @@ class KvStoreService(Service):
     def unsubscribe(self, channel: bytes, callback: MessageCallback) -> Deferred[None]:
         link = self._link
         full = self._key(channel)
-        callbacks = link.channels.get(full, [])
+        callbacks = link.subscriptions.get(full, [])
         if callback in callbacks:
             callbacks.remove(callback)
-        if callbacks or full not in link.channels:
+        if callbacks or full not in link.subscriptions:
             return succeed(None)
-        del link.channels[full]
+        del link.subscriptions[full]
         return link.run(link.subscriber, "UNSUBSCRIBE", full).addCallback(_none)
 
     def _script(self, script: bytes, keys: list[bytes], args: list[Any]) -> Deferred[Any]:
