@@ -66,6 +66,7 @@ class ReloadOutcome:
     @ivar problems: Why not, when it did not: the located errors, as logged.
     @ivar warm_up_timeout: The daemon's warm-up timeout, in seconds (what bounds a
         reload).
+    @ivar status: The daemon's status line once that reload ended (what it serves).
     """
 
     pid: int
@@ -74,6 +75,7 @@ class ReloadOutcome:
     taken: bool = False
     problems: str = ""
     warm_up_timeout: float = 0.0
+    status: str = ""
 
 
 def runtime_directory(environ: Mapping[str, str] | None = None) -> str | None:
@@ -107,6 +109,7 @@ def read_outcome(path: str) -> ReloadOutcome | None:
             taken=bool(fields["taken"]),
             problems=str(fields["problems"]),
             warm_up_timeout=float(fields["warm_up_timeout"]),
+            status=str(fields["status"]),
         )
     except (OSError, ValueError, KeyError, TypeError):
         return None
@@ -156,13 +159,15 @@ class OutcomeRecord:
                 outcome.taken,
                 outcome.problems,
                 self.warm_up_timeout,
+                outcome.status,
             )
         )
         return started
 
-    def end(self, number: int, taken: bool, problems: str = "") -> None:
+    def end(self, number: int, taken: bool, problems: str = "", status: str = "") -> None:
         """
-        Reload C{number} ended: taken, or not because of C{problems}.
+        Reload C{number} ended: taken, or not because of C{problems}; the daemon's
+        C{status} line then.
         """
         outcome = self._current()
         self._write(
@@ -173,6 +178,7 @@ class OutcomeRecord:
                 taken,
                 "" if taken else problems,
                 self.warm_up_timeout,
+                status,
             )
         )
 
@@ -275,7 +281,9 @@ def request_reload(
             return 1
         sleep(POLL)
     if outcome.taken:
-        out.write(f"edgegw reload: the new configuration serves (process {pid})\n")
+        out.write(
+            f"edgegw reload: the new configuration serves (process {pid}): {outcome.status}\n"
+        )
         return 0
     problems = outcome.problems.rstrip("\n") or "(no reason given)"
     err.write(

@@ -317,7 +317,7 @@ class GatewayService(MultiService):
         if self.outcomes is not None:
             # After the notification: `edgegw reload` exits on this, and systemd
             # should have READY=1 by then.
-            self.outcomes.end(number, result, problems)
+            self.outcomes.end(number, result, problems, self.status_line())
         if self._reload_again:
             self._reload_again = False
             if not self.stopping:
