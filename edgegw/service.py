@@ -64,7 +64,8 @@ class GatewayService(MultiService):
     """
 
     outcomes: OutcomeRecord | None = None
-    # Why the last reload was not taken (L{status_line} says it), until one is.
+    # Why the last reload was not taken ("reload refused: ..." or "reload failed ..."),
+    # for L{status_line}, until one is.
     _refused: str | None = None
 
     def __init__(
@@ -230,7 +231,7 @@ class GatewayService(MultiService):
             line += f"; IdP {idp.spec.issuer} {reachable}"
         if self._refused is not None:
             # Until a reload is taken: systemctl status shows why the last one was not.
-            line = f"reload refused: {one_line(self._refused, 600)}; still {line}"
+            line = f"{one_line(self._refused, 600)}; still {line}"
         return line
 
     def _update_status(self) -> None:
@@ -300,12 +301,13 @@ class GatewayService(MultiService):
         if isinstance(result, Failure):
             # A bug, not a configuration problem: logged, and the old one keeps serving.
             _log.failure("reload failed", result)
-            problems = f"reload failed (a bug): {result.getErrorMessage() or result.type}"
+            problems = f"reload failed (a bug): {result.type.__name__}: {result.getErrorMessage()}"
             result = False
         if not result and not problems:
-            problems = "the gateway began to stop" if self.stopping else "reload refused"
+            problems = "the gateway began to stop" if self.stopping else "see the daemon's log"
         if not self.stopping:
-            self._refused = None if result else problems
+            headline = problems if problems.startswith("reload ") else f"reload refused: {problems}"
+            self._refused = None if result else headline
             self._status = self.status_line()
             if result and not announced:
                 # The whole reload ran at once (nothing to warm up): still a reload.

@@ -20,8 +20,11 @@ from twisted.internet.protocol import DatagramProtocol
 from twisted.internet.utils import getProcessOutputAndValue
 from twisted.trial.unittest import TestCase
 
-from edgegw.notify import monotonic_usec
-from edgegw.reload_outcome import read_outcome, record_path
+from edgegw import reload as reload_module
+from edgegw.config.parse import load_config
+from edgegw.notify import SystemdNotifier, monotonic_usec
+from edgegw.reload_outcome import OutcomeRecord, read_outcome, record_path
+from edgegw.service import GatewayService, build_service
 from tests.support.configs import GATEWAY, write_tree
 from tests.support.daemons import DAEMON_ENV, sleep, spawn_twistd
 from tests.support.processes import ProcessOutput, http_get, kill, venv_bin
@@ -300,3 +303,105 @@ class ReloadNotifyTests(TestCase):
         self.assertEqual(code, 1)
         self.assertIn(f"no reload record {record_path(self.runtime, pid)}", err.decode())
         self.assertFalse(bystander.exited)
+
+
+class _Recorder(SystemdNotifier):
+    """
+    A notifier that keeps what it would send (one list of lines per message).
+    """
+
+    def __init__(self) -> None:
+        super().__init__({})
+        self.sent: list[list[str]] = []
+
+    def send(self, message: str) -> bool:
+        self.sent.append(message.split("\n"))
+        return True
+
+    def firsts(self) -> list[str]:
+        return [lines[0] for lines in self.sent]
+
+
+class InProcessTests(TestCase):
+    """
+    What the tree tells systemd, and records, when a reload ends neither taken nor
+    refused by its configuration: a bug while it warms up, a stop meanwhile.
+    """
+
+    def serve(self) -> tuple[GatewayService, _Recorder, str]:
+        """
+        A running tree with a recording notifier and a reload record; its warm-up waits
+        for C{self.release} (then raises C{self.bug}, unless L{None}).
+        """
+        root = write_tree(self.mktemp(), {"a.yaml": GATEWAY + _route("a", "/a")})
+        notifier = _Recorder()
+        service = build_service(load_config(root, {}), reactor, source=root, notifier=notifier)
+        directory = os.path.abspath(self.mktemp())
+        os.mkdir(directory)
+        service.outcomes = OutcomeRecord(directory, service.warm_up_timeout)
+        service.outcomes.start()
+        service.privilegedStartService()
+        service.startService()
+        self.addCleanup(service.stopService)
+        self.release: Deferred[None] = Deferred()
+        self.bug: Exception | None = None
+        # Before the stop (cleanups run last first): a failed test must not hold it.
+        self.addCleanup(lambda: None if self.release.called else self.release.callback(None))
+
+        async def warm_up(tree: Any, new: Any) -> None:
+            await self.release
+            if self.bug is not None:
+                raise self.bug
+
+        self.patch(reload_module, "warm_up", warm_up)
+        notifier.sent.clear()
+        return service, notifier, record_path(directory, os.getpid())
+
+    async def test_a_bug_while_warming_up_still_ends_the_reloading_state(self) -> None:
+        service, notifier, path = self.serve()
+        reloading = service.reload()
+        self.assertEqual(notifier.firsts(), ["RELOADING=1"])
+        self.bug = RuntimeError("boom")
+        self.release.callback(None)
+        self.assertFalse(await reloading)
+        self.assertEqual(len(self.flushLoggedErrors(RuntimeError)), 1)
+        # READY=1 though nothing switched: the unit must leave "reloading"; the
+        # status says what happened.
+        self.assertEqual(notifier.firsts(), ["RELOADING=1", "READY=1"])
+        status = notifier.sent[1][1]
+        self.assertTrue(
+            status.startswith("STATUS=reload failed (a bug): RuntimeError: boom; still serving 1 "),
+            status,
+        )
+        record = read_outcome(path)
+        assert record is not None
+        self.assertEqual(
+            (record.finished, record.taken, record.problems),
+            (1, False, "reload failed (a bug): RuntimeError: boom"),
+        )
+
+    async def test_a_stop_while_warming_up_is_no_reload(self) -> None:
+        service, notifier, path = self.serve()
+        reloading = service.reload()
+        # Asked again meanwhile: folded into a second reload, to run after it.
+        self.assertIs(service.reload(), reloading)
+        stopping = service.stopService()
+        self.release.callback(None)
+        self.assertFalse(await reloading)
+        await stopping
+        # STOPPING=1 follows RELOADING=1, and no READY=1 comes after it.
+        self.assertEqual(notifier.firsts(), ["RELOADING=1", "STOPPING=1"])
+        # Both reloads are answered (`edgegw reload` waits for neither in vain), and
+        # so is a SIGHUP once stopped.
+        record = read_outcome(path)
+        assert record is not None
+        self.assertEqual(
+            (record.started, record.finished, record.taken, record.problems),
+            (2, 2, False, "the gateway began to stop"),
+        )
+        self.assertFalse(await service.reload())
+        record = read_outcome(path)
+        assert record is not None
+        self.assertEqual(
+            (record.started, record.finished, record.problems), (3, 3, "the gateway is stopping")
+        )
