@@ -301,7 +301,8 @@ class GatewayService(MultiService):
         if isinstance(result, Failure):
             # A bug, not a configuration problem: logged, and the old one keeps serving.
             _log.failure("reload failed", result)
-            problems = f"reload failed (a bug): {result.type.__name__}: {result.getErrorMessage()}"
+            error = result.value
+            problems = f"reload failed (a bug): {type(error).__name__}: {error}"
             result = False
         if not result and not problems:
             problems = "the gateway began to stop" if self.stopping else "see the daemon's log"
