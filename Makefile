@@ -159,7 +159,7 @@ test: lint typecheck layers unit unit-oldest
 ## and a single-page app's load in headless Chromium through an emulated 100 ms,
 ## 10 Mbit/s link (bench/results/pageload-*.md). Installs wrk, nginx, h2load, Caddy,
 ## Chromium and its driver and npm as root. The feature benchmarks
-## (python -m bench proxy|api|authz|telemetry|session|bearer|plugins|metrics|workers)
+## (python -m bench proxy|api|authz|telemetry|session|bearer|plugins|metrics|workers|reload)
 ## measure one feature each in more depth.
 bench: $(STAMP)
 	$(BIN)/python -m bench suite

@@ -1,7 +1,7 @@
 """
 The benchmark harness's command line: C{python -m bench COMMAND}, where COMMAND is one of
 proxy, memory, api, authz, telemetry, session, server-session, bearer, plugins, metrics,
-workers, suite, tls, compression, pageload, soak, profile, chain.
+workers, suite, tls, compression, pageload, soak, reload, profile, chain.
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ from bench import (
     plugins,
     profile,
     proxy,
+    reload,
     server_session,
     session,
     soak,
@@ -480,6 +481,18 @@ def parser() -> argparse.ArgumentParser:
     soaking.add_argument("--warmup-minutes", type=_positive, default=soaked.warmup_minutes)
     soaking.add_argument("--connections", type=_positive, default=soaked.connections)
     soaking.add_argument("--keep-tmp", action="store_true")
+    reloading = commands.add_parser(
+        "reload",
+        help="req/s and p99 under load with a reload every second, against none; failures",
+        description=reload.__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    reloaded = reload.Settings()
+    reloading.add_argument("--duration", type=_positive, default=reloaded.duration)
+    reloading.add_argument("--connections", type=_positive, default=reloaded.connections)
+    reloading.add_argument("--rounds", type=_positive, default=reloaded.rounds)
+    reloading.add_argument("--reloads-per-second", type=float, default=reloaded.reloads_per_second)
+    reloading.add_argument("--keep-tmp", action="store_true")
     profiling = commands.add_parser(
         "profile",
         help="where edgegw's CPU goes on one scenario's route under load (py-spy)",
@@ -590,6 +603,16 @@ def main(argv: Sequence[str] | None = None) -> int:
                     timeout=args.timeout,
                     keep_tmp=args.keep_tmp,
                     screenshots=args.screenshots,
+                )
+            )
+        if args.command == "reload":
+            return reload.run(
+                reload.Settings(
+                    duration=args.duration,
+                    connections=args.connections,
+                    rounds=args.rounds,
+                    reloads_per_second=args.reloads_per_second,
+                    keep_tmp=args.keep_tmp,
                 )
             )
         if args.command == "soak":

@@ -19,19 +19,21 @@ named, in start order:
   - C{metrics-export}: the OTLP metrics export, with C{Telemetry.metrics.otlp} (one last
     export on stop).
 
-It stops them in reverse start order, one after another. The service tree
-(L{edgegw.service.GatewayService}) holds the serving generation; a reload starts the
-next one outside the tree to warm it up, puts it in, and retires the one it replaced,
-which drains before it stops (L{GenerationService.retire}).
+It stops them in reverse start order, one after another (one that fails to stop keeps
+none of the others running). The service tree (L{edgegw.service.GatewayService}) holds
+the serving generation; a reload starts the next one outside the tree to warm it up,
+puts it in, and retires the one it replaced, which drains before it stops
+(L{GenerationService.retire}).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from twisted.application.service import IService, MultiService, Service
 from twisted.internet.defer import Deferred, DeferredLock, maybeDeferred, succeed
+from twisted.python.failure import Failure
 
 from edgegw.assembly.assemble import Gateway
 from edgegw.chain.access_log import AccessLog
@@ -161,9 +163,9 @@ class GenerationService(MultiService):
     def retire(self) -> Deferred[None]:
         """
         Leave the service tree, replaced by a reload's configuration. Leaving a running
-        tree stops the generation, which then first drains its gateway as a stop of the
-        daemon does (its connections close after their response, idle ones at once;
-        past its C{drainTimeout} what is still open is cut), then stops its Site and its
+        tree stops the generation, which then first drains its gateway: its requests in
+        flight finish (their connections then serve the new configuration; past its
+        C{drainTimeout} what it still serves is cut), then it stops its Site and its
         services in reverse start order.
 
         @return: Fires once it has; fails with what failed.
@@ -180,22 +182,31 @@ class GenerationService(MultiService):
         """
         Stop the children in reverse start order, one after another (a child that is not
         running has nothing to stop); a generation a reload replaced drains first
-        (L{retire}).
+        (L{retire}). One that fails to stop keeps none of the others running.
+
+        @return: Fires once they have; fails with the first failure.
         """
         Service.stopService(self)
         stopping: Deferred[Any] = self._drain() if self._replaced else succeed(None)
+        failures: list[Failure] = []
+
+        def record(failure: Failure) -> None:
+            failures.append(failure)
+
         for child in reversed(list(self)):
+            stopping.addErrback(record)
             stopping.addCallback(stop_child, child)
-        return stopping.addCallback(lambda _: None)
+        stopping.addErrback(record)
+        return stopping.addCallback(lambda _: failures[0] if failures else None)
 
     def _drain(self) -> Deferred[Any]:
         gateway = self.gateway
         sites: list[LimitedSite] = [gateway.site]
         if gateway.redirect_site is not None:
             sites.append(gateway.redirect_site)
-        drained = gateway.inflight.drain()
-        for site in sites:
-            site.shut_down()
+        # Its connections serve their next requests from the new configuration's Sites
+        # already (LimitedSite.take_over): only the requests in flight are waited for.
+        drained = gateway.inflight.drained()
         drained.addTimeout(gateway.config.gateway.drain_timeout, self.reactor)
 
         def abort(_: object) -> None:
@@ -232,9 +243,14 @@ def build_generation(
         generation of the tree (see L{edgegw.service.GatewayService}).
     @raise ConfigError: The OTLP metric exporter cannot be made.
     """
-    return GenerationService(
-        gateway, reactor, _children_of(gateway), _export_of(gateway, reactor, export_locks)
-    )
+    export = _export_of(gateway, reactor, export_locks)
+    try:
+        return GenerationService(gateway, reactor, _children_of(gateway), export)
+    except BaseException:
+        # Its exporter was made: nothing else would shut it down.
+        if export is not None:
+            export.discard()
+        raise
 
 
 def _children_of(gateway: Gateway) -> list[IService]:
@@ -324,12 +340,24 @@ def open_access_log(gateway: Gateway) -> None:
 def discard(gateway: Gateway, export: MetricsExportService | None = None) -> None:
     """
     Let go of a gateway built for a reload that was then refused or abandoned, and of
-    its metrics C{export} (never started): it never served.
+    its metrics C{export} (never started): it never served. Each is let go of even when
+    letting go of another fails.
+
+    @raise Exception: The first failure, once all are let go of.
     """
+    steps: list[Callable[[], object]] = []
     if export is not None:
-        export.discard()
+        steps.append(export.discard)
     if gateway.telemetry is not None:
-        gateway.telemetry.discard()
+        steps.append(gateway.telemetry.discard)
     writer = gateway.access_log.writer
     if writer is not None:
-        writer.close()
+        steps.append(writer.close)
+    failed: Exception | None = None
+    for step in steps:
+        try:
+            step()
+        except Exception as e:
+            failed = failed or e
+    if failed is not None:
+        raise failed

@@ -133,11 +133,13 @@ class ListenerService(StreamServerEndpointService):
 
     def switch_site(self, site: Any) -> None:
         """
-        New connections go to C{site} (a reload's), its connection cap fitted to the
-        open-file limit as at start (a reload may raise C{limits.maxConnections}); open
-        ones stay where they are.
+        New connections go to C{site} (a reload's), and so does the next request of each
+        open one (L{LimitedSite.take_over}); the connection cap is fitted to the
+        open-file limit as at start (a reload may raise C{limits.maxConnections}).
         """
         if isinstance(site, LimitedSite):
+            if isinstance(self.factory, LimitedSite) and self.factory is not site:
+                site.take_over(self.factory)
             site.fit_descriptor_limit()
         # Started as the listening port started the first one (its timers run), and
         # stopped once its generation retires, else each reload would leave one behind.

@@ -4,8 +4,8 @@ Reloading the configuration (SIGHUP): the steps of one reload.
   1. L{prepare}: read and build the configuration again; refuse it (logged, the running
      one serving on) when it is invalid or changes what only a restart can; start its
      generation of services outside the tree;
-  2. L{warm_up}: wait, at most L{WARM_UP_TIMEOUT} seconds, until its IdP is discovered
-     (or carried over) and its state store answers;
+  2. L{warm_up}: wait, at most its C{reload.warmupTimeout}, until its IdP is discovered
+     (or carried over) and its state store answers (or is carried over);
   3. L{switch}: put the new generation in the tree, send new connections to its Site
      (and its TLS contexts, and its redirect Site), hand the metrics over;
   4. retire: the replaced generation leaves the tree, drains and stops
@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Protocol
 
-from twisted.internet.defer import Deferred
+from twisted.internet.defer import Deferred, maybeDeferred, succeed
 from twisted.internet.interfaces import IListeningPort, IOpenSSLContextFactory
 from twisted.internet.task import deferLater
 from twisted.logger import Logger
@@ -33,15 +33,10 @@ from edgegw.config.parse import load_config
 from edgegw.generation import GenerationService, discard, open_access_log
 from edgegw.listener import ListenerService
 from edgegw.metrics.serve import ScrapeListener
+from edgegw.state.providers import take_over_store
 
 # The namespace the daemon's log has always shown for the service tree's events.
 _log = Logger(namespace="edgegw.service")
-
-WARM_UP_TIMEOUT = 5.0
-"""
-The most seconds a reload waits for the new configuration to be warm (see
-L{edgegw.service.GatewayService.reload}).
-"""
 
 WARM_UP_POLL = 0.05
 """Seconds between two looks at whether a reload's new configuration is warm."""
@@ -81,8 +76,11 @@ class ReloadingTree(Protocol):
         """The serving generation."""
 
     @property
-    def warm_up_timeout(self) -> float:
-        """The most seconds a new configuration warms up before it takes over."""
+    def warm_up_timeout(self) -> float | None:
+        """
+        The most seconds a new configuration warms up before it takes over, when set;
+        L{None}: its own C{reload.warmupTimeout}.
+        """
 
     @property
     def stopping(self) -> bool:
@@ -115,7 +113,7 @@ async def reload_configuration(tree: ReloadingTree) -> bool:
 
     @return: Whether the new configuration serves.
     """
-    prepared = prepare(tree)
+    prepared = await prepare(tree)
     if prepared is None:
         return False
     generation, tls = prepared
@@ -123,7 +121,7 @@ async def reload_configuration(tree: ReloadingTree) -> bool:
         await warm_up(tree, generation.gateway)
     except BaseException:
         # A bug (or a cancellation): nothing of the new configuration keeps running.
-        await _abandon(generation)
+        await _abandon(generation.gateway, generation)
         raise
     if not tree.stopping:
         # From here the new configuration serves: a failure is a bug, logged, and
@@ -131,16 +129,17 @@ async def reload_configuration(tree: ReloadingTree) -> bool:
         switch(tree, generation, tls)
         return True
     # Stopping meanwhile: the new configuration never serves.
-    await _abandon(generation)
+    await _abandon(generation.gateway, generation)
     return False
 
 
-def prepare(
+async def prepare(
     tree: ReloadingTree,
 ) -> tuple[GenerationService, IOpenSSLContextFactory | None] | None:
     """
     Load and build the new configuration and start its generation (outside the tree,
-    the old one serving on); L{None}, logged, when it is refused.
+    the old one serving on); L{None}, logged, when it is refused. Whatever fails, what
+    was built and started of it is let go of first (L{_abandon}).
 
     Its OTLP metrics export is built (so that one that cannot be refuses the reload)
     but not started: until the switch the running export sends the same series, and
@@ -169,13 +168,18 @@ def prepare(
         if new.idp is not None and old.idp is not None and new.idp.take_over(old.idp):
             # Logins and Bearer tokens go on without waiting for a rediscovery.
             _log.info("IdP {issuer}: discovery and keys carried over", issuer=new.idp.spec.issuer)
+            bearer, old_bearer = new.idp.bearer, old.idp.bearer
+            if bearer is not None and old_bearer is not None and bearer.take_over(old_bearer):
+                # Tokens verified before are not verified (nor userinfo asked) again.
+                _log.info("Bearer tokens verified before carried over")
+        if take_over_store(new.state, old.state):
+            # No reconnection: sessions go on on the same connections and subscriptions.
+            _log.info("state store: connections carried over")
         generation.privilegedStartService()
         generation.startService()
     except BaseException as e:
-        if generation is not None and generation.running:
-            generation.stopService().addErrback(_log_retire_failure)
         if new is not None:
-            discard(new, generation.export if generation is not None else None)
+            await _abandon(new, generation)
         if not isinstance(e, ConfigError):
             raise
         _log.error(
@@ -189,11 +193,15 @@ def prepare(
 async def warm_up(tree: ReloadingTree, new: Gateway) -> None:
     """
     Wait until C{new} can serve what the old one does: its IdP discovered (carried
-    over when the issuer is the same) and its state store answering; past the tree's
-    C{warm_up_timeout} it takes over anyway (logged), as it would at a start.
+    over when the issuer is the same) and its state store answering (carried over when
+    its settings are the same); past C{new}'s C{reload.warmupTimeout} (or the tree's
+    C{warm_up_timeout}, when set) it takes over anyway (logged), as it would at a start.
     """
     reactor = tree.reactor
-    deadline = reactor.seconds() + tree.warm_up_timeout
+    bound = tree.warm_up_timeout
+    if bound is None:
+        bound = new.config.gateway.reload.warmup_timeout
+    deadline = reactor.seconds() + bound
     waiting = ["?"]
     while not tree.stopping:
         waiting = await cold_parts(new, max(0.0, deadline - reactor.seconds()), reactor)
@@ -202,10 +210,11 @@ async def warm_up(tree: ReloadingTree, new: Gateway) -> None:
         await deferLater(reactor, WARM_UP_POLL, lambda: None)
     if waiting and not tree.stopping:
         _log.warn(
-            "the new configuration takes over before it is warm ({parts}); until "
-            "then login and Bearer requests may answer 503 and server-side sessions "
-            "fail closed",
+            "the new configuration takes over before it is warm ({parts}: not ready "
+            "within reload.warmupTimeout, {bound:g}s); until then login and Bearer "
+            "requests may answer 503 and server-side sessions fail closed",
             parts=", ".join(waiting),
+            bound=bound,
         )
 
 
@@ -323,13 +332,16 @@ async def cold_parts(gateway: Gateway, within: float, reactor: Any) -> list[str]
     """
     What C{gateway} still lacks to serve like a warm one: C{IdP discovery} and C{state
     store} (a store that says it is not connected yet is not asked; one that is must
-    answer a read within C{within} seconds).
+    answer a read within C{within} seconds; one that carried the old store's connections
+    over is not waited for).
     """
     cold = []
     if gateway.idp is not None and not gateway.idp.ready:
         cold.append("IdP discovery")
     state = gateway.state
-    if state is not None:
+    # A store that took over the old one's connections is as warm as the old one: waiting
+    # for it would keep the old configuration serving on the same connections.
+    if state is not None and not getattr(state, "carried_over", False):
         if getattr(state, "connected", True) is False:
             cold.append("state store")
         else:
@@ -340,18 +352,32 @@ async def cold_parts(gateway: Gateway, within: float, reactor: Any) -> list[str]
     return cold
 
 
-def _abandon(generation: GenerationService) -> Deferred[None]:
+def _abandon(gateway: Gateway, generation: GenerationService | None = None) -> Deferred[None]:
     """
-    Stop a generation that never served (started outside the tree) and let go of what
-    it holds.
+    Let go of a configuration that never served: stop what its generation (if it was
+    made) started, outside the tree -- the children that did start, in reverse order,
+    even when the start failed half-way or one of them fails to stop -- then what was
+    built but never started (L{discard}: its span export's thread, its access-log file,
+    its metrics exporter).
+
+    @return: Fires once all that is done (a failure is logged, never passed on: the
+        reload's own error is what is reported).
     """
-    stopping = generation.stopService()
-    stopping.addErrback(_log_retire_failure)
-    return stopping.addCallback(lambda _: discard(generation.gateway, generation.export))
+    stopping: Deferred[None] = (
+        maybeDeferred(generation.stopService) if generation is not None else succeed(None)
+    )
+    stopping.addErrback(_log_abandon_failure)
+    export = generation.export if generation is not None else None
+    stopping.addCallback(lambda _: discard(gateway, export))
+    return stopping.addErrback(_log_abandon_failure)
 
 
 def _log_retire_failure(failure: Failure) -> None:
     _log.failure("stopping the services of a replaced configuration", failure)
+
+
+def _log_abandon_failure(failure: Failure) -> None:
+    _log.failure("letting go of a configuration that never served", failure)
 
 
 def _scrape_address(config: Config) -> str | None:

@@ -40,8 +40,9 @@ from edgegw.generation import GenerationService, build_generation, stop_child
 from edgegw.listener import ListenerService
 from edgegw.metrics.serve import ScrapeListener, scrape_root
 from edgegw.notify import SystemdNotifier, monotonic_usec, one_line
-from edgegw.reload import WARM_UP_TIMEOUT, redirect_to, reload_configuration
+from edgegw.reload import redirect_to, reload_configuration
 from edgegw.reload_outcome import OutcomeRecord
+from edgegw.server.gateway_site import LimitedSite
 from edgegw.server.scrape_site import ScrapeSite
 
 _log = Logger(namespace="edgegw.service")
@@ -57,8 +58,9 @@ class GatewayService(MultiService):
 
     @ivar generation: The serving generation: the services of the configuration that
         serves new connections (named: C{getServiceNamed("idp")} on it).
-    @ivar warm_up_timeout: The most seconds a reload's configuration warms up before it
-        takes over (L{reload}).
+    @ivar warm_up_timeout: When set, the most seconds a reload's configuration warms
+        up before it takes over (L{reload}), whatever it says; L{None} (the default):
+        its own C{reload.warmupTimeout}.
     @ivar outcomes: Where each reload's outcome is written for C{edgegw reload} (the
         twistd plugin sets it when the daemon has a runtime directory).
     """
@@ -122,7 +124,7 @@ class GatewayService(MultiService):
         self._status = ""
         self._reloading: Deferred[bool] | None = None
         self._reload_again = False
-        self.warm_up_timeout = WARM_UP_TIMEOUT
+        self.warm_up_timeout: float | None = None
 
     @property
     def gateway(self) -> Gateway:
@@ -241,11 +243,22 @@ class GatewayService(MultiService):
             self.notifier.status(status)
         self._status_call = self.reactor.callLater(STATUS_INTERVAL, self._update_status)
 
+    @property
+    def warm_up_bound(self) -> float:
+        """
+        The most seconds the next reload should warm up: L{warm_up_timeout} when set,
+        else the serving configuration's C{reload.warmupTimeout} (what C{edgegw reload}
+        waits for; a new configuration's own may differ).
+        """
+        if self.warm_up_timeout is not None:
+            return self.warm_up_timeout
+        return self.gateway.config.gateway.reload.warmup_timeout
+
     def reload(self) -> Deferred[bool]:
         """
         Read the configuration again (SIGHUP). A valid one is built and its services
         started beside the running ones; once it is warm (its IdP discovered, its state
-        store answering; at most L{warm_up_timeout} seconds) it serves every new
+        store answering; at most its C{reload.warmupTimeout}) it serves every new
         connection. The requests in flight finish on the old one, whose connections
         close after their response (idle ones at once), and whose services stop once
         they have (or after its C{drainTimeout}). An invalid one, or one that listens
@@ -254,14 +267,16 @@ class GatewayService(MultiService):
 
         A reload asked for while one is warming up runs again once it is done.
 
-        systemd is told the truth: C{RELOADING=1} once the new configuration is built
-        and warms up (with C{MONOTONIC_USEC}, when the reload began), C{READY=1} once
-        it serves. A configuration refused while it loads sends no C{RELOADING=1} (the
-        unit never leaves C{active}) and no C{READY=1}, only a C{STATUS=} line that
-        says why, kept until a reload is taken. Only a reload that fails after its
-        C{RELOADING=1} (a bug while warming up) sends C{READY=1} without a switch: the
-        old configuration serves, and a unit must not stay C{reloading}. Each reload's
-        outcome, with the located problems, goes to L{outcomes} for C{edgegw reload}.
+        systemd is told the truth: C{RELOADING=1} once the reload is under way past the
+        reactor turn it began in (it warms up; with C{MONOTONIC_USEC}, when it began),
+        C{READY=1} once the new configuration serves. A configuration refused at once
+        (before anything of it ran) sends no C{RELOADING=1} (the unit never leaves
+        C{active}) and no C{READY=1}, only a C{STATUS=} line that says why, kept until a
+        reload is taken. A reload that ends untaken after its C{RELOADING=1} (a bug
+        while warming up, or a refusal that first had to stop what it had started)
+        sends C{READY=1} without a switch, with that status: the old configuration
+        serves, and a unit must not stay C{reloading}. Each reload's outcome, with the
+        located problems, goes to L{outcomes} for C{edgegw reload}.
 
         @return: Fires with whether the new configuration was taken.
         """
@@ -276,7 +291,7 @@ class GatewayService(MultiService):
                     else "the gateway was not started from a configuration to read again"
                 )
             return succeed(False)
-        number = self.outcomes.begin(self.warm_up_timeout) if self.outcomes is not None else 0
+        number = self.outcomes.begin(self.warm_up_bound) if self.outcomes is not None else 0
         began = monotonic_usec()
         refusals = _Refusals()
         globalLogPublisher.addObserver(refusals)
@@ -320,6 +335,7 @@ class GatewayService(MultiService):
         if self.outcomes is not None:
             # After the notification: `edgegw reload` exits on this, and systemd
             # should have READY=1 by then.
+            self.outcomes.warm_up_timeout = self.warm_up_bound
             self.outcomes.end(number, result, problems, self.status_line())
         if self._reload_again:
             self._reload_again = False
@@ -385,11 +401,18 @@ class GatewayService(MultiService):
 
     def _drain(self) -> Deferred[None]:
         inflight = self.gateway.inflight
-        drained = inflight.drain()
         # An idle keep-alive connection would otherwise carry new requests until the end.
-        self.gateway.site.shut_down()
+        sites: list[LimitedSite] = [self.gateway.site]
         if self.gateway.redirect_site is not None:
-            self.gateway.redirect_site.shut_down()
+            sites.append(self.gateway.redirect_site)
+        for site in sites:
+            site.shut_down()
+        # Done once every connection has closed (after its response; one that has not
+        # sent its first request yet after it, or after a grace), and with it every
+        # request in flight.
+        waits = [inflight.drain()] + [site.closed() for site in sites]
+        drained: Deferred[Any] = gatherResults(waits, consumeErrors=True)
+        drained.addCallback(lambda _: None)
         for retiring in self._retiring:
             # Their gateways are draining already; keep the tree's stop within its own.
             retiring.addTimeout(self.gateway.config.gateway.drain_timeout, self.reactor)

@@ -89,7 +89,7 @@ def record_reload_outcomes(service: Any, directory: str | None, reactor: Any) ->
     directory = directory or runtime_directory()
     if directory is None:
         return
-    service.outcomes = outcomes = OutcomeRecord(directory, service.warm_up_timeout)
+    service.outcomes = outcomes = OutcomeRecord(directory, service.warm_up_bound)
     reactor.callWhenRunning(outcomes.start)
     reactor.addSystemEventTrigger("after", "shutdown", outcomes.remove)
 

@@ -35,13 +35,15 @@ BAD_ROUTE_PROBLEM = '20-bad.yaml, document 1, Route "bad": spec.handler.upstream
 """Where the refused configuration's error is located (file, document, resource, field)."""
 
 UNREACHABLE_IDP = (
+    "  reload: {warmupTimeout: 3s}\n"
     '  session: {key: "0123456789abcdef0123456789abcdef"}\n'
     "---\nkind: IdP\nmetadata: {name: idp}\nspec:\n  type: oidc\n"
     '  issuer: "http://127.0.0.1:9"\n  clientID: gw\n  clientSecret: gw-secret\n'
 )
 """
 A Gateway's session and an IdP nothing answers for: a reload of it warms up (waits for
-a discovery that never comes) until the warm-up timeout, RELOADING=1 sent meanwhile.
+a discovery that never comes) until its warm-up timeout (3 s), RELOADING=1 sent
+meanwhile.
 """
 
 
@@ -338,7 +340,7 @@ class InProcessTests(TestCase):
         service = build_service(load_config(root, {}), reactor, source=root, notifier=notifier)
         directory = os.path.abspath(self.mktemp())
         os.mkdir(directory)
-        service.outcomes = OutcomeRecord(directory, service.warm_up_timeout)
+        service.outcomes = OutcomeRecord(directory, service.warm_up_bound)
         service.outcomes.start()
         service.privilegedStartService()
         service.startService()

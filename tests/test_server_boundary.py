@@ -44,7 +44,7 @@ def _channel() -> tuple[GatewayChannel, StringTransport]:
     site = Site(None)
     site.requestFactory = GatewayRequest  # type: ignore[assignment]
     channel = GatewayChannel()
-    channel.site = site  # type: ignore[attr-defined]
+    channel.site = site
     channel.requestFactory = GatewayRequest  # type: ignore[assignment]
     transport = StringTransport()
     channel.makeConnection(transport)

@@ -53,6 +53,13 @@ def tls_gateway(
     )
 
 
+def serial(pem: bytes) -> int:
+    """
+    The serial number of one PEM certificate.
+    """
+    return int(x509.load_pem_x509_certificate(pem).serial_number)
+
+
 def der(pem: bytes) -> bytes:
     """
     The DER form of one PEM certificate.
@@ -546,8 +553,14 @@ class ListenerTests(TestCase):
         service, port = self.serve(text)
         self.assertEqual((await handshake(port)).certificate, der(first[2]))
         renewed = self.issue("a", ["localhost"])  # renewed at the same paths
+        open_before = await handshake(port)
         self.assertTrue(await service.reload())
         self.assertEqual((await handshake(port)).certificate, der(renewed[2]))
+        # The renewal's serial, as a client reads it (certbot's deploy hook reloads).
+        seen = x509.load_der_x509_certificate((await handshake(port)).certificate)
+        self.assertEqual(seen.serial_number, serial(renewed[2]))
+        self.assertNotEqual(seen.serial_number, serial(first[2]))
+        self.assertEqual(open_before.certificate, der(first[2]))
         # An expired certificate at the same paths refuses the reload.
         shutil.copy(renewed[0], renewed[0] + ".good")
         shutil.copy(renewed[1], renewed[1] + ".good")

@@ -1,6 +1,6 @@
 """
-The Gateway kind: listen address, trusted proxies, plugins, drain timeout, and its auth and
-accessLog blocks; its larger blocks have modules of their own (tls and redirectHTTP:
+The Gateway kind: listen address, trusted proxies, plugins, drain timeout, and its auth,
+accessLog and reload blocks; its larger blocks have modules of their own (tls and redirectHTTP:
 L{edgegw.config.tls_block}; compression: L{edgegw.config.compression_block}).
 """
 
@@ -15,7 +15,13 @@ from edgegw.config.compression_block import read_compression
 from edgegw.config.fields import Node
 from edgegw.config.identity import read_identity
 from edgegw.config.limits import read_limits
-from edgegw.config.model import AccessLogSpec, AuthSpec, GatewaySpec
+from edgegw.config.model import (
+    DEFAULT_WARMUP_TIMEOUT,
+    AccessLogSpec,
+    AuthSpec,
+    GatewaySpec,
+    ReloadSpec,
+)
 from edgegw.config.plugin_refs import parse_manifest_entry
 from edgegw.config.security_block import read_security
 from edgegw.config.session_block import read_session
@@ -91,7 +97,19 @@ def read_gateway(spec: Node, base_dir: str) -> GatewaySpec:
         tls=tls,
         redirect_http=redirect,
         compression=read_compression(spec.mapping("compression")),
+        reload=_reload(spec.mapping("reload")),
     )
+
+
+def _reload(node: Node | None) -> ReloadSpec:
+    """
+    C{reload}: C{warmupTimeout} (C{0s}: a reload serves at once, whatever is cold).
+    """
+    if node is None:
+        return ReloadSpec()
+    warmup = node.duration("warmupTimeout", DEFAULT_WARMUP_TIMEOUT)
+    node.finish()
+    return ReloadSpec(warmup_timeout=DEFAULT_WARMUP_TIMEOUT if warmup is None else warmup)
 
 
 def _readiness(node: Node | None) -> str | None:

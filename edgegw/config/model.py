@@ -20,6 +20,7 @@ AuthMode = Literal["required", "public"]
 
 DEFAULT_LISTEN = ":8080"
 DEFAULT_DRAIN_TIMEOUT = 30.0
+DEFAULT_WARMUP_TIMEOUT = 10.0
 
 
 # -- Gateway -------------------------------------------------------------------------------
@@ -269,6 +270,20 @@ class RedirectHttpSpec:
 
 
 @attrs.frozen
+class ReloadSpec:
+    """
+    C{Gateway.spec.reload} (an edgegw addition): how a reload (SIGHUP) takes over.
+
+    @ivar warmup_timeout: The most seconds a reloaded configuration whose IdP or state
+        store it could not carry over waits to be warm (discovery and keys loaded,
+        store answering) before it serves anyway; the new configuration's value bounds
+        its own warm-up.
+    """
+
+    warmup_timeout: float = DEFAULT_WARMUP_TIMEOUT
+
+
+@attrs.frozen
 class CompressionSpec:
     """
     C{Gateway.spec.compression}: responses compressed on the fly.
@@ -314,6 +329,7 @@ class GatewaySpec:
     tls: TlsSpec | None = None
     redirect_http: RedirectHttpSpec | None = None
     compression: CompressionSpec = CompressionSpec()
+    reload: ReloadSpec = ReloadSpec()
     location: Location | None = attrs.field(default=None, eq=False, repr=False)
 
 

@@ -10,20 +10,33 @@ import hashlib
 from collections import OrderedDict
 from collections.abc import Mapping
 
+import attrs
 from twisted.internet.defer import Deferred
 from twisted.internet.interfaces import IReactorTime
 from twisted.python.failure import Failure
 from twisted.web.http_headers import Headers
 
-from edgegw.config.model import IdentitySpec
+from edgegw.config.model import GroupsSpec, IdentitySpec
 from edgegw.identity.claims import merge_userinfo, needs_userinfo, principal_of
 from edgegw.identity.groups import GroupRenderer
 from edgegw.identity.keyset import KeySet
 from edgegw.identity.principal import Principal
 from edgegw.identity.provider import IdentityProvider, UserInfoError
-from edgegw.identity.tokens import TokenError, UnknownKeyError, peek_header, verify_jwt
+from edgegw.identity.tokens import (
+    DEFAULT_LEEWAY,
+    TokenError,
+    UnknownKeyError,
+    peek_header,
+    verify_jwt,
+)
 
-__all__ = ["BearerRejectedError", "BearerUnavailableError", "BearerVerifier", "bearer_token"]
+__all__ = [
+    "BearerRejectedError",
+    "BearerSettings",
+    "BearerUnavailableError",
+    "BearerVerifier",
+    "bearer_token",
+]
 
 MAX_CACHED = 10_000
 """Verified tokens kept (the least recently used go first)."""
@@ -110,6 +123,60 @@ def is_b64token(token: bytes) -> bool:
     return bool(body) and not body.translate(None, _B64TOKEN_BYTES)
 
 
+@attrs.frozen
+class BearerSettings:
+    """
+    Every setting that decides whether a Bearer token verifies and which principal it
+    yields (besides the IdP's discovery document and key sets, which
+    L{IdentityProvider.take_over} carries): two verifiers with equal settings over the
+    same discovery and keys accept the same tokens as the same principals, so a reload
+    may hand the cache of one to the other (L{BearerVerifier.take_over}).
+
+    @ivar issuer: C{iss}, checked exactly (C{IdP.spec.issuer}).
+    @ivar jwks_url: C{bearer.jwksURL} (where the access-token keys come from).
+    @ivar audience: The audience required (C{bearer.audience}, else C{clientID}).
+    @ivar audience_claim: C{bearer.audienceClaim}.
+    @ivar algorithms: C{bearer.signingAlgs} (L{None}: the discovery document's).
+    @ivar cache_ttl: C{bearer.cacheTTL}: how long the entries kept are trusted.
+    @ivar leeway: Seconds tolerated on C{exp}, C{nbf}, C{iat}.
+    @ivar claims: C{identity.claims}: the principal's passport.
+    @ivar groups: C{identity.groups}: the principal's groups.
+    @ivar user_info: C{identity.userInfo}: whether userinfo is asked.
+    @ivar subject_claim: C{identity.subjectClaim}: the principal's subject.
+    @ivar keep_token: Whether the principal keeps the access token (a route forwards it).
+    """
+
+    issuer: str
+    jwks_url: str | None
+    audience: str
+    audience_claim: str
+    algorithms: tuple[str, ...] | None
+    cache_ttl: float
+    leeway: float
+    claims: tuple[str, ...]
+    groups: GroupsSpec
+    user_info: str
+    subject_claim: str
+    keep_token: bool
+
+
+class _TokenCache:
+    """
+    What a verifier remembers of the tokens it saw: those verified (with their
+    principals) and those userinfo refused; shared by the verifiers a reload hands it to.
+    """
+
+    def __init__(self) -> None:
+        # token -> (principal, trusted until, size); only verified tokens get in. Keyed
+        # by the token itself, not a digest of it: a look-up hashes it with the dict's
+        # keyed SipHash (-1.3 µs a request with a 900-byte token against SHA-256), and
+        # the size bound counts it.
+        self.verified: OrderedDict[bytes, tuple[Principal, float, int]] = OrderedDict()
+        self.bytes = 0
+        # sha256(token) -> (error, until): tokens userinfo refused, for a few seconds.
+        self.refused: OrderedDict[bytes, tuple[BearerRejectedError, float]] = OrderedDict()
+
+
 class BearerVerifier:
     """
     Verifies Bearer access tokens for the configured IdP.
@@ -127,6 +194,9 @@ class BearerVerifier:
     (default 5 minutes, never past their C{exp}; C{0s}: no cache): userinfo that changes
     is noticed within that time, a key the IdP withdraws within the key set's periodic
     refresh plus that time.
+
+    A reload's new verifier takes over the old one's cache when nothing that decides a
+    token's verification or principal changed (L{take_over}).
     """
 
     def __init__(
@@ -150,16 +220,55 @@ class BearerVerifier:
         self._audience = spec.bearer.audience or spec.client_id
         self._audience_claim = spec.bearer.audience_claim
         self._algorithms = spec.bearer.signing_algs
-        # token -> (principal, trusted until, size); only verified tokens get in. Keyed by
-        # the token itself, not a digest of it: a look-up hashes it with the dict's keyed
-        # SipHash (-1.3 µs a request with a 900-byte token against SHA-256), and the
-        # size bound counts it.
-        self._verified: OrderedDict[bytes, tuple[Principal, float, int]] = OrderedDict()
-        self._bytes = 0
-        # sha256(token) -> (error, until): tokens userinfo refused, for a few seconds.
-        self._refused: OrderedDict[bytes, tuple[BearerRejectedError, float]] = OrderedDict()
+        self._tokens = _TokenCache()
         self.keep_token = keep_token
         self._pending: dict[bytes, list[Deferred[Principal]]] = {}
+        self.settings = BearerSettings(
+            issuer=spec.issuer,
+            jwks_url=spec.bearer.jwks_url,
+            audience=self._audience,
+            audience_claim=self._audience_claim,
+            algorithms=self._algorithms,
+            cache_ttl=self.cache_ttl,
+            leeway=DEFAULT_LEEWAY,
+            claims=identity.claims,
+            groups=identity.groups,
+            user_info=identity.user_info,
+            subject_claim=identity.subject_claim,
+            keep_token=keep_token,
+        )
+        # A reload hands this verifier's cache on through the IdP client.
+        provider.bearer = self
+
+    @property
+    def _verified(self) -> OrderedDict[bytes, tuple[Principal, float, int]]:
+        return self._tokens.verified
+
+    @property
+    def _bytes(self) -> int:
+        return self._tokens.bytes
+
+    def take_over(self, old: BearerVerifier) -> bool:
+        """
+        Share what C{old} (the verifier of the configuration a reload replaces) has
+        verified and refused, from now on (the old one, draining, adds to the same
+        cache), when nothing that decides a token's verification and its principal
+        changed: the IdP client took over C{old}'s discovery document and key sets
+        (L{IdentityProvider.take_over}), and the L{settings} are equal. Otherwise
+        this one starts cold. Called before the new configuration serves.
+
+        @return: Whether it took over.
+        """
+        metadata = self.provider.metadata
+        if (
+            metadata is None
+            or metadata is not old.provider.metadata
+            or self.provider.access_token_keys.keys is not old.provider.access_token_keys.keys
+            or self.settings != old.settings
+        ):
+            return False
+        self._tokens = old._tokens
+        return True
 
     def cached(self, token: bytes) -> Principal | None:
         """
@@ -167,7 +276,7 @@ class BearerVerifier:
         """
         if not self.cache_ttl:
             return None
-        verified = self._verified
+        verified = self._tokens.verified
         entry = verified.get(token)
         if entry is None:
             return None
@@ -227,7 +336,7 @@ class BearerVerifier:
         _refuse_other_token_types(token, claims)
         identity = self.identity
         if needs_userinfo(identity, claims):
-            refused = self._refused.get(key)
+            refused = self._tokens.refused.get(key)
             if refused is not None and refused[1] > self._clock.seconds():
                 raise refused[0]
             try:
@@ -262,19 +371,20 @@ class BearerVerifier:
         size += sum(len(name) + len(str(value)) for name, value in principal.passport.items())
         if size > MAX_CACHED_ENTRY:
             return  # verified again next time rather than held
-        verified = self._verified
+        tokens = self._tokens
+        verified = tokens.verified
         # A token verified again (its entry had lapsed) replaces its entry and its size.
         replaced = verified.pop(token, None)
         if replaced is not None:
-            self._bytes -= replaced[2]
-        while verified and (len(verified) >= MAX_CACHED or self._bytes + size > MAX_CACHED_BYTES):
+            tokens.bytes -= replaced[2]
+        while verified and (len(verified) >= MAX_CACHED or tokens.bytes + size > MAX_CACHED_BYTES):
             _, (_, _, dropped) = verified.popitem(last=False)
-            self._bytes -= dropped
+            tokens.bytes -= dropped
         verified[token] = (principal, until, size)
-        self._bytes += size
+        tokens.bytes += size
 
     def _remember_refusal(self, key: bytes, error: BearerRejectedError) -> None:
-        refused = self._refused
+        refused = self._tokens.refused
         now = self._clock.seconds()
         while refused and next(iter(refused.values()))[1] <= now:
             refused.popitem(last=False)

@@ -15,7 +15,7 @@ from __future__ import annotations
 import random
 from base64 import b64encode
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import quote, quote_plus, urlencode
 
 from treq.client import HTTPClient
@@ -38,6 +38,9 @@ from edgegw.identity.tokens import TokenError, UnknownKeyError, verify_id_token
 from edgegw.metrics.gateway_metrics import NO_METRICS, IMetrics
 from edgegw.upstream.agent import NullCookieJar, UpstreamAgent
 from edgegw.upstream.shared import BodyTooLargeError, NotJSONError, read_body, read_json
+
+if TYPE_CHECKING:
+    from edgegw.identity.bearer import BearerVerifier
 
 __all__ = [
     "IdPError",
@@ -98,6 +101,8 @@ class IdentityProvider(Service):
     @ivar metadata: The checked discovery document, or L{None} until discovery succeeds.
     @ivar keys: The current key set (empty until fetched).
     @ivar last_error: Why the last discovery or key-set fetch failed, or L{None}.
+    @ivar bearer: The Bearer verifier over this IdP, when there is one (it says so):
+        a reload hands its cache over with the discovery and keys (L{take_over}).
     """
 
     name = "idp"
@@ -142,6 +147,7 @@ class IdentityProvider(Service):
         self._next: IDelayedCall | None = None
         self._next_at = 0.0
         self._running: Deferred[None] | None = None
+        self.bearer: BearerVerifier | None = None
 
     # -- the service ------------------------------------------------------------------
 

@@ -51,6 +51,7 @@ from twisted.web.http_headers import Headers
 from twisted.web.iweb import INonQueuedRequestFactory
 from zope.interface import implementer
 
+from edgegw.config.model import LimitsSpec
 from edgegw.reactor import eager_sends
 from edgegw.seam import ChannelSeam, client_gone
 from edgegw.server.body import DISCARD_LIMIT
@@ -61,7 +62,21 @@ from edgegw.server.response_head import serialize_head
 from edgegw.server.timers import LazyTimeout
 from edgegw.stream.boundary import IClientStream
 
-__all__ = ["DISCARD_LIMIT", "LINGER_SECONDS", "MAX_CONTENT_LENGTH_DIGITS", "GatewayChannel"]
+__all__ = [
+    "DISCARD_LIMIT",
+    "FRESH_GRACE",
+    "LINGER_SECONDS",
+    "MAX_CONTENT_LENGTH_DIGITS",
+    "GatewayChannel",
+]
+
+FRESH_GRACE: Final = 1.0
+"""
+Seconds a connection that has not sent its first request is kept open when the gateway
+stops: a client connects to send a request, and closing before it arrives would lose it
+(an idle keep-alive connection closes at once: RFC 9112 section 9.3.1 lets its client
+retry). A request that arrives is answered, with C{Connection: close}.
+"""
 
 LINGER_SECONDS: Final = 2.0
 """
@@ -168,6 +183,11 @@ class GatewayChannel(LazyTimeout, ChannelSeam):
     _release: Callable[[GatewayChannel], object] | None = None
     # The gateway is shutting down: no request after the one in progress.
     _shuttingDown = False
+    # No request has begun on the connection yet.
+    _fresh = True
+    _graceCall: IDelayedCall | None = None
+    # A reload's Site, which serves the request after the one in progress.
+    _nextSite: Any = None
 
     def getHost(self) -> IAddress:
         """
@@ -248,11 +268,49 @@ class GatewayChannel(LazyTimeout, ChannelSeam):
             self.resetTimeout()
         LineReceiver.dataReceived(self, data)
 
+    def limit(self, limits: LimitsSpec) -> None:
+        """
+        Apply C{limits}' deadlines to the requests to come.
+        """
+        self.headerTimeout = limits.header_timeout
+        self.bodyTimeout = limits.body_timeout
+        self.sendTimeout = limits.send_timeout
+
+    def serve_from(self, site: Any) -> None:
+        """
+        A reload: serve the next request from C{site} (a Site of L{GatewayChannel}s) — at
+        once when no request has been dispatched (one whose head is still arriving is
+        served there too), else once the response in progress is done. The idle period
+        running keeps its deadline.
+        """
+        phase = self._phase
+        if phase == _HEAD or (phase == _AWAITING and not self.requests):
+            self._bind(site)
+        else:
+            self._nextSite = site
+
+    def cut_for(self, site: Any) -> None:
+        """
+        C{site}, replaced by a reload, has drained as long as it may: drop the connection
+        if it still serves a request for it.
+        """
+        if self.site is site:
+            self.abortClient()
+
+    def _bind(self, site: Any) -> None:
+        self._nextSite = None
+        self.site = self.factory = site
+        self.requestFactory = site.requestFactory
+        self._nonQueued = INonQueuedRequestFactory.providedBy(self.requestFactory)
+        self.limit(site.limits)
+        self._idleTimeout = site.timeOut
+
     def _startHead(self) -> None:
         """
         A request head begins: its deadline starts.
         """
         self._phase = _HEAD
+        self._fresh = False
         timeout = self.headerTimeout
         # A new timer rather than the idle one moved sooner: Twisted finds a timer it
         # moves sooner by a linear search of all of them (~5 % of a proxied request's
@@ -384,6 +442,8 @@ class GatewayChannel(LazyTimeout, ChannelSeam):
                 self.persistent = False
             # Idle until the next request's first byte (perhaps one already read ahead).
             self._phase = _AWAITING
+            if self._nextSite is not None:
+                self._bind(self._nextSite)
             HTTPChannel.requestDone(self, request)
             return
         # Answered, not persistent, the body not all read: close (never while persistent).
@@ -410,11 +470,20 @@ class GatewayChannel(LazyTimeout, ChannelSeam):
     def shutDown(self) -> None:
         """
         The gateway is shutting down (draining): close now if no request is in progress,
-        so that an idle keep-alive connection cannot start one; otherwise close once the
+        so that an idle keep-alive connection cannot start one (a connection that has not
+        sent its first request gets L{FRESH_GRACE} to send it); otherwise close once the
         response in progress is done, and answer a request whose head is still arriving
         with C{Connection: close}.
         """
         self._shuttingDown = True
+        if self._phase == _AWAITING and not self.requests:
+            if self._fresh:
+                self._graceCall = self.callLater(FRESH_GRACE, self._graceOver)
+            else:
+                self.loseConnection()
+
+    def _graceOver(self) -> None:
+        self._graceCall = None
         if self._phase == _AWAITING and not self.requests:
             self.loseConnection()
 
@@ -536,6 +605,9 @@ class GatewayChannel(LazyTimeout, ChannelSeam):
         if self._sendCall is not None:
             self._sendCall.cancel()
             self._sendCall = None
+        if self._graceCall is not None:
+            self._graceCall.cancel()
+            self._graceCall = None
         self._released()
         HTTPChannel.connectionLost(self, reason)
 

@@ -6,6 +6,11 @@ caps on concurrent connections, per process and per client address.
 A connection beyond a cap is closed at once, before anything is read from it: no
 channel, no timer, nothing parsed. Refusals are counted, and logged at most once per
 L{REFUSAL_LOG_INTERVAL} (a flood must not flood the log too).
+
+The connections outlive a reload: the new configuration's Site takes over the old one's
+table (L{LimitedSite.take_over}), so the caps count every open connection of the
+listener whichever configuration serves it, and each connection serves its next request
+from the new Site. Nothing is closed because of a reload.
 """
 
 from __future__ import annotations
@@ -13,10 +18,10 @@ from __future__ import annotations
 import ipaddress
 import resource
 from collections.abc import Callable
-from functools import partial
 from typing import Any, Final, cast
 from typing import Protocol as TypingProtocol
 
+from twisted.internet.defer import Deferred, succeed
 from twisted.internet.interfaces import IAddress, IReactorTime
 from twisted.internet.protocol import Protocol
 from twisted.logger import Logger
@@ -83,12 +88,25 @@ class ClientConnection(TypingProtocol):
 
     def shutDown(self) -> None:
         """
-        The gateway is draining: close when idle, else after what is in flight.
+        The gateway is stopping: close when idle, else after what is in flight (a
+        connection that has not sent its first request yet gets a grace to send it).
         """
 
     def abortClient(self) -> None:
         """
         Drop the connection at once.
+        """
+
+    def serve_from(self, site: LimitedSite) -> None:
+        """
+        A reload: the requests this connection has not begun yet are served by C{site}
+        (a request in progress finishes where it is).
+        """
+
+    def cut_for(self, site: LimitedSite) -> None:
+        """
+        C{site} (replaced by a reload) has drained as long as it may: cut what this
+        connection still serves for it.
         """
 
 
@@ -111,6 +129,7 @@ class ClientConnections:
     @ivar max_per_address: The most open connections from one client address (0: no
         cap); peers that are trusted proxies are exempt (every client behind a load
         balancer shares its address).
+    @ivar trusted_peer: Whether a peer's host is a trusted proxy.
     @ivar count: Connections open now.
     @ivar channels: The open connections (a WebSocket tunnel's until the tunnel ends).
     @ivar refused_over_total: Connections refused because C{max_connections} were open.
@@ -142,13 +161,14 @@ class ClientConnections:
         self.refused_over_address = 0
         self.on_refused: Callable[[str], None] | None = None
         self._clock = clock
-        self._trusted_peer = trusted_peer
+        self.trusted_peer = trusted_peer
         self._per_address: dict[Any, int] = {}
         self._keys: dict[ClientConnection, Any] = {}
         self._next_log = 0.0
         self._unlogged_total = 0
         self._unlogged_address = 0
         self._shut_down = False
+        self._all_closed: list[Deferred[None]] = []
 
     @property
     def refused(self) -> int:
@@ -175,7 +195,7 @@ class ClientConnections:
         key = None
         if self.max_per_address:
             key = address_key(address)
-            trusted = self._trusted_peer
+            trusted = self.trusted_peer
             if key is not None and trusted is not None and trusted(getattr(address, "host", "")):
                 key = None
             if key is not None:
@@ -225,22 +245,60 @@ class ClientConnections:
                 self._per_address[key] = left
             else:
                 del self._per_address[key]
+        if not self.count and self._all_closed:
+            waiting, self._all_closed = self._all_closed, []
+            for closed in waiting:
+                closed.callback(None)
 
     def shut_down(self) -> None:
         """
-        Shutting down: close the idle connections, and every other after its response;
-        refuse new ones.
+        Shutting down: close the idle connections (one that has not sent its first
+        request after a grace, L{edgegw.server.channel.FRESH_GRACE}, unless it sends
+        one), and every other after its response; refuse new ones.
         """
         self._shut_down = True
         for channel in list(self.channels):
             channel.shutDown()
 
-    def abort(self) -> None:
+    def closed(self) -> Deferred[None]:
         """
-        Cut every connection still open (a drain's time is up).
+        Fires once no connection is open (at once when none is).
+        """
+        if not self.count:
+            return succeed(None)
+        closed: Deferred[None] = Deferred()
+        self._all_closed.append(closed)
+        return closed
+
+    def reconfigure(
+        self,
+        max_connections: int,
+        max_per_address: int,
+        trusted_peer: Callable[[str], bool] | None,
+        on_refused: Callable[[str], None] | None,
+    ) -> None:
+        """
+        Apply a reload's caps from now on: the connections open stay (a lower cap
+        refuses new ones until enough have closed).
+        """
+        self.max_connections = max_connections
+        self.max_per_address = max_per_address
+        self.trusted_peer = trusted_peer
+        self.on_refused = on_refused
+
+    def serve_from(self, site: LimitedSite) -> None:
+        """
+        A reload: every connection serves its next request from C{site}.
         """
         for channel in list(self.channels):
-            channel.abortClient()
+            channel.serve_from(site)
+
+    def abort(self, site: LimitedSite) -> None:
+        """
+        C{site}'s drain time is up: cut what the connections still serve for it.
+        """
+        for channel in list(self.channels):
+            channel.cut_for(site)
 
     def open_from(self, address: IAddress) -> int:
         """
@@ -310,9 +368,8 @@ class LimitedSite(Site):
             # wrap None and fail.
             return _Refused()
         if self.http2:
-            negotiating = NegotiatingConnection(
-                partial(self._negotiated, addr), self.limits.header_timeout, self.reactor
-            )
+            timeout = self.limits.header_timeout
+            negotiating = NegotiatingConnection(self, addr, timeout, self.reactor)
             connections.opened(negotiating, key)
             return negotiating
         channel = self._http11(addr)
@@ -321,15 +378,16 @@ class LimitedSite(Site):
 
     def _http11(self, addr: IAddress | None) -> GatewayChannel:
         channel = cast(GatewayChannel, Site.buildProtocol(self, addr))
-        limits = self.limits
-        channel.headerTimeout = limits.header_timeout
-        channel.bodyTimeout = limits.body_timeout
-        channel.sendTimeout = limits.send_timeout
+        channel.limit(self.limits)
         return channel
 
-    def _negotiated(
+    def negotiated(
         self, addr: IAddress | None, name: bytes | None, negotiating: NegotiatingConnection
     ) -> Protocol:
+        """
+        The protocol for a TLS connection whose handshake chose C{name} by ALPN (L{None}:
+        the client offered none), taking C{negotiating}'s place in the count.
+        """
         chosen: GatewayChannel | H2ServerConnection
         if name == b"h2":
             chosen = H2ServerConnection(self, self.limits, self.timeOut)
@@ -338,18 +396,41 @@ class LimitedSite(Site):
         self.connections.hand_over(negotiating, chosen)
         return chosen
 
+    def take_over(self, old: LimitedSite) -> None:
+        """
+        Serve C{old}'s connections from now on (a reload: this site is the new
+        configuration's). They are counted together with the new ones against this
+        site's caps; each serves its next request here — at once when idle, after the
+        request in progress otherwise (which finishes on C{old}'s configuration). None
+        is closed for the reload.
+        """
+        connections, mine = old.connections, self.connections
+        connections.reconfigure(
+            mine.max_connections, mine.max_per_address, mine.trusted_peer, mine.on_refused
+        )
+        self.connections = connections
+        connections.serve_from(self)
+
     def shut_down(self) -> None:
         """
-        The gateway is draining: close idle connections at once, the others after their
-        response, and refuse new ones.
+        The gateway is stopping: close idle connections at once (after a grace one that
+        has not sent its first request), the others after their response, and refuse
+        new ones.
         """
         self.connections.shut_down()
 
+    def closed(self) -> Deferred[None]:
+        """
+        Fires once none of the site's connections is open.
+        """
+        return self.connections.closed()
+
     def abort_connections(self) -> None:
         """
-        The drain's time is up: cut every connection still open (streams included).
+        The drain's time is up: cut what the connections still serve for this site
+        (whole connections, or a replaced site's HTTP/2 streams).
         """
-        self.connections.abort()
+        self.connections.abort(self)
 
     def fit_descriptor_limit(self) -> None:
         """

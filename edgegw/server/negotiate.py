@@ -13,13 +13,28 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from typing import Any
+from typing import Protocol as TypingProtocol
 
-from twisted.internet.interfaces import IHandshakeListener
+from twisted.internet.interfaces import IAddress, IHandshakeListener
 from twisted.internet.protocol import Protocol, connectionDone
 from twisted.python.failure import Failure
 from zope.interface import implementer
 
-__all__ = ["NegotiatingConnection"]
+__all__ = ["NegotiatingConnection", "ProtocolChooser"]
+
+
+class ProtocolChooser(TypingProtocol):
+    """
+    What builds a TLS connection's protocol once ALPN has chosen one (the gateway's site).
+    """
+
+    def negotiated(
+        self, addr: IAddress | None, name: bytes | None, negotiating: NegotiatingConnection
+    ) -> Protocol:
+        """
+        The protocol for the negotiated ALPN C{name} (L{None}: the client offered none),
+        taking C{negotiating}'s place in the site's count.
+        """
 
 
 @implementer(IHandshakeListener)
@@ -32,17 +47,19 @@ class NegotiatingConnection(Protocol):
 
     def __init__(
         self,
-        choose: Callable[[bytes | None, NegotiatingConnection], Protocol],
+        site: ProtocolChooser,
+        address: IAddress | None,
         handshake_timeout: float | None,
         reactor: Any,
     ) -> None:
         """
-        @param choose: Builds the protocol for the negotiated ALPN name (L{None}: the
-            client offered none), taking this connection's place in the site's count.
+        @param site: Builds the protocol for the negotiated ALPN name.
+        @param address: The client's address.
         @param handshake_timeout: How long the handshake may take.
         """
         self.chosen: Protocol | None = None
-        self._choose = choose
+        self.site = site
+        self._address = address
         self._timeout = handshake_timeout
         self._reactor = reactor
         self._timer: Any = None
@@ -59,13 +76,15 @@ class NegotiatingConnection(Protocol):
         """
         self._cancel_timer()
         transport: Any = self.transport
-        if self._shutting_down:
-            transport.loseConnection()
-            return
-        chosen = self.chosen = self._choose(getattr(transport, "negotiatedProtocol", None), self)
+        name = getattr(transport, "negotiatedProtocol", None)
+        chosen = self.chosen = self.site.negotiated(self._address, name, self)
         # The TLS layer delivers to its wrapped protocol: the chosen one from now on.
         transport.wrappedProtocol = chosen
         chosen.makeConnection(transport)
+        if self._shutting_down:
+            # Stopping: the chosen protocol closes as it does (a first request may still
+            # come, answered with "Connection: close"; HTTP/2 is told GOAWAY).
+            chosen.shutDown()  # type: ignore[attr-defined]
 
     def dataReceived(self, data: bytes) -> None:
         chosen = self.chosen
@@ -84,11 +103,21 @@ class NegotiatingConnection(Protocol):
 
     def shutDown(self) -> None:
         """
-        The gateway is draining: no request will be read from this connection.
+        The gateway is stopping: once the handshake is done, the chosen protocol is told
+        so (the handshake's own deadline still applies).
         """
         self._shutting_down = True
-        if self.chosen is None and self.transport is not None:
-            self.transport.loseConnection()
+
+    def serve_from(self, site: ProtocolChooser) -> None:
+        """
+        A reload: the protocol is chosen by C{site}.
+        """
+        self.site = site
+
+    def cut_for(self, site: object) -> None:
+        """
+        Connections whose protocol is not chosen yet serve nothing for C{site}.
+        """
 
     def abortClient(self) -> None:
         """

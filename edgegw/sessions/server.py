@@ -170,6 +170,8 @@ class ServerSessions(Service):
 
     def _not_subscribed(self, failure: Failure) -> None:
         failure.trap(StoreError)
+        if not self.running:
+            return  # stopped before the store could be reached: nothing to listen for
         _log.warn(
             "state store: not yet listening for ended sessions ({reason}); "
             "listening once it is reachable",

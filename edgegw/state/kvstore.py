@@ -4,7 +4,9 @@ The shipped C{kvstore} state provider: Redis through txredisapi.
 L{KvStoreService} is both the store (L{IStateStore}) and the gateway's child service
 C{state}: it starts connecting when the service starts (the gateway does not wait for
 it), keeps one connection for commands and, from the first subscription on, a second for
-pub/sub, and closes both when the service stops.
+pub/sub, and closes both when the service stops -- unless a reload's new store took them
+over (L{KvStoreService.take_over}: nothing in the store's settings changed), which then
+uses the same connections and subscriptions, and closes them when it stops.
 
 Connections are txredisapi factories connected through an endpoint built here: a
 L{HostnameEndpoint} on the gateway's reactor, wrapped in TLS from Twisted's
@@ -145,18 +147,18 @@ class _Throttle:
 
 class _Factory(txredisapi.RedisFactory):  # type: ignore[misc]
     """
-    A txredisapi factory of one connection that tells the store when it is usable and
+    A txredisapi factory of one connection that tells its link when it is usable and
     when it is lost, and that never gives up reconnecting.
     """
 
     protocol: Any = None  # _Protocol, once defined (below)
 
-    def __init__(self, store: KvStoreService, label: str, **kwargs: Any) -> None:
+    def __init__(self, link: _Link, label: str, **kwargs: Any) -> None:
         super().__init__(None, kwargs.pop("dbid", None), 1, isLazy=True, **kwargs)
-        self.store = store
+        self.link = link
         self.label = label
-        self.initialDelay = store.first_retry
-        self.maxDelay = store.retry_cap
+        self.initialDelay = link.first_retry
+        self.maxDelay = link.retry_cap
         # With isLazy nobody waits on it; connectionError (below) logs what fails it.
         self.deferred.addErrback(lambda f: None)
 
@@ -170,7 +172,7 @@ class _Factory(txredisapi.RedisFactory):  # type: ignore[misc]
     def connectionError(self, why: str) -> None:
         # AUTH or SELECT failed.
         super().connectionError(why)
-        self.store._throttle.failure(why)
+        self.link.throttle.failure(why)
 
     def buildProtocol(self, addr: Any) -> Any:
         protocol = super().buildProtocol(addr)
@@ -179,8 +181,8 @@ class _Factory(txredisapi.RedisFactory):  # type: ignore[misc]
         def connectionLost(reason: Failure) -> None:
             # Says why, such as a TLS handshake refused for an untrusted certificate.
             if not self.disconnectCalled:
-                self.store._throttle.failure(
-                    f"{self.label} connection to Redis at {self.store.config.address} "
+                self.link.throttle.failure(
+                    f"{self.label} connection to Redis at {self.link.config.address} "
                     f"lost: {reason.getErrorMessage()}"
                 )
             lost(reason)
@@ -191,7 +193,7 @@ class _Factory(txredisapi.RedisFactory):  # type: ignore[misc]
     def addConnection(self, conn: Any) -> None:
         super().addConnection(conn)
         if conn in self.pool:
-            self.store.connection_ready(self, conn)
+            self.link.connection_ready(self, conn)
 
 
 class _Protocol(WholeRedisReplies, txredisapi.RedisProtocol):  # type: ignore[misc]
@@ -200,13 +202,13 @@ class _Protocol(WholeRedisReplies, txredisapi.RedisProtocol):  # type: ignore[mi
 
 class _Subscriber(WholeRedisReplies, txredisapi.SubscriberProtocol):  # type: ignore[misc]
     """
-    The pub/sub connection: hands every message to the store.
+    The pub/sub connection: hands every message to the link.
     """
 
     factory: _Factory
 
     def messageReceived(self, pattern: bytes | None, channel: bytes, message: bytes) -> None:
-        self.factory.store._deliver(channel, message)
+        self.factory.link.deliver(channel, message)
 
 
 _Factory.protocol = _Protocol
@@ -214,6 +216,195 @@ _Factory.protocol = _Protocol
 
 class _SubscriberFactory(_Factory):
     protocol = _Subscriber
+
+
+class _Link:
+    """
+    A store's connections to Redis -- one for commands and, from the first
+    subscription on, one for pub/sub -- with the subscriptions made on them.
+
+    Held by the store that made it; after a reload that changed none of the store's
+    settings, by the stores of both configurations (L{KvStoreService.take_over}):
+    it closes when the last of them lets go (L{release}), so the replaced
+    configuration's stop closes nothing the new one uses, nor does a new one's that
+    never served.
+
+    @ivar channels: Each subscribed channel (with the key prefix) and its callbacks,
+        whichever store they were subscribed through.
+    """
+
+    def __init__(self, store: KvStoreService, log_interval: float) -> None:
+        self.config = store.config
+        self.timeout = store.timeout
+        self.first_retry = store.first_retry
+        self.retry_cap = store.retry_cap
+        self.reactor = store._reactor
+        self.trust_root = store._trust_root
+        self.throttle = _Throttle(store._reactor, log_interval)
+        self.commands: _Factory | None = None
+        self.subscriber: _Factory | None = None
+        self.channels: dict[bytes, list[MessageCallback]] = {}
+        self.subscribing: list[Deferred[None]] = []
+        self.holders: list[KvStoreService] = []
+
+    def hold(self, store: KvStoreService) -> None:
+        """
+        C{store} (starting) uses these connections: connect for commands unless that is
+        done already.
+        """
+        if store not in self.holders:
+            self.holders.append(store)
+        if self.commands is None:
+            self.commands = self.connect(_Factory, "command")
+
+    def release(self, store: KvStoreService) -> Deferred[None]:
+        """
+        C{store} (stopping) no longer uses these connections: when nobody else does, stop
+        reconnecting and close them.
+
+        @return: Fires once they are closed (at once when others still hold them).
+        """
+        if store in self.holders:
+            self.holders.remove(store)
+        if self.holders:
+            return succeed(None)
+        factories = [f for f in (self.commands, self.subscriber) if f is not None]
+        self.commands = self.subscriber = None
+        # Subscriptions still waiting for the pub/sub connection will never be made.
+        waiting, self.subscribing = self.subscribing, []
+        for d in waiting:
+            if not d.called:
+                d.errback(StoreUnavailableError("the state store stopped"))
+        closing = [f.disconnect() for f in factories]
+        done: Deferred[None] = Deferred()
+        remaining = [len(closing)]
+
+        def one(_: object) -> None:
+            remaining[0] -= 1
+            if remaining[0] == 0:
+                done.callback(None)
+
+        for d in closing:
+            d.addBoth(one)
+        if not closing:
+            done.callback(None)
+        return done
+
+    def endpoint(self) -> IStreamClientEndpoint:
+        """
+        Where the connections connect: the address, wrapped in TLS with C{tls}.
+        """
+        host, port = _split_address(self.config.address)
+        endpoint: IStreamClientEndpoint = HostnameEndpoint(
+            self.reactor, host, port, timeout=max(1, int(self.timeout))
+        )
+        if self.config.tls:
+            # No trust root: optionsForClientTLS verifies against the platform's.
+            creator = optionsForClientTLS(host, trustRoot=self.trust_root)
+            endpoint = wrapClientTLS(creator, endpoint)
+        return endpoint
+
+    def connect(self, kind: type[_Factory], label: str) -> _Factory:
+        """
+        Start connecting a connection of C{kind} (it reconnects by itself until closed).
+        """
+        password = self.config.password
+        factory = kind(
+            self,
+            label,
+            # Pub/sub is not scoped to a database; SELECT 0 would be a wasted round trip.
+            dbid=self.config.db if kind is _Factory and self.config.db else None,
+            charset=None,
+            password=password,
+            username=self.config.user if password is not None else None,
+            # No reply timeout of txredisapi's: every operation has one timer, the
+            # store's own (bounded), which also aborts a connection that timed out.
+            replyTimeout=None,
+            convertNumbers=False,
+        )
+        factory.startConnecting(self.endpoint())
+        return factory
+
+    def connection_ready(self, factory: _Factory, conn: Any) -> None:
+        """
+        A connection of C{factory} (commands or pub/sub) is ready: say so in the log,
+        and on the pub/sub connection subscribe to every channel again, then settle
+        whoever waits for that.
+        """
+        self.throttle.recovered(
+            f"{factory.label} connection to Redis at {self.config.address} ready"
+        )
+        if factory is self.subscriber:
+            waiting, self.subscribing = self.subscribing, []
+            made = [
+                self.bounded(conn.execute_command("SUBSCRIBE", channel))
+                for channel in self.channels
+            ]
+            subscribed = gatherResults(made, consumeErrors=True)
+
+            def settle(result: object) -> None:
+                for d in waiting:
+                    if d.called:
+                        continue
+                    if isinstance(result, Failure):
+                        d.errback(StoreUnavailableError("could not subscribe again"))
+                    else:
+                        d.callback(None)
+
+            subscribed.addBoth(settle)
+
+    def deliver(self, channel: bytes, message: bytes) -> None:
+        """
+        Hand a message published on C{channel} to each of its callbacks.
+        """
+        for callback in list(self.channels.get(channel, ())):
+            try:
+                callback(message)
+            except Exception:
+                _log.failure("state store: a subscriber of {channel!r} failed", channel=channel)
+
+    def bounded(self, d: Deferred[_T], factory: _Factory | None = None) -> Deferred[_T]:
+        """
+        C{d}, an operation, bounded by the timeout (which drops C{factory}'s connection)
+        and failing with L{StoreError}s.
+        """
+        d.addTimeout(self.timeout, self.reactor)
+        if factory is not None:
+            d.addErrback(self._timed_out, factory)
+        return d.addErrback(self._translate)
+
+    def _timed_out(self, failure: Failure, factory: _Factory) -> Failure:
+        if failure.check(TimeoutError):
+            # No answer in time: the connection may be dead without knowing it (a Redis
+            # host gone, a frozen server). Drop it; the factory reconnects with backoff,
+            # and until then operations fail at once rather than queue up behind it.
+            for connection in list(factory.pool):
+                transport = connection.transport
+                if transport is not None:
+                    transport.abortConnection()
+        return failure
+
+    def _translate(self, failure: Failure) -> Failure:
+        if failure.check(*_UNAVAILABLE):
+            message = failure.getErrorMessage() or failure.type.__name__  # type: ignore[union-attr]
+            if failure.check(TimeoutError):
+                message = f"no answer from Redis within {self.timeout:g}s"
+            self.throttle.failure(message)
+            return Failure(StoreUnavailableError(message))
+        if failure.check(txredisapi.ResponseError):
+            return Failure(StoreError(failure.getErrorMessage()))
+        return failure
+
+    def run(self, factory: _Factory | None, command: str, *args: Any) -> Deferred[Any]:
+        """
+        Send C{command} on C{factory}'s connection, bounded; fail at once when it is not
+        connected.
+        """
+        if factory is None or not factory.size:
+            message = f"not connected to Redis at {self.config.address}"
+            self.throttle.failure(message)
+            return fail(StoreUnavailableError(message))
+        return self.bounded(factory.handler.execute_command(command, *args), factory)
 
 
 @implementer(IStateStore)
@@ -225,6 +416,8 @@ class KvStoreService(Service):
     @ivar key_prefix: Prepended to every key, index name and channel.
     @ivar first_retry: Seconds before the first reconnection attempt; grows
         exponentially (with jitter) up to C{retry_cap}.
+    @ivar carried_over: Whether it took over the connections of the store of the
+        configuration a reload replaced (L{take_over}).
     """
 
     name = "state"
@@ -252,156 +445,75 @@ class KvStoreService(Service):
         self.first_retry = first_retry
         self.retry_cap = retry_cap
         self._reactor = reactor
+        self._given_trust_root = trust_root
+        # The caFile's bytes: a renewed file at the same path is a changed setting.
+        self._ca_pem: bytes | None = None
         if trust_root is None and config.ca_file is not None:
-            trust_root = load_trust_root(config.ca_file)
+            self._ca_pem = _read_pem(config.ca_file)
+            trust_root = _trust_root_of(self._ca_pem, config.ca_file)
         self._trust_root = trust_root
-        self._throttle = _Throttle(reactor, log_interval)
-        self._commands: _Factory | None = None
-        self._subscriber: _Factory | None = None
-        self._channels: dict[bytes, list[MessageCallback]] = {}
-        self._subscribing: list[Deferred[None]] = []
+        self.carried_over = False
+        self._link = _Link(self, log_interval)
 
     @property
     def connected(self) -> bool:
         """
         Whether the command connection is up (operations are sent, not refused at once).
         """
-        factory = self._commands
+        factory = self._link.commands
         return factory is not None and bool(factory.size)
+
+    def take_over(self, old: KvStoreService) -> bool:
+        """
+        Use the connections of C{old} (the store of the configuration a reload replaces,
+        running) from now on, with its subscriptions, instead of connecting again, when
+        none of the settings that make them changed: the C{config} (address, user,
+        password, db, tls, caFile and the bytes in it, timeout), the key prefix, the
+        retry timings and any trust root given. C{old}'s stop then closes nothing this
+        one holds. Otherwise this one connects on its own when it starts, as at start.
+        Called before L{startService}.
+
+        @return: Whether it took over.
+        """
+        if (
+            self.running
+            or not old.running
+            or self.config != old.config
+            or self.key_prefix != old.key_prefix
+            or self._ca_pem != old._ca_pem
+            or self._given_trust_root is not old._given_trust_root
+            or (self.first_retry, self.retry_cap) != (old.first_retry, old.retry_cap)
+        ):
+            return False
+        self._link = old._link
+        self.carried_over = True
+        return True
 
     # -- service -------------------------------------------------------------------------
 
     def startService(self) -> None:
         """
-        Start connecting (for commands; pub/sub connects at the first subscription).
+        Start connecting (for commands; pub/sub connects at the first subscription),
+        unless the connections were taken over (L{take_over}).
         """
         super().startService()
-        self._commands = self._connect(_Factory, "command")
+        self._link.hold(self)
 
     def stopService(self) -> Deferred[None]:
         """
-        Stop reconnecting and close the connections.
+        Let go of the connections: stop reconnecting and close them, unless the store
+        of a reloaded configuration took them over and still uses them.
         """
         super().stopService()
-        factories = [f for f in (self._commands, self._subscriber) if f is not None]
-        self._commands = self._subscriber = None
-        closing = [f.disconnect() for f in factories]
-        done: Deferred[None] = Deferred()
-        remaining = [len(closing)]
-
-        def one(_: object) -> None:
-            remaining[0] -= 1
-            if remaining[0] == 0:
-                done.callback(None)
-
-        for d in closing:
-            d.addBoth(one)
-        if not closing:
-            done.callback(None)
-        return done
-
-    def _endpoint(self) -> IStreamClientEndpoint:
-        host, port = _split_address(self.config.address)
-        endpoint: IStreamClientEndpoint = HostnameEndpoint(
-            self._reactor, host, port, timeout=max(1, int(self.timeout))
-        )
-        if self.config.tls:
-            # No trust root: optionsForClientTLS verifies against the platform's.
-            creator = optionsForClientTLS(host, trustRoot=self._trust_root)
-            endpoint = wrapClientTLS(creator, endpoint)
-        return endpoint
-
-    def _connect(self, kind: type[_Factory], label: str) -> _Factory:
-        password = self.config.password
-        factory = kind(
-            self,
-            label,
-            # Pub/sub is not scoped to a database; SELECT 0 would be a wasted round trip.
-            dbid=self.config.db if kind is _Factory and self.config.db else None,
-            charset=None,
-            password=password,
-            username=self.config.user if password is not None else None,
-            # No reply timeout of txredisapi's: every operation has one timer, the
-            # store's own (_bounded), which also aborts a connection that timed out.
-            replyTimeout=None,
-            convertNumbers=False,
-        )
-        factory.startConnecting(self._endpoint())
-        return factory
-
-    def connection_ready(self, factory: _Factory, conn: Any) -> None:
-        """
-        A connection of C{factory} (commands or pub/sub) is ready: say so in the log,
-        and on the pub/sub connection subscribe to every channel again, then settle
-        whoever waits for that.
-        """
-        self._throttle.recovered(
-            f"{factory.label} connection to Redis at {self.config.address} ready"
-        )
-        if factory is self._subscriber:
-            waiting, self._subscribing = self._subscribing, []
-            made = [
-                self._bounded(conn.execute_command("SUBSCRIBE", channel))
-                for channel in self._channels
-            ]
-            subscribed = gatherResults(made, consumeErrors=True)
-
-            def settle(result: object) -> None:
-                for d in waiting:
-                    if d.called:
-                        continue
-                    if isinstance(result, Failure):
-                        d.errback(StoreUnavailableError("could not subscribe again"))
-                    else:
-                        d.callback(None)
-
-            subscribed.addBoth(settle)
+        return self._link.release(self)
 
     # -- operations ----------------------------------------------------------------------
 
     def _key(self, key: bytes) -> bytes:
         return self.key_prefix + key
 
-    def _bounded(self, d: Deferred[_T], factory: _Factory | None = None) -> Deferred[_T]:
-        d.addTimeout(self.timeout, self._reactor)
-        if factory is not None:
-            d.addErrback(self._timed_out, factory)
-        return d.addErrback(self._translate)
-
-    def _timed_out(self, failure: Failure, factory: _Factory) -> Failure:
-        if failure.check(TimeoutError):
-            # No answer in time: the connection may be dead without knowing it (a Redis
-            # host gone, a frozen server). Drop it; the factory reconnects with backoff,
-            # and until then operations fail at once rather than queue up behind it.
-            for connection in list(factory.pool):
-                transport = connection.transport
-                if transport is not None:
-                    transport.abortConnection()
-        return failure
-
-    def _translate(self, failure: Failure) -> Failure:
-        if failure.check(*_UNAVAILABLE):
-            message = failure.getErrorMessage() or failure.type.__name__  # type: ignore[union-attr]
-            if failure.check(TimeoutError):
-                message = f"no answer from Redis within {self.timeout:g}s"
-            self._throttle.failure(message)
-            return Failure(StoreUnavailableError(message))
-        if failure.check(txredisapi.ResponseError):
-            return Failure(StoreError(failure.getErrorMessage()))
-        return failure
-
-    def _unavailable_logged(self, failure: Failure) -> None:
-        failure.trap(StoreError)
-
-    def _run(self, factory: _Factory | None, command: str, *args: Any) -> Deferred[Any]:
-        if factory is None or not factory.size:
-            message = f"not connected to Redis at {self.config.address}"
-            self._throttle.failure(message)
-            return fail(StoreUnavailableError(message))
-        return self._bounded(factory.handler.execute_command(command, *args), factory)
-
     def _command(self, command: str, *args: Any) -> Deferred[Any]:
-        return self._run(self._commands, command, *args)
+        return self._link.run(self._link.commands, command, *args)
 
     def get(self, key: bytes) -> Deferred[bytes | None]:
         return self._command("GET", self._key(key))
@@ -449,47 +561,43 @@ class KvStoreService(Service):
         return self._command("PUBLISH", self._key(channel), message)
 
     def subscribe(self, channel: bytes, callback: MessageCallback) -> Deferred[None]:
+        link = self._link
         full = self._key(channel)
-        callbacks = self._channels.setdefault(full, [])
+        callbacks = link.channels.setdefault(full, [])
         callbacks.append(callback)
-        if self._subscriber is None:
+        if link.subscriber is None:
             if not self.running:
                 return fail(StoreUnavailableError("the state store is not running"))
             # The subscription is made once the connection is ready (connection_ready).
-            self._subscriber = self._connect(_SubscriberFactory, "pub/sub")
+            link.subscriber = link.connect(_SubscriberFactory, "pub/sub")
         if len(callbacks) > 1:
             return succeed(None)
-        if self._subscriber.size:
-            return self._run(self._subscriber, "SUBSCRIBE", full).addCallback(_none)
+        if link.subscriber.size:
+            return link.run(link.subscriber, "SUBSCRIBE", full).addCallback(_none)
         # Not connected (yet): the connection subscribes to every channel when ready.
         waiter: Deferred[None] = Deferred()
-        self._subscribing = [d for d in self._subscribing if not d.called]
-        self._subscribing.append(waiter)
-        return self._bounded(waiter)
+        link.subscribing = [d for d in link.subscribing if not d.called]
+        link.subscribing.append(waiter)
+        return link.bounded(waiter)
 
     def unsubscribe(self, channel: bytes, callback: MessageCallback) -> Deferred[None]:
+        link = self._link
         full = self._key(channel)
-        callbacks = self._channels.get(full, [])
+        callbacks = link.channels.get(full, [])
         if callback in callbacks:
             callbacks.remove(callback)
-        if callbacks or full not in self._channels:
+        if callbacks or full not in link.channels:
             return succeed(None)
-        del self._channels[full]
-        return self._run(self._subscriber, "UNSUBSCRIBE", full).addCallback(_none)
-
-    def _deliver(self, channel: bytes, message: bytes) -> None:
-        for callback in list(self._channels.get(channel, ())):
-            try:
-                callback(message)
-            except Exception:
-                _log.failure("state store: a subscriber of {channel!r} failed", channel=channel)
+        del link.channels[full]
+        return link.run(link.subscriber, "UNSUBSCRIBE", full).addCallback(_none)
 
     def _script(self, script: bytes, keys: list[bytes], args: list[Any]) -> Deferred[Any]:
-        factory = self._commands
+        link = self._link
+        factory = link.commands
         if factory is None or not factory.size:
-            return self._run(None, "EVAL")
+            return link.run(None, "EVAL")
         # txredisapi's eval sends EVALSHA once the script is known on the connection.
-        return self._bounded(factory.handler.eval(script, keys, args), factory)
+        return link.bounded(factory.handler.eval(script, keys, args), factory)
 
 
 def load_trust_root(path: str) -> IOpenSSLTrustRoot:
@@ -498,11 +606,28 @@ def load_trust_root(path: str) -> IOpenSSLTrustRoot:
 
     @raise ValueError: The file cannot be read or holds no usable certificate.
     """
+    return _trust_root_of(_read_pem(path), path)
+
+
+def _read_pem(path: str) -> bytes:
+    """
+    The bytes of the PEM file C{path}.
+
+    @raise ValueError: It cannot be read.
+    """
     try:
         with open(path, "rb") as f:
-            pem = f.read()
+            return f.read()
     except OSError as e:
         raise ValueError(f"{path} cannot be read: {e.strerror}") from None
+
+
+def _trust_root_of(pem: bytes, path: str) -> IOpenSSLTrustRoot:
+    """
+    The certificate authorities in C{pem} (read from C{path}), as a TLS trust root.
+
+    @raise ValueError: It holds no usable certificate.
+    """
     blocks = re.findall(rb"-----BEGIN CERTIFICATE-----.+?-----END CERTIFICATE-----", pem, re.S)
     try:
         certificates = [Certificate.loadPEM(block) for block in blocks]

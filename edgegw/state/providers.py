@@ -30,6 +30,7 @@ __all__ = [
     "UnknownProviderError",
     "find_provider",
     "provider_types",
+    "take_over_store",
 ]
 
 ENTRY_POINT_GROUP = "edgegw.state_providers"
@@ -62,7 +63,8 @@ class IStateProviderFactory(Interface):
         """
         The store for a C{config} that L{validate} accepted, not started: it also
         provides L{IService} (named C{state}), connects when started and closes when
-        stopped.
+        stopped. It may offer C{take_over(old) -> bool}, called by a reload before it
+        starts, to use the connections of the store it replaces (L{take_over_store}).
 
         @param key_prefix: Prepended to every key, index and channel the store uses.
         @param reactor: The gateway's reactor.
@@ -99,3 +101,19 @@ def provides_service(store: IStateStore) -> bool:
     Whether a built store is also a service (as L{IStateProviderFactory.build} requires).
     """
     return IService.providedBy(store)
+
+
+def take_over_store(new: IStateStore | None, old: IStateStore | None) -> bool:
+    """
+    Have C{new} (a reload's store, not started) use the connections of C{old} (the
+    running configuration's) when it can: both of the same provider, and C{new}
+    offers a C{take_over(old) -> bool} method (the shipped C{kvstore} does: its
+    settings unchanged) that says it did. A provider without one reconnects, as at
+    start.
+
+    @return: Whether C{new} took over C{old}'s connections.
+    """
+    if new is None or old is None or type(new) is not type(old):
+        return False
+    take_over = getattr(new, "take_over", None)
+    return take_over is not None and bool(take_over(old))

@@ -338,6 +338,28 @@ class H2ServerConnection(Protocol):
         transport.write(frame.serialize())
         self._close_when_idle()
 
+    def serve_from(self, site: Any) -> None:
+        """
+        A reload: streams opened from now on are served by C{site}, under its limits
+        (the SETTINGS already sent stay: a lower stream cap refuses the streams over it);
+        the streams open finish where they are.
+        """
+        self.site = site
+        self.limits = site.limits
+        self.idle_timeout = site.timeOut
+
+    def cut_for(self, site: Any) -> None:
+        """
+        C{site}, replaced by a reload, has drained as long as it may: reset the streams
+        it still serves (CANCEL), or drop the connection if it is still C{site}'s.
+        """
+        if self.site is site:
+            self.abortClient()
+            return
+        for stream in list(self.streams.values()):
+            if stream.site is site:
+                self.reset_stream(stream, ErrorCodes.CANCEL)
+
     def abortClient(self) -> None:
         """
         Drop the connection at once (a drain's time is up).
