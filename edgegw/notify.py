@@ -5,9 +5,14 @@ C{NOTIFY_SOCKET}, without libsystemd.
 A unit with C{Type=notify} sets C{NOTIFY_SOCKET} to a datagram socket (a path, or an
 abstract name written with a leading C{@}); the daemon sends it newline-separated
 C{KEY=value} lines: C{READY=1} once it serves, C{RELOADING=1} (with C{MONOTONIC_USEC})
-and C{READY=1} around a reload, C{STOPPING=1} when it begins to stop, and C{STATUS=}
-lines for C{systemctl status}. Without C{NOTIFY_SOCKET} nothing is sent. Sending never
+and C{READY=1} around a reload that switches, C{STOPPING=1} when it begins to stop, and
+C{STATUS=} lines for C{systemctl status} (one line each: a line break in the text would
+start another C{KEY=value}). Without C{NOTIFY_SOCKET} nothing is sent. Sending never
 blocks: a message the socket cannot take at once is dropped, and the failure logged once.
+
+C{RELOADING=1} puts a C{Type=notify} unit in the C{reloading} state until C{READY=1}
+comes: whoever sends the first must send the second (L{edgegw.service.GatewayService.reload}
+says when).
 """
 
 from __future__ import annotations
@@ -19,9 +24,28 @@ from collections.abc import Mapping
 
 from twisted.logger import Logger
 
-__all__ = ["SystemdNotifier"]
+__all__ = ["STATUS_MAX", "SystemdNotifier", "monotonic_usec", "one_line"]
 
 _log = Logger(namespace="edgegw.notify")
+
+STATUS_MAX = 1000
+"""The most characters of a C{STATUS=} line (a longer one is cut, ending with C{...})."""
+
+
+def monotonic_usec() -> int:
+    """
+    C{CLOCK_MONOTONIC} in microseconds, as C{MONOTONIC_USEC=} wants it.
+    """
+    return time.clock_gettime_ns(time.CLOCK_MONOTONIC) // 1000
+
+
+def one_line(text: str, limit: int = STATUS_MAX) -> str:
+    """
+    C{text} as one line of at most C{limit} characters: its lines joined with single
+    spaces (each stripped), cut with C{...} when too long.
+    """
+    line = " ".join(part.strip() for part in text.splitlines() if part.strip())
+    return line if len(line) <= limit else line[: limit - 3] + "..."
 
 
 class SystemdNotifier:
@@ -65,15 +89,17 @@ class SystemdNotifier:
 
     def ready(self, status: str) -> bool:
         """
-        The daemon serves (at start, and after a reload).
+        The daemon serves (at start, and after a reload that switched).
         """
-        return self.send(f"READY=1\nSTATUS={status}")
+        return self.send(f"READY=1\nSTATUS={one_line(status)}")
 
-    def reloading(self) -> bool:
+    def reloading(self, began: int | None = None) -> bool:
         """
-        A reload begins.
+        A reload is under way; L{ready} must follow.
+
+        @param began: When it began (L{monotonic_usec}); now when not given.
         """
-        usec = time.clock_gettime_ns(time.CLOCK_MONOTONIC) // 1000
+        usec = monotonic_usec() if began is None else began
         return self.send(f"RELOADING=1\nMONOTONIC_USEC={usec}\nSTATUS=reloading the configuration")
 
     def stopping(self) -> bool:
@@ -86,7 +112,7 @@ class SystemdNotifier:
         """
         A new C{STATUS=} line.
         """
-        return self.send(f"STATUS={status}")
+        return self.send(f"STATUS={one_line(status)}")
 
     def close(self) -> None:
         """

@@ -30,16 +30,18 @@ from typing import Any
 from twisted.application.service import MultiService, Service
 from twisted.internet.defer import Deferred, DeferredLock, gatherResults, succeed
 from twisted.internet.interfaces import IListeningPort
-from twisted.logger import Logger
+from twisted.logger import ILogObserver, LogEvent, Logger, LogLevel, globalLogPublisher
 from twisted.python.failure import Failure
+from zope.interface import implementer
 
 from edgegw.assembly.assemble import Gateway, build_gateway
 from edgegw.config.model import Config
 from edgegw.generation import GenerationService, build_generation, stop_child
 from edgegw.listener import ListenerService
 from edgegw.metrics.serve import ScrapeListener, scrape_root
-from edgegw.notify import SystemdNotifier
+from edgegw.notify import SystemdNotifier, monotonic_usec, one_line
 from edgegw.reload import redirect_to, reload_configuration
+from edgegw.reload_outcome import OutcomeRecord
 from edgegw.server.gateway_site import LimitedSite
 from edgegw.server.scrape_site import ScrapeSite
 
@@ -59,7 +61,14 @@ class GatewayService(MultiService):
     @ivar warm_up_timeout: When set, the most seconds a reload's configuration warms
         up before it takes over (L{reload}), whatever it says; L{None} (the default):
         its own C{reload.warmupTimeout}.
+    @ivar outcomes: Where each reload's outcome is written for C{edgegw reload} (the
+        twistd plugin sets it when the daemon has a runtime directory).
     """
+
+    outcomes: OutcomeRecord | None = None
+    # Why the last reload was not taken ("reload refused: ..." or "reload failed ..."),
+    # for L{status_line}, until one is.
+    _refused: str | None = None
 
     def __init__(
         self,
@@ -222,6 +231,9 @@ class GatewayService(MultiService):
         if idp is not None:
             reachable = "reachable" if idp.ready else "not reachable yet"
             line += f"; IdP {idp.spec.issuer} {reachable}"
+        if self._refused is not None:
+            # Until a reload is taken: systemctl status shows why the last one was not.
+            line = f"{one_line(self._refused, 600)}; still {line}"
         return line
 
     def _update_status(self) -> None:
@@ -230,6 +242,17 @@ class GatewayService(MultiService):
             self._status = status
             self.notifier.status(status)
         self._status_call = self.reactor.callLater(STATUS_INTERVAL, self._update_status)
+
+    @property
+    def warm_up_bound(self) -> float:
+        """
+        The most seconds the next reload should warm up: L{warm_up_timeout} when set,
+        else the serving configuration's C{reload.warmupTimeout} (what C{edgegw reload}
+        waits for; a new configuration's own may differ).
+        """
+        if self.warm_up_timeout is not None:
+            return self.warm_up_timeout
+        return self.gateway.config.gateway.reload.warmup_timeout
 
     def reload(self) -> Deferred[bool]:
         """
@@ -244,29 +267,82 @@ class GatewayService(MultiService):
 
         A reload asked for while one is warming up runs again once it is done.
 
+        systemd is told the truth: C{RELOADING=1} once the reload is under way past the
+        reactor turn it began in (it warms up; with C{MONOTONIC_USEC}, when it began),
+        C{READY=1} once the new configuration serves. A configuration refused at once
+        (before anything of it ran) sends no C{RELOADING=1} (the unit never leaves
+        C{active}) and no C{READY=1}, only a C{STATUS=} line that says why, kept until a
+        reload is taken. A reload that ends untaken after its C{RELOADING=1} (a bug
+        while warming up, or a refusal that first had to stop what it had started)
+        sends C{READY=1} without a switch, with that status: the old configuration
+        serves, and a unit must not stay C{reloading}. Each reload's outcome, with the
+        located problems, goes to L{outcomes} for C{edgegw reload}.
+
         @return: Fires with whether the new configuration was taken.
         """
         if self._reloading is not None:
             self._reload_again = True
             return self._reloading
         if self.source is None or not self.running or self.stopping:
+            if self.outcomes is not None:
+                self.outcomes.refuse(
+                    "the gateway is stopping"
+                    if self.source is not None
+                    else "the gateway was not started from a configuration to read again"
+                )
             return succeed(False)
-        self.notifier.reloading()
+        number = self.outcomes.begin(self.warm_up_bound) if self.outcomes is not None else 0
+        began = monotonic_usec()
+        refusals = _Refusals()
+        globalLogPublisher.addObserver(refusals)
         reloading = self._reloading = Deferred.fromCoroutine(reload_configuration(self))
-        return reloading.addBoth(self._reloaded)
+        announced = not reloading.called
+        if announced:
+            # Built and started: it warms up, and READY=1 follows whatever comes of it.
+            self.notifier.reloading(began)
+        return reloading.addBoth(self._reloaded, number, began, announced, refusals)
 
-    def _reloaded(self, result: bool | Failure) -> bool | Deferred[bool]:
+    def _reloaded(
+        self,
+        result: bool | Failure,
+        number: int,
+        began: int,
+        announced: bool,
+        refusals: _Refusals,
+    ) -> bool | Deferred[bool]:
         self._reloading = None
+        globalLogPublisher.removeObserver(refusals)
+        problems = "\n".join(refusals.problems)
         if isinstance(result, Failure):
             # A bug, not a configuration problem: logged, and the old one keeps serving.
             _log.failure("reload failed", result)
+            error = result.value
+            problems = f"reload failed (a bug): {type(error).__name__}: {error}"
             result = False
+        if not result and not problems:
+            problems = "the gateway began to stop" if self.stopping else "see the daemon's log"
         if not self.stopping:
+            headline = problems if problems.startswith("reload ") else f"reload refused: {problems}"
+            self._refused = None if result else headline
             self._status = self.status_line()
-            self.notifier.ready(self._status)
-            if self._reload_again:
-                self._reload_again = False
+            if result and not announced:
+                # The whole reload ran at once (nothing to warm up): still a reload.
+                self.notifier.reloading(began)
+            if result or announced:
+                self.notifier.ready(self._status)
+            else:
+                self.notifier.status(self._status)
+        if self.outcomes is not None:
+            # After the notification: `edgegw reload` exits on this, and systemd
+            # should have READY=1 by then.
+            self.outcomes.warm_up_timeout = self.warm_up_bound
+            self.outcomes.end(number, result, problems, self.status_line())
+        if self._reload_again:
+            self._reload_again = False
+            if not self.stopping:
                 return self.reload()
+            if self.outcomes is not None:
+                self.outcomes.refuse("the gateway began to stop")
         return result
 
     def stopService(self) -> Deferred[None]:
@@ -356,6 +432,26 @@ class GatewayService(MultiService):
             count=self.gateway.inflight.count,
             timeout=timeout,
         )
+
+
+@implementer(ILogObserver)
+class _Refusals:
+    """
+    The located problems a reload logs as it refuses the configuration (an error of
+    the service's namespace with a C{problems} field: L{edgegw.reload.prepare}'s),
+    collected while it runs, for its outcome record and C{STATUS=} line.
+    """
+
+    def __init__(self) -> None:
+        self.problems: list[str] = []
+
+    def __call__(self, event: LogEvent) -> None:
+        if (
+            event.get("log_namespace") == _log.namespace
+            and event.get("log_level") in (LogLevel.error, LogLevel.critical)
+            and "problems" in event
+        ):
+            self.problems.append(str(event["problems"]))
 
 
 def build_service(

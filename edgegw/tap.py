@@ -25,13 +25,20 @@ class Options(usage.Options):
     Command-line options of C{twistd edgegw}.
     """
 
-    synopsis = "[--config PATH] [--check]"
+    synopsis = "[--config PATH] [--check] [--runtime-directory DIR]"
     longdesc = (
         "Serve the edge gateway configured by the YAML resources at PATH (a file, or a "
         "directory read in lexical order over its .yaml and .yml files)."
     )
     optParameters = [
         ["config", "c", DEFAULT_CONFIG, "Configuration file or directory."],
+        [
+            "runtime-directory",
+            None,
+            None,
+            "Where each reload's outcome is written for `edgegw reload` (default: "
+            "$RUNTIME_DIRECTORY, which systemd sets; neither: not written).",
+        ],
     ]
     optFlags = [
         ["check", None, "Validate the configuration, print the route table and exit."],
@@ -66,8 +73,25 @@ def makeService(options: Options | dict[str, Any]) -> IService:
         sys.stderr.write(f"edgegw: {e.render()}\n")
         raise SystemExit(1) from None
     tune_garbage_collector()
+    record_reload_outcomes(service, options.get("runtime-directory"), reactor)
     install_reload_signal(service, reactor)
     return service
+
+
+def record_reload_outcomes(service: Any, directory: str | None, reactor: Any) -> None:
+    """
+    Have C{service} write each reload's outcome in C{directory} (or
+    C{$RUNTIME_DIRECTORY}) for C{edgegw reload}: the record is named after the serving
+    process, so it is written once the reactor runs, and removed when it stops.
+    """
+    from edgegw.reload_outcome import OutcomeRecord, runtime_directory
+
+    directory = directory or runtime_directory()
+    if directory is None:
+        return
+    service.outcomes = outcomes = OutcomeRecord(directory, service.warm_up_bound)
+    reactor.callWhenRunning(outcomes.start)
+    reactor.addSystemEventTrigger("after", "shutdown", outcomes.remove)
 
 
 def install_reload_signal(service: Any, reactor: Any) -> None:

@@ -1,6 +1,7 @@
 """
 The daemon under systemd's eyes: C{sd_notify} messages (READY once listening,
-RELOADING/READY around a reload, STOPPING when it drains) on a real datagram socket, and
+RELOADING/READY around a reload that switches, STOPPING when it drains; a refused
+reload's are in test_reload_notify) on a real datagram socket, and
 SIGHUP reloads of a real twistd process with a request in flight.
 """
 
@@ -221,8 +222,6 @@ class ReloadTests(TestCase):
         with open(os.path.join(self.root, "20-bad.yaml"), "w") as stream:
             stream.write(_route("bad", "/bad", "{type: reverse-proxy}"))
         os.kill(self.process.pid, signal.SIGHUP)
-        await self.notes.wait_for("READY=1", 2)
-        self.assertEqual(self.notes.keys()[1:3], ["RELOADING=1", "READY=1"])
         output = await self.output("reload refused, the running configuration keeps serving")
         self.assertIn('20-bad.yaml, document 1, Route "bad": spec.handler.upstream', output)
         answer = await http_get(f"http://127.0.0.1:{port}/old")
@@ -237,7 +236,6 @@ class ReloadTests(TestCase):
         with open(os.path.join(self.root, "00-gateway.yaml"), "w") as stream:
             stream.write(GATEWAY.replace('"127.0.0.1:0"', '"127.0.0.1:1"'))
         os.kill(self.process.pid, signal.SIGHUP)
-        await self.notes.wait_for("READY=1", 2)
         await self.output(
             "spec.listen: changed from 127.0.0.1:0 to 127.0.0.1:1: a new listen address "
             "needs a restart"
