@@ -54,10 +54,11 @@ def is_open(client: RawClient) -> bool:
     return transport is not None and bool(transport.connected)
 
 
-class ReloadConnectionTests(TestCase):
+class ReloadedTree(TestCase):
     """
     A tree with routes C{/old} (first configuration only), C{/slow} (proxied to a backend
-    that holds each request until the test answers it) and, after the reload, C{/new}.
+    that holds each request until the test answers it) and, after the reload, C{/new};
+    the helpers of the tests on it (no test of its own).
     """
 
     timeout = 60
@@ -137,6 +138,12 @@ class ReloadConnectionTests(TestCase):
     def assertServed(self, response: bytes, status: bytes = b"200") -> None:
         self.assertTrue(response.startswith(b"HTTP/1.1 " + status + b" "), response)
         self.assertNotIn(b"connection: close", response.lower())
+
+
+class ReloadConnectionTests(ReloadedTree):
+    """
+    The connections open at a reload.
+    """
 
     async def test_a_connection_without_a_request_yet(self) -> None:
         """

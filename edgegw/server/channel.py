@@ -188,6 +188,8 @@ class GatewayChannel(LazyTimeout, ChannelSeam):
     _graceCall: IDelayedCall | None = None
     # A reload's Site, which serves the request after the one in progress.
     _nextSite: Any = None
+    # The transport handed to a tunnel (takeConnection), until the tunnel ends.
+    _handedTransport: Any = None
 
     def getHost(self) -> IAddress:
         """
@@ -473,14 +475,19 @@ class GatewayChannel(LazyTimeout, ChannelSeam):
         so that an idle keep-alive connection cannot start one (a connection that has not
         sent its first request gets L{FRESH_GRACE} to send it); otherwise close once the
         response in progress is done, and answer a request whose head is still arriving
-        with C{Connection: close}.
+        (within L{FRESH_GRACE} at most, else 408) with C{Connection: close}.
         """
         self._shuttingDown = True
-        if self._phase == _AWAITING and not self.requests:
+        phase = self._phase
+        if phase == _AWAITING and not self.requests:
             if self._fresh:
                 self._graceCall = self.callLater(FRESH_GRACE, self._graceOver)
             else:
                 self.loseConnection()
+        elif phase == _HEAD:
+            # A head still arriving gets the same grace at most (then 408): a client
+            # sending it a byte at a time must not hold the stop for headerTimeout.
+            self.limitTimeout(FRESH_GRACE)
 
     def _graceOver(self) -> None:
         self._graceCall = None
@@ -546,7 +553,7 @@ class GatewayChannel(LazyTimeout, ChannelSeam):
         The transport's abort: it drops the connection whoever owns it then (this
         channel, or a tunnel it was handed to).
         """
-        transport: Any = self.transport
+        transport: Any = self.transport or self._handedTransport
         if transport is None:
             return None
         closer: Callable[[], None] = getattr(transport, "abortConnection", transport.loseConnection)
@@ -582,7 +589,13 @@ class GatewayChannel(LazyTimeout, ChannelSeam):
             request.notifyFinish().addBoth(lambda ignored: self._released())
         transport.unregisterProducer()
         self.transport = None
+        # Its configuration's drain may still have to cut it (abortClient).
+        self._handedTransport = transport
+        request.notifyFinish().addBoth(self._tunnelEnded)
         return transport, self.takeReadAhead()
+
+    def _tunnelEnded(self, result: object) -> None:
+        self._handedTransport = None
 
     def timeoutConnection(self) -> None:
         """

@@ -164,6 +164,7 @@ class ClientConnections:
         self.trusted_peer = trusted_peer
         self._per_address: dict[Any, int] = {}
         self._keys: dict[ClientConnection, Any] = {}
+        self._peers: dict[ClientConnection, tuple[Any, str]] = {}
         self._next_log = 0.0
         self._unlogged_total = 0
         self._unlogged_address = 0
@@ -192,32 +193,41 @@ class ClientConnections:
             self._unlogged_total += 1
             self._refusal_logged()
             return _REFUSED
-        key = None
-        if self.max_per_address:
-            key = address_key(address)
-            trusted = self.trusted_peer
-            if key is not None and trusted is not None and trusted(getattr(address, "host", "")):
-                key = None
-            if key is not None:
-                open_now = self._per_address.get(key, 0)
-                if open_now >= self.max_per_address:
-                    self.refused_over_address += 1
-                    if self.on_refused is not None:
-                        self.on_refused("maxConnectionsPerAddress")
-                    self._unlogged_address += 1
-                    self._refusal_logged()
-                    return _REFUSED
-                self._per_address[key] = open_now + 1
+        key = address_key(address)
+        if key is None:
+            self.count += 1
+            return None
+        host = getattr(address, "host", "")
+        counted = bool(self.max_per_address) and not self._trusted(host)
+        if counted:
+            open_now = self._per_address.get(key, 0)
+            if open_now >= self.max_per_address:
+                self.refused_over_address += 1
+                if self.on_refused is not None:
+                    self.on_refused("maxConnectionsPerAddress")
+                self._unlogged_address += 1
+                self._refusal_logged()
+                return _REFUSED
+            self._per_address[key] = open_now + 1
         self.count += 1
-        return key
+        return (key, host, counted)
 
-    def opened(self, channel: ClientConnection, key: Any) -> None:
+    def _trusted(self, host: str) -> bool:
+        trusted = self.trusted_peer
+        return trusted is not None and trusted(host)
+
+    def opened(self, channel: ClientConnection, admitted: Any) -> None:
         """
-        C{channel} is the connection L{admit} let in, with C{key}.
+        C{channel} is the connection L{admit} let in, with what it returned.
         """
         self.channels.add(channel)
-        if key is not None:
-            self._keys[channel] = key
+        if admitted is not None:
+            key, host, counted = admitted
+            # Every client connection's address is kept: a reload may turn the
+            # per-address cap on, or change which peers are trusted.
+            self._peers[channel] = (key, host)
+            if counted:
+                self._keys[channel] = key
         channel._release = self.lost
 
     def hand_over(self, negotiating: ClientConnection, chosen: ClientConnection) -> None:
@@ -227,6 +237,9 @@ class ClientConnections:
         self.channels.discard(negotiating)
         negotiating._release = None
         self.channels.add(chosen)
+        peer = self._peers.pop(negotiating, None)
+        if peer is not None:
+            self._peers[chosen] = peer
         key = self._keys.pop(negotiating, None)
         if key is not None:
             self._keys[chosen] = key
@@ -238,6 +251,7 @@ class ClientConnections:
         """
         self.channels.discard(channel)
         self.count -= 1
+        self._peers.pop(channel, None)
         key = self._keys.pop(channel, None)
         if key is not None:
             left = self._per_address[key] - 1
@@ -278,13 +292,21 @@ class ClientConnections:
         on_refused: Callable[[str], None] | None,
     ) -> None:
         """
-        Apply a reload's caps from now on: the connections open stay (a lower cap
-        refuses new ones until enough have closed).
+        Apply a reload's caps from now on, counting the connections open under them
+        (they stay open: a lower cap refuses new ones until enough have closed).
         """
         self.max_connections = max_connections
         self.max_per_address = max_per_address
         self.trusted_peer = trusted_peer
         self.on_refused = on_refused
+        # Counted again under the new cap and trust, the connections open included.
+        self._keys = {}
+        self._per_address = {}
+        if max_per_address:
+            for channel, (key, host) in self._peers.items():
+                if not self._trusted(host):
+                    self._keys[channel] = key
+                    self._per_address[key] = self._per_address.get(key, 0) + 1
 
     def serve_from(self, site: LimitedSite) -> None:
         """
@@ -362,18 +384,18 @@ class LimitedSite(Site):
         when a cap is reached.
         """
         connections = self.connections
-        key = connections.admit(addr)
-        if key is _REFUSED:
+        admitted = connections.admit(addr)
+        if admitted is _REFUSED:
             # Not None, which a plain TCP port would close at once too: a TLS port would
             # wrap None and fail.
             return _Refused()
         if self.http2:
             timeout = self.limits.header_timeout
             negotiating = NegotiatingConnection(self, addr, timeout, self.reactor)
-            connections.opened(negotiating, key)
+            connections.opened(negotiating, admitted)
             return negotiating
         channel = self._http11(addr)
-        connections.opened(channel, key)
+        connections.opened(channel, admitted)
         return channel
 
     def _http11(self, addr: IAddress | None) -> GatewayChannel:

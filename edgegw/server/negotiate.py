@@ -20,6 +20,8 @@ from twisted.internet.protocol import Protocol, connectionDone
 from twisted.python.failure import Failure
 from zope.interface import implementer
 
+from edgegw.server.channel import FRESH_GRACE
+
 __all__ = ["NegotiatingConnection", "ProtocolChooser"]
 
 
@@ -65,6 +67,7 @@ class NegotiatingConnection(Protocol):
         self._timer: Any = None
         self._release: Callable[[Any], object] | None = None
         self._shutting_down = False
+        self._grace: Any = None
 
     def connectionMade(self) -> None:
         if self._timeout:
@@ -104,9 +107,19 @@ class NegotiatingConnection(Protocol):
     def shutDown(self) -> None:
         """
         The gateway is stopping: once the handshake is done, the chosen protocol is told
-        so (the handshake's own deadline still applies).
+        so; a handshake not done within L{FRESH_GRACE} is cut.
         """
         self._shutting_down = True
+        if self.chosen is None and self.transport is not None:
+            # A handshake still under way gets the grace a connection without its
+            # first request gets, at most: a silent client must not hold the stop.
+            grace = self._reactor.callLater(FRESH_GRACE, self._grace_over)
+            self._grace = grace
+
+    def _grace_over(self) -> None:
+        self._grace = None
+        if self.chosen is None:
+            self.abortClient()
 
     def serve_from(self, site: ProtocolChooser) -> None:
         """
@@ -128,6 +141,7 @@ class NegotiatingConnection(Protocol):
             transport.abortConnection()
 
     def _cancel_timer(self) -> None:
-        timer, self._timer = self._timer, None
-        if timer is not None and timer.active():
-            timer.cancel()
+        for timer in (self._timer, self._grace):
+            if timer is not None and timer.active():
+                timer.cancel()
+        self._timer = self._grace = None

@@ -48,6 +48,16 @@ class LazyTimeout(TimeoutMixin):
         if self._deadline is not None and period is not None:
             self._arm(period)
 
+    def limitTimeout(self, period: float) -> None:
+        """
+        Make the timeout end within C{period} seconds from now: sooner than it would,
+        never later (a timeout not running starts with that period).
+        """
+        deadline, call = self._deadline, self._timerCall
+        if deadline is not None and call is not None and deadline - call.seconds() <= period:
+            return
+        self.setTimeout(period)
+
     def stopTimer(self) -> None:
         """
         Cancel the pending timer, rather than leave it to lapse: it would keep a

@@ -340,13 +340,19 @@ class H2ServerConnection(Protocol):
 
     def serve_from(self, site: Any) -> None:
         """
-        A reload: streams opened from now on are served by C{site}, under its limits
-        (the SETTINGS already sent stay: a lower stream cap refuses the streams over it);
-        the streams open finish where they are.
+        A reload: streams opened from now on, and those whose request waits for
+        END_STREAM to be dispatched, are served by C{site}, under its limits (the
+        SETTINGS already sent stay: a lower stream cap refuses the streams over it); the
+        streams dispatched finish where they are.
         """
         self.site = site
         self.limits = site.limits
         self.idle_timeout = site.timeOut
+        for stream in self.streams.values():
+            if stream.dispatch_at_end is not None:
+                # Not dispatched yet (it waits for END_STREAM), so counted in no
+                # configuration's requests in flight: the new one serves it.
+                stream.site = site
 
     def cut_for(self, site: Any) -> None:
         """
