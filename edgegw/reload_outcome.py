@@ -24,6 +24,7 @@ import json
 import os
 import signal
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
@@ -205,13 +206,22 @@ class OutcomeRecord:
     def _write(self, outcome: ReloadOutcome) -> None:
         self._outcome = outcome
         assert self.path is not None
-        partial = os.path.join(self.directory, f".{os.path.basename(self.path)}.partial")
+        partial = None
         try:
-            with open(partial, "w", encoding="utf-8") as stream:
+            # A new file of a name no one can plant a link at beforehand (mkstemp opens
+            # with O_EXCL), in the same directory so that the rename is atomic.
+            fd, partial = tempfile.mkstemp(
+                prefix=f".{os.path.basename(self.path)}.", suffix=".partial", dir=self.directory
+            )
+            with os.fdopen(fd, "w", encoding="utf-8") as stream:
                 json.dump(asdict(outcome), stream)
             # Atomic: the reader sees the old record or the new one, never a part.
             os.replace(partial, self.path)
+            partial = None
         except OSError as e:
+            if partial is not None:
+                with contextlib.suppress(OSError):
+                    os.unlink(partial)
             if not self._failed:
                 self._failed = True
                 _log.warn(
