@@ -1,16 +1,17 @@
 """
 C{python -m bench reload}: what reloads cost the requests under way.
 
-One edgegw process serves a reverse-proxy route (C{GET /zeros/64} from an in-process
-backend). Each round loads it twice for C{--duration} seconds, in this order: C{steady}
-(no reload) and C{reloading} (a SIGHUP every C{1/--reloads-per-second} seconds, each
-into a configuration with one more route, so that every reload builds, warms up and
-switches a new configuration). wrk (keep-alive, C{--connections}) gives the requests per
-second and the p99 latency; beside it one client opens a new connection for every
-request (50 a second, L{tests.support.steady_load}), so that connections accepted around
-a switch are counted too. Reported per mode: req/s, p99, and the failures — wrk's socket
-errors and non-2xx answers plus the connection-per-request client's failed requests and
-5xx (target: 0 in both modes).
+One edgegw process serves a reverse-proxy route (C{GET /api/small.json} from an nginx
+static backend, as in the suite). Each round loads it twice for C{--duration} seconds,
+in this order: C{steady} (no reload) and C{reloading} (a SIGHUP every
+C{1/--reloads-per-second} seconds, each into a configuration with another set of
+routes, so that every reload builds, warms up and switches a new configuration). wrk
+(keep-alive, C{--connections}) gives the requests per second and the p99 latency; beside
+it one client opens a new connection for every request (50 a second,
+L{tests.support.steady_load}), so that connections accepted around a switch are counted
+too. Reported per mode: req/s, p99, and the failures — wrk's socket errors and non-2xx
+answers plus the connection-per-request client's failed requests and 5xx (target: 0 in
+both modes).
 """
 
 from __future__ import annotations
@@ -26,16 +27,16 @@ from typing import Any
 
 import attrs
 
-from bench import gateway, report, wrk
-from bench.backends import ZerosHandler, ZerosServer
-from bench.processes import scratch
+from bench import gateway, nginx, report, wrk
+from bench.processes import scratch, started
 from bench.rounds import say
 from bench.targets import Target, start_edgegw
-from bench.tools import ensure_wrk
+from bench.tools import ensure_tools
 from tests.support.processes import free_port
 from tests.support.steady_load import SteadyClient
 
-PATH = "/zeros/64"
+PATH = "/api/small.json"
+BODY = b'{"ok": true, "items": [1, 2, 3]}\n'
 MODES = ("steady", "reloading")
 
 
@@ -135,37 +136,41 @@ def run(settings: Settings) -> int:
 
     @return: 0, or 1 when a request failed or the gateway could not be measured.
     """
-    wrk_path = ensure_wrk()
-    backend = ZerosServer(("127.0.0.1", 0), ZerosHandler)
-    threading.Thread(target=backend.serve_forever, daemon=True).start()
-    upstream = f"http://127.0.0.1:{backend.server_address[1]}"
+    tools = ensure_tools()
+    wrk_path = tools.wrk
     started_at = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     records: list[dict[str, Any]] = []
-    try:
-        with scratch("edgegw-bench-reload-", settings.keep_tmp) as tmp, ExitStack() as stack:
-            target = Target("a", "edgegw", "one edgegw process", port=free_port())
-            routes = [gateway.reverse_proxy("zeros", "/zeros/", upstream)]
-            start_edgegw(stack, tmp, "reload", target, routes)
-            if target.unavailable is not None:
-                say(f"bench: edgegw unavailable: {target.unavailable}")
+    with scratch("edgegw-bench-reload-", settings.keep_tmp) as tmp, ExitStack() as stack:
+        www = tmp / "www"
+        (www / "api").mkdir(parents=True)
+        (www / "api" / "small.json").write_bytes(BODY)
+        backend_port = free_port()
+        prefix = tmp / "nginx-backend"
+        prefix.mkdir()
+        config = nginx.backend_config(prefix, backend_port, www)
+        backend = stack.enter_context(
+            started(nginx.start(tools.nginx, "nginx backend", prefix, config))
+        )
+        backend.wait_for_port(backend_port)
+        target = Target("a", "edgegw", "one edgegw process", port=free_port())
+        routes = [gateway.reverse_proxy("api", "/api/", f"http://127.0.0.1:{backend_port}")]
+        start_edgegw(stack, tmp, "reload", target, routes)
+        if target.unavailable is not None:
+            say(f"bench: edgegw unavailable: {target.unavailable}")
+            return 1
+        for number in range(1, settings.rounds + 1):
+            say(f"round {number}/{settings.rounds}")
+            for mode in MODES:
+                records.append(
+                    {"round": number} | _measure(wrk_path, target, tmp / "reload", settings, mode)
+                )
+            if not target.alive():
+                target.check_alive()
+                say(f"bench: {target.unavailable}")
                 return 1
-            for number in range(1, settings.rounds + 1):
-                say(f"round {number}/{settings.rounds}")
-                for mode in MODES:
-                    records.append(
-                        {"round": number}
-                        | _measure(wrk_path, target, tmp / "reload", settings, mode)
-                    )
-                if not target.alive():
-                    target.check_alive()
-                    say(f"bench: {target.unavailable}")
-                    return 1
-            assert target.process is not None
-            log = target.process.log.read_text(errors="replace")
-            reloaded = log.count("configuration reloaded from")
-    finally:
-        backend.shutdown()
-        backend.server_close()
+        assert target.process is not None
+        log = target.process.log.read_text(errors="replace")
+        reloaded = log.count("configuration reloaded from")
     summary = {
         mode: {
             "rps": median(r["rps"] for r in records if r["mode"] == mode),
