@@ -467,6 +467,22 @@ class PureLogicTests(SynchronousTestCase):
         # Once the table is full, every new value goes out as a literal, indexed never.
         self.assertEqual(sizes[-1], sizes[-2])
 
+    def test_encoder_numbers_after_an_insertion(self) -> None:
+        """
+        A field new to the dynamic table renumbers every entry already in it: the fields
+        after it in the same block are encoded with the new numbers, as a decoder reads
+        them (issue 36's review: a 401 after a 302 on one connection came out wrong).
+        """
+        from hpack import Decoder
+
+        encoder, decoder = ResponseFieldEncoder(), Decoder()
+        first = [(b":status", b"302"), (b"x-frame-options", b"DENY"), (b"x-a", b"1")]
+        second = [(b":status", b"401"), (b"x-b", b"2"), (b"x-frame-options", b"DENY")]
+        second.append((b"x-a", b"1"))
+        for block in (first, second, second):
+            decoded = decoder.decode(encoder.encode(block), raw=True)
+            self.assertEqual(decoded, block)
+
     def test_cookie_crumbs_sized_as_their_line(self) -> None:
         """
         180 cookie crumbs (an 11 kB Cookie line, which HTTP/1.1 reads) are read.

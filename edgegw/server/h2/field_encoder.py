@@ -145,6 +145,9 @@ class ResponseFieldEncoder:
             encoded = known.get(field)
             if encoded is None:
                 encoded = self._field(field)
+                # An insertion renumbered the dynamic table: the fields after this one
+                # are read by the client with the new numbers.
+                known = self._known
             parts.append(encoded)
         return b"".join(parts)
 
