@@ -94,7 +94,7 @@ def identity_of(request: RecordedRequest) -> dict[bytes, list[bytes]]:
 
 
 class ApiIdentityHeaderTests(TestCase):
-    async def setUp(self) -> None:
+    async def setUp(self) -> None:  # type: ignore[override]
         idp = FakeIdP()
         await idp.start(self)
         self.one = SiteBackend(answer(body=b'{"n":1}', headers=_JSON)).start()

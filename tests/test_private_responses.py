@@ -99,7 +99,7 @@ spec:
 
 
 class PrivateResponseTests(TestCase):
-    async def setUp(self) -> None:
+    async def setUp(self) -> None:  # type: ignore[override]
         idp = FakeIdP()
         await idp.start(self)
         self.backend = SiteBackend(respond).start()
