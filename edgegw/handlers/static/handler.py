@@ -302,5 +302,7 @@ def _authenticated(request: Response) -> bool:
     """
     Whether C{request} carries a principal (its route's session stage set one).
     """
-    exchange = IExchange(request, None)
+    # The request's own component lookup: half the cost of adapting through zope.
+    get_component = getattr(request, "getComponent", None)
+    exchange = get_component(IExchange) if get_component is not None else None
     return getattr(exchange, "principal", None) is not None
