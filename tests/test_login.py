@@ -367,7 +367,7 @@ class HappyPathTests(TestCase):
         self.assertEqual(document["expiresAt"] - document["issuedAt"], 8 * 3600)
         self.assertNotIn(b"ey", view.body)  # no token of any kind
         post = await w.browser.post(w.url("/auth/session"))
-        self.assertEqual((post.status, post.header("Allow")), (405, "GET"))
+        self.assertEqual((post.status, post.header("Allow")), (405, "GET, HEAD"))
 
     async def test_spa_fetch_gets_401_and_service_routes_401(self) -> None:
         w = await world(self)

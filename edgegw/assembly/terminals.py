@@ -77,7 +77,12 @@ def terminal_for(
     try:
         if isinstance(spec, ApiHandlerSpec):
             return ApiHandler(
-                spec, context.agent, context.reactor, context.issuer, metrics=context.metrics
+                spec,
+                context.agent,
+                context.reactor,
+                context.issuer,
+                metrics=context.metrics,
+                identity_headers=context.projected,
             )
         if isinstance(spec, ProxyHandlerSpec):
             return ProxyHandler(

@@ -1,6 +1,6 @@
 """
-The common ground of the browser-login endpoints: one allowed method, short answers that
-are never cached.
+The common ground of the browser-login endpoints: one allowed method (and C{HEAD} with
+C{GET}), short answers that are never cached.
 """
 
 from __future__ import annotations
@@ -34,6 +34,10 @@ NO_STORE = (b"Cache-Control", b"no-store")
 class AuthEndpoint(Resource):
     """
     A leaf Resource answering one method; any other gets 405 with C{Allow}.
+
+    An endpoint answering C{GET} answers C{HEAD} exactly as it answers C{GET} (RFC 9110
+    section 9.3.2), effects included: the same status and header fields, C{Set-Cookie}
+    and C{Content-Length} among them, and no body (the request drops a C{HEAD}'s body).
     """
 
     isLeaf = True
@@ -41,10 +45,13 @@ class AuthEndpoint(Resource):
 
     def render(self, request: Request) -> bytes | int:
         """
-        Dispatch to L{render_allowed} for the allowed method, else answer 405.
+        Dispatch to L{render_allowed} for the allowed method (C{HEAD} too when that is
+        C{GET}), else answer 405.
         """
-        if request.method != self.method:
-            answer_text(request, 405, b"method not allowed\n", ((b"Allow", self.method),))
+        method = request.method
+        if method != self.method and not (method == b"HEAD" and self.method == b"GET"):
+            allow = b"GET, HEAD" if self.method == b"GET" else self.method
+            answer_text(request, 405, b"method not allowed\n", ((b"Allow", allow),))
             return b""
         return self.render_allowed(request)
 

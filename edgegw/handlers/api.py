@@ -33,6 +33,7 @@ from twisted.python.failure import Failure
 from twisted.web.server import Request
 
 from edgegw.config.model import ApiBackendSpec, ApiHandlerSpec
+from edgegw.header_names import USER_PREFIX
 from edgegw.identity.assertion import AssertionIssuer
 from edgegw.metrics.gateway_metrics import NO_METRICS, IMetrics
 from edgegw.routing.paths import has_dot_segment
@@ -168,6 +169,9 @@ class ApiHandler(TerminalResource):
     @param spec: The route's C{api} handler block.
     @param agent: The gateway's upstream agent (treq runs over it).
     @param clock: For the overall timeout.
+    @ivar identity_headers: Lowercased identity header names that some route projects
+        outside C{X-User-*} (a claims map, a custom groups header): sent to the backends
+        like C{X-User-*}, as the reverse-proxy sends them.
     """
 
     def __init__(
@@ -177,13 +181,16 @@ class ApiHandler(TerminalResource):
         clock: IReactorTime,
         issuer: AssertionIssuer | None = None,
         metrics: IMetrics = NO_METRICS,
+        identity_headers: frozenset[bytes] = frozenset(),
     ) -> None:
         """
         @param issuer: Mints the identity assertion for backends with C{forwardIdentity}.
         @param metrics: Counts partial answers (the agent counts the calls).
+        @param identity_headers: See L{identity_headers}.
         """
         super().__init__()
         self.spec = spec
+        self.identity_headers = identity_headers
         self.metrics = metrics
         self.issuer = issuer
         self.agent = agent
@@ -214,10 +221,14 @@ class ApiHandler(TerminalResource):
             values = incoming.getRawHeaders(name)
             if values:
                 headers.append((name, values[0]))
-        # The projection stage's trusted identity headers (inbound X-User-* were stripped).
+        # The projection stage's trusted identity headers, the same set the reverse-proxy
+        # sends: the stage stripped every inbound X-User-* and every other projected
+        # name on every route, so what is left of them is the stage's own.
         if exchange.principal is not None:
+            identity = self.identity_headers
             for name, values in incoming.getAllRawHeaders():
-                if name.lower().startswith(b"x-user-"):
+                lower = name.lower()
+                if lower.startswith(USER_PREFIX) or lower in identity:
                     headers.extend((name, value) for value in values)
         peer = getattr(request.getClientAddress(), "host", "")
         chain = incoming.getRawHeaders(b"x-forwarded-for")

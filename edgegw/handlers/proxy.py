@@ -57,6 +57,8 @@ _MAX_PLANS = 1_000
 """Response header names a proxy route remembers what to do with."""
 
 _CONTENT_LENGTH = canonical_name(b"content-length")
+_CACHE_CONTROL = canonical_name(b"cache-control")
+_PRIVATE = b"private"
 
 BODYLESS_METHODS = frozenset({b"GET", b"HEAD", b"DELETE", b"OPTIONS", b"TRACE", b"CONNECT"})
 # Headers the gateway itself sets on every request it forwards, or frames itself.
@@ -300,7 +302,9 @@ class ProxyHandler(TerminalResource):
 
     # -- response --------------------------------------------------------------------------
 
-    def relay_head(self, request: Request, response: UpstreamResponse) -> None:
+    def relay_head(
+        self, request: Request, response: UpstreamResponse, private: bool = False
+    ) -> None:
         """
         Copy the upstream's status and end-to-end headers to the client response,
         repeated headers (C{Set-Cookie}) in order.
@@ -308,6 +312,11 @@ class ProxyHandler(TerminalResource):
         C{Content-Length} is the gateway's own: one field with the length the upstream
         client read (identical repeated values collapsed; differing ones failed the
         response already), and none on 204 and 304, which have no body.
+
+        @param private: The request carries a principal: a response that relays no
+            C{Cache-Control} directive gets C{Cache-Control: private} (a shared cache
+            must not keep one user's answer for another); the upstream's own
+            C{Cache-Control} is relayed as it is, C{public} included.
         """
         request.setResponseCode(response.code, response.phrase or None)
         # Relay the upstream's headers as they are: no Content-Type of Twisted's own
@@ -355,6 +364,13 @@ class ProxyHandler(TerminalResource):
         code = response.code
         if response.length is not None and code != 204 and code != 304:
             relayed[_CONTENT_LENGTH] = [b"%d" % response.length]
+        if private:
+            # After the Connection filtering: a Cache-Control the upstream named
+            # hop-by-hop is not relayed, so it does not count. An empty field has no
+            # directive either (a cache would apply its heuristics).
+            cache_control = relayed.get(_CACHE_CONTROL)
+            if cache_control is None or not any(value.strip() for value in cache_control):
+                relayed[_CACHE_CONTROL] = [_PRIVATE]
         headers = request.responseHeaders
         if _DIRECT:
             # Names canonical already, values from the upstream parser (no CR or LF):
@@ -456,7 +472,7 @@ class ProxyHandler(TerminalResource):
                 return
             exchange.note("tunnel_bytes_up", tunnel.to_upstream)
             return
-        self.relay_head(request, response)
+        self.relay_head(request, response, exchange.principal is not None)
         await self._relay_body(request, response, call)
 
     async def _relay_body(

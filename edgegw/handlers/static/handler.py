@@ -34,6 +34,7 @@ from edgegw.handlers.static.file_body import (
     truncated,
 )
 from edgegw.handlers.static.lookup import StaticTree, decode_segments
+from edgegw.terminal.exchange import IExchange
 from edgegw.terminal.resource import TerminalResource
 
 __all__ = ["StaticHandler"]
@@ -45,6 +46,7 @@ _http_date: Callable[[float], bytes] = datetimeToString
 
 _TEXT_PLAIN: Final = b"text/plain; charset=utf-8"
 _NO_CACHE: Final = b"no-cache"
+_PRIVATE: Final = b"private"
 _BYTES: Final = b"bytes"
 _ALLOW: Final = b"GET, HEAD"
 _ACCEPT_ENCODING: Final = b"Accept-Encoding"
@@ -239,6 +241,10 @@ class StaticHandler(TerminalResource):
         request.setHeader(b"ETag", etag)
         request.setHeader(b"Last-Modified", _http_date(modified))
         cache_control = _NO_CACHE if name == self._index_name else self._cache_control
+        if cache_control is None and _authenticated(request):
+            # A file behind a login is not for a shared cache to hand to anyone: the same
+            # rule as the reverse-proxy's for a response without Cache-Control.
+            cache_control = _PRIVATE
         if cache_control is not None:
             request.setHeader(b"Cache-Control", cache_control)
         if not_modified:
@@ -290,3 +296,13 @@ def _answer(request: Response, code: int, body: bytes) -> None:
     request.setHeader(b"Content-Length", b"%d" % len(body))
     request.write(body)
     request.finish()
+
+
+def _authenticated(request: Response) -> bool:
+    """
+    Whether C{request} carries a principal (its route's session stage set one).
+    """
+    # The request's own component lookup: half the cost of adapting through zope.
+    get_component = getattr(request, "getComponent", None)
+    exchange = get_component(IExchange) if get_component is not None else None
+    return getattr(exchange, "principal", None) is not None
