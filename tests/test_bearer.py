@@ -1221,7 +1221,8 @@ class CacheBound(SynchronousTestCase):
                 self.access_token_keys = type("K", (), {"keys": KeySet.from_jwks({"keys": []})})()
 
         def fake_verify(token: str, *args: Any, **kwargs: Any) -> dict[str, object]:
-            return {"sub": "alice", "exp": 2_000_000, "name": name}
+            # (scope: an access token's, with the default audience, the client's)
+            return {"sub": "alice", "exp": 2_000_000, "name": name, "scope": "api"}
 
         self.patch(bearer_module, "verify_jwt", fake_verify)
         self.patch(bearer_module, "peek_header", lambda token: {"alg": "RS256"})
