@@ -111,7 +111,36 @@ def check(source: str, out: TextIO = sys.stdout, err: TextIO = sys.stderr) -> in
             + "\n".join(lines)
             + "\n",
         )
+    for warning in warnings(config, gateway.routes):
+        _write(err, f"edgegw: warning: {warning}\n")
     return 0
+
+
+def warnings(config: Config, routes: Sequence[CompiledRoute]) -> list[Problem]:
+    """
+    What a valid configuration had better not leave as it is: an IdP used for browser
+    login whose service routes (where Bearer tokens are taken) verify them against the
+    default audience, the login client (C{clientID}). Its id_tokens have that audience
+    too: the verifier refuses those without access-token evidence, but an API audience
+    of their own (C{bearer.audience}) keeps the two kinds of token apart at the IdP.
+    """
+    found = []
+    idp = config.idp
+    if idp is not None and not idp.verification_only and idp.bearer.audience is None:
+        bearer_routes = [route.name for route in routes if route.type == "service"]
+        if bearer_routes:
+            shown = ", ".join(bearer_routes[:3]) + (", ..." if len(bearer_routes) > 3 else "")
+            found.append(
+                Problem(
+                    idp.location,
+                    "spec.bearer.audience",
+                    f"unset: Bearer tokens on the service routes ({shown}) are verified "
+                    f'against the login client "{idp.client_id}" as audience, which its '
+                    "id_tokens have too (those without at+jwt, scope, scp or client_id are "
+                    "refused); set it to the audience of the API's access tokens",
+                )
+            )
+    return found
 
 
 def _tls_summary(config: Config) -> str:

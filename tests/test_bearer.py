@@ -57,17 +57,31 @@ class ShiftedReactor:
     """
     The real reactor with its clock moved on by L{offset} seconds: what the gateway
     reads as the time (token expiry, the cache, the refetch interval), while its timers
-    and sockets stay the real reactor's.
+    and sockets stay the real reactor's. L{freeze} stops that clock: from then on only
+    L{advance} moves it, so a test can stand exactly one second before a deadline.
     """
 
     def __init__(self) -> None:
         self.offset = 0.0
+        self.frozen: float | None = None
 
     def seconds(self) -> float:
+        if self.frozen is not None:
+            return self.frozen
         return float(reactor.seconds()) + self.offset
 
     def advance(self, seconds: float) -> None:
         self.offset += seconds
+        if self.frozen is not None:
+            self.frozen += seconds
+
+    def freeze(self) -> int:
+        """
+        Stop the gateway's clock at the current whole second, which is returned.
+        """
+        now = int(self.seconds())
+        self.frozen = float(now)
+        return now
 
     def __getattr__(self, name: str) -> Any:
         return getattr(reactor, name)
@@ -1066,7 +1080,9 @@ class CacheTests(BearerTestCase):
     async def test_the_cache_expires_with_the_token(self) -> None:
         w = await bearer_world(self)
         checked = count_verifications(self)
-        now = w.now()
+        # The clock moves only when told: 59 s on is exactly 1 s before exp, however
+        # long the requests take.
+        now = w.clock.freeze()
         token = w.token({"exp": now + 60})
         await self.assert_accepted(w, token)
         await self.assert_accepted(w, token)
@@ -1205,7 +1221,8 @@ class CacheBound(SynchronousTestCase):
                 self.access_token_keys = type("K", (), {"keys": KeySet.from_jwks({"keys": []})})()
 
         def fake_verify(token: str, *args: Any, **kwargs: Any) -> dict[str, object]:
-            return {"sub": "alice", "exp": 2_000_000, "name": name}
+            # (scope: an access token's, with the default audience, the client's)
+            return {"sub": "alice", "exp": 2_000_000, "name": name, "scope": "api"}
 
         self.patch(bearer_module, "verify_jwt", fake_verify)
         self.patch(bearer_module, "peek_header", lambda token: {"alg": "RS256"})

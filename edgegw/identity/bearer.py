@@ -36,6 +36,7 @@ __all__ = [
     "BearerUnavailableError",
     "BearerVerifier",
     "bearer_token",
+    "shows_access_token",
 ]
 
 MAX_CACHED = 10_000
@@ -57,6 +58,8 @@ asking: a replayed token must not turn into a userinfo call per request.
 # Back-Channel Logout 2.4, RFC 8417): such a token is never accepted as an access token.
 _NOT_ACCESS_CLAIMS = ("nonce", "at_hash", "c_hash", "s_hash", "events")
 _ACCESS_TYPES = frozenset({"jwt", "at+jwt", "application/jwt", "application/at+jwt"})
+# The header types of RFC 9068 JWT access tokens (media types are case-insensitive).
+_AT_JWT_TYPES = frozenset({"at+jwt", "application/at+jwt"})
 # Keycloak marks its tokens with a "typ" claim.
 _NOT_ACCESS_TYP_CLAIMS = frozenset({"id", "logout", "refresh"})
 
@@ -144,6 +147,9 @@ class BearerSettings:
     @ivar user_info: C{identity.userInfo}: whether userinfo is asked.
     @ivar subject_claim: C{identity.subjectClaim}: the principal's subject.
     @ivar keep_token: Whether the principal keeps the access token (a route forwards it).
+    @ivar require_access_evidence: Whether L{audience} is the IdP's C{clientID}: then a
+        token must show it is an access token (L{shows_access_token}), since the
+        client's id_tokens have that audience too.
     """
 
     issuer: str
@@ -158,6 +164,7 @@ class BearerSettings:
     user_info: str
     subject_claim: str
     keep_token: bool
+    require_access_evidence: bool
 
 
 class _TokenCache:
@@ -187,7 +194,13 @@ class BearerVerifier:
     unknown kid); the algorithm in C{bearer.signingAlgs} (default: the discovery
     document's id_token list), asymmetric only, fitting the key; C{iss} exactly; the
     claim C{bearer.audienceClaim} containing C{bearer.audience} (default: clientID);
-    C{exp}, C{nbf}, C{iat} with 5 s leeway. Then the principal per C{identity} (userinfo
+    C{exp}, C{nbf}, C{iat} with 5 s leeway. A token of another kind is refused: a C{typ}
+    header other than a JWT or access-token type, an id_token, logout or security-event
+    claim (C{nonce}, C{at_hash}, C{c_hash}, C{s_hash}, C{events}), a Keycloak C{typ}
+    claim C{ID}, C{Logout} or C{Refresh}; and when the audience required is the
+    clientID (the default), a token without positive access-token evidence
+    (L{shows_access_token}): an id_token without a nonce has that audience as well.
+    Then the principal per C{identity} (userinfo
     with the token when the rules ask for it; its failure rejects the token: fail closed).
 
     Verified tokens are trusted again without verification for C{bearer.cacheTTL}
@@ -218,6 +231,7 @@ class BearerVerifier:
         self._clock = clock
         self._issuer = spec.issuer
         self._audience = spec.bearer.audience or spec.client_id
+        self._require_access_evidence = self._audience == spec.client_id
         self._audience_claim = spec.bearer.audience_claim
         self._algorithms = spec.bearer.signing_algs
         self._tokens = _TokenCache()
@@ -236,6 +250,7 @@ class BearerVerifier:
             user_info=identity.user_info,
             subject_claim=identity.subject_claim,
             keep_token=keep_token,
+            require_access_evidence=self._require_access_evidence,
         )
         # A reload hands this verifier's cache on through the IdP client.
         provider.bearer = self
@@ -333,7 +348,7 @@ class BearerVerifier:
                 raise BearerRejectedError(again.reason) from None
         except TokenError as e:
             raise BearerRejectedError(e.reason) from None
-        _refuse_other_token_types(token, claims)
+        _refuse_other_token_types(token, claims, self._require_access_evidence)
         identity = self.identity
         if needs_userinfo(identity, claims):
             refused = self._tokens.refused.get(key)
@@ -405,13 +420,18 @@ class BearerVerifier:
         )
 
 
-def _refuse_other_token_types(token: str, claims: Mapping[str, object]) -> None:
+def _refuse_other_token_types(
+    token: str, claims: Mapping[str, object], require_evidence: bool
+) -> None:
     """
     Refuse a verified JWT of the IdP that is not an access token: an id_token (it has
     the client as audience, so it would pass the default audience check), a logout
     token, a refresh token.
 
-    @raise BearerRejectedError: It is one of those.
+    @param require_evidence: The audience required is the login client's (clientID):
+        the token must also show it is an access token (L{shows_access_token}).
+    @raise BearerRejectedError: It is one of those, or shows nothing of an access token
+        where it must.
     """
     try:
         typ = peek_header(token).get("typ")
@@ -425,6 +445,41 @@ def _refuse_other_token_types(token: str, claims: Mapping[str, object]) -> None:
     kind = claims.get("typ")
     if isinstance(kind, str) and kind.lower() in _NOT_ACCESS_TYP_CLAIMS:
         raise BearerRejectedError("not an access token (typ claim)")
+    if require_evidence and not shows_access_token(typ, claims):
+        raise BearerRejectedError(
+            "not an access token (audience the login client, and no at+jwt typ, "
+            "scope, scp or client_id)"
+        )
+
+
+def shows_access_token(typ: object, claims: Mapping[str, object]) -> bool:
+    """
+    Whether a token shows positively that it is an OAuth access token, not an id_token:
+    its C{typ} header is C{at+jwt} or C{application/at+jwt} (RFC 9068 2.1, any case), or
+    it has a C{scope} claim (RFC 9068 2.2.3, RFC 8693 4.2: a space-separated string,
+    not blank), an C{scp} claim (the same as a string or a non-empty list of non-empty
+    strings, as Azure AD and Okta write it) or a C{client_id} claim (RFC 9068 2.2,
+    RFC 8693 4.3: a string, not blank). OpenID Connect defines none of these for
+    id_tokens.
+
+    @param typ: The token's C{typ} header (L{None} when absent).
+    """
+    if isinstance(typ, str) and typ.lower() in _AT_JWT_TYPES:
+        return True
+    scope = claims.get("scope")
+    if isinstance(scope, str) and scope.strip():
+        return True
+    scp = claims.get("scp")
+    if isinstance(scp, str) and scp.strip():
+        return True
+    if (
+        isinstance(scp, list)
+        and scp
+        and all(isinstance(item, str) and item.strip() for item in scp)
+    ):
+        return True
+    client = claims.get("client_id")
+    return isinstance(client, str) and bool(client.strip())
 
 
 def _key(token: bytes) -> bytes:
