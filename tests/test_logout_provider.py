@@ -249,6 +249,28 @@ class CookieModeLogoutTests(TestCase):
         at_idp = await w.browser.get(out.location or "")
         self.assertEqual(at_idp.status, 303)
 
+    async def test_behind_a_trusted_https_proxy_the_return_is_the_browsers_origin(self) -> None:
+        idp = FakeIdP()
+        idp.end_session = True
+        await idp.start(self)
+        backend = SiteBackend(answer(body=b"backend")).start()
+        self.addCleanup(backend.stop)
+        w = LoginWorld(self, idp, backend)
+        await w.start(trusted='["127.0.0.1"]')
+        https = {"X-Forwarded-Proto": "https", "X-Forwarded-Host": "app.example"}
+        idp.redirect_uris.append("https://app.example/auth/callback")
+        start = await w.browser.get(w.url("/auth/login?return_to=/app/x"), headers=https)
+        at_idp = await w.browser.get(start.location or "")
+        # The proxy's public origin is the gateway's listening port here.
+        callback = urlsplit(at_idp.location or "")
+        back = await w.browser.get(w.url(f"{callback.path}?{callback.query}"), headers=https)
+        self.assertEqual(back.status, 302)
+        out = await log_out(w.browser, w.origin, **https)
+        query = query_of(out.location)
+        self.assertEqual(query["post_logout_redirect_uri"], "https://app.example/auth/logout")
+        self.assertIn("; Secure", w.browser.set_cookie(LOGOUT_COOKIE) or "")
+        self.assertEqual(claims_of(query["id_token_hint"])["sub"], "alice")
+
     async def test_an_unregistered_return_is_refused_by_the_provider(self) -> None:
         # The operator has not registered the gateway's logout path: the provider
         # refuses (what oidc-provider and Keycloak do), and the gateway's session is
