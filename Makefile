@@ -118,6 +118,8 @@ run: $(STAMP) $(E2E_STAMP) redis
 		--client-secret $${EDGEGW_DEMO_IDP_SECRET:-edgegw-demo-secret} \
 		--redirect-uri http://127.0.0.1:$$port/auth/callback \
 		--redirect-uri http://localhost:$$port/auth/callback \
+		--post-logout-redirect-uri http://127.0.0.1:$$port/auth/logout \
+		--post-logout-redirect-uri http://localhost:$$port/auth/logout \
 		--backchannel-logout-uri http://127.0.0.1:$$port/auth/backchannel-logout \
 		>/dev/null 2>&1 & idp=$$!; \
 	trap 'kill $$demo $$idp $$redis 2>/dev/null' EXIT INT TERM; \

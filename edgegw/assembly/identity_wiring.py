@@ -173,7 +173,10 @@ def mount_login(
     mounted: tuple[tuple[str, AuthEndpoint], ...] = (
         (gateway.auth.login_path, LoginResource(login)),
         (login.callback_path, CallbackResource(login)),
-        (gateway.auth.logout_path, LogoutResource(login, session.post_logout_redirect)),
+        (
+            gateway.auth.logout_path,
+            LogoutResource(login, session.post_logout_redirect, gateway.auth),
+        ),
         (session.info_path, SessionViewResource(login)),
     )
     if login.server is not None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import hmac
 from collections import OrderedDict
 
+import attrs
 from twisted.internet.defer import CancelledError, Deferred
 from twisted.internet.interfaces import IReactorTime
 from twisted.logger import Logger
@@ -16,12 +17,15 @@ from twisted.web.server import NOT_DONE_YET, Request
 from edgegw.auth.context import BrowserLogin
 from edgegw.auth.endpoint import AuthEndpoint, answer_redirect, answer_text
 from edgegw.identity.claims import merge_userinfo, needs_userinfo, principal_of
+from edgegw.identity.cookies import MAX_CHUNK
 from edgegw.identity.login_state import LOGIN_LIFETIME
 from edgegw.identity.provider import IdPError
-from edgegw.identity.session_cookie import SessionTooLargeError
+from edgegw.identity.sealing import NONCE_SIZE, TAG_SIZE
+from edgegw.identity.session_cookie import SessionRecord, SessionTooLargeError, encode_record
 from edgegw.identity.token_response import (
     MAX_REFRESH_TOKEN,
     access_token_expiry,
+    usable_id_token,
     usable_token,
 )
 from edgegw.identity.tokens import TokenError
@@ -176,13 +180,16 @@ class CallbackResource(AuthEndpoint):
                 # every request of the session.
                 _log.warn("the access token is not an RFC 6750 token; it is not kept")
         if server is None:
-            record = login.sessions.new_record(
-                request,
-                principal.subject,
-                principal.passport,
-                principal.groups,
-                kept_token,
-                token_expiry,
+            record = _with_id_token(
+                login.sessions.new_record(
+                    request,
+                    principal.subject,
+                    principal.passport,
+                    principal.groups,
+                    kept_token,
+                    token_expiry,
+                ),
+                tokens["id_token"],
             )
             try:
                 login.sessions.write(request, record)
@@ -264,6 +271,21 @@ class SpentStates:
             return None
         until[state] = created_at + LOGIN_LIFETIME
         return True
+
+
+def _with_id_token(record: SessionRecord, id_token: str) -> SessionRecord:
+    """
+    The cookie session C{record} with the login's id_token (the hint of a logout at the
+    IdP) when the sealed record still fits in one cookie; else C{record} as it is. The
+    id_token never makes a session take more cookies, nor pushes a browser towards the
+    request-header budget; without it the logout at the IdP goes without a hint.
+    """
+    if not usable_id_token(id_token):
+        return record
+    kept = attrs.evolve(record, id_token=id_token)
+    # Sealed: base64url (unpadded) of nonce, ciphertext (as long as the plaintext), tag.
+    sealed = -(-(NONCE_SIZE + len(encode_record(kept)) + TAG_SIZE) * 4 // 3)
+    return kept if sealed <= MAX_CHUNK else record
 
 
 def _first(values: list[bytes] | None) -> str | None:

@@ -4,6 +4,8 @@ What the browser-login endpoints share: the IdP client, the cookies, the identit
 
 from __future__ import annotations
 
+from urllib.parse import urlsplit
+
 import attrs
 from twisted.internet.interfaces import IReactorTime
 from twisted.web.server import Request
@@ -51,9 +53,19 @@ class BrowserLogin:
         """
         if self.redirect_url is not None:
             return self.redirect_url
+        return self.origin(request) + self.callback_path
+
+    def origin(self, request: Request) -> str:
+        """
+        This gateway's origin (C{scheme://host[:port]}): that of the configured
+        C{redirectURL}, else the one the browser reached with C{request}.
+        """
+        if self.redirect_url is not None:
+            parts = urlsplit(self.redirect_url)
+            return f"{parts.scheme}://{parts.netloc}"
         # The edge has validated and normalised Host (and X-Forwarded-* only ever come
         # from trusted proxies), and the IdP checks the value against its registration.
         host = request.getHeader(b"x-forwarded-host") or request.getHeader(b"host") or b""
         host = host.split(b",", 1)[0].strip()  # the client's own, first in a proxy chain
         scheme = "https" if is_https(request) else "http"
-        return f"{scheme}://{host.decode('ascii', 'replace')}{self.callback_path}"
+        return f"{scheme}://{host.decode('ascii', 'replace')}"

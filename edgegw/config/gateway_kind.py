@@ -27,7 +27,7 @@ from edgegw.config.security_block import read_security
 from edgegw.config.session_block import read_session
 from edgegw.config.state import read_state_ref
 from edgegw.config.tls_block import read_redirect_http, read_tls
-from edgegw.config.urls import check_local_path
+from edgegw.config.urls import check_local_path, check_url
 
 __all__ = ["read_gateway"]
 
@@ -170,5 +170,14 @@ def _auth(node: Node | None) -> AuthSpec:
     check_local_path(node, "logoutPath", logout)
     backchannel = node.string("backchannelLogoutPath", "/auth/backchannel-logout") or ""
     check_local_path(node, "backchannelLogoutPath", backchannel)
+    # Absolute: it is sent to the IdP. https, or http only on the gateway's own origin
+    # (checked against the IdP's redirectURL with the other resources: cross_checks).
+    post_logout = node.string("postLogoutRedirectURL", nonempty=True)
+    check_url(node, "postLogoutRedirectURL", post_logout, ("https", "http"))
     node.finish()
-    return AuthSpec(login_path=login, logout_path=logout, backchannel_logout_path=backchannel)
+    return AuthSpec(
+        login_path=login,
+        logout_path=logout,
+        backchannel_logout_path=backchannel,
+        post_logout_redirect_url=post_logout,
+    )

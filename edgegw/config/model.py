@@ -145,6 +145,11 @@ class AuthSpec:
     login_path: str = "/auth/login"
     logout_path: str = "/auth/logout"
     backchannel_logout_path: str = "/auth/backchannel-logout"
+    post_logout_redirect_url: str | None = None
+    """
+    C{postLogoutRedirectURL}: the C{post_logout_redirect_uri} of a logout at the IdP;
+    L{None}: the gateway's own C{logoutPath}, which checks the returned C{state}.
+    """
 
 
 @attrs.frozen

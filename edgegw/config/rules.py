@@ -6,6 +6,7 @@ patterns that do not conflict, and references between resources.
 from __future__ import annotations
 
 from typing import TypeVar
+from urllib.parse import urlsplit
 
 from edgegw.config.errors import Location, Problems
 from edgegw.config.fields import suggest
@@ -17,6 +18,7 @@ from edgegw.config.model import (
     RouteSpec,
     TelemetrySpec,
 )
+from edgegw.config.shown_values import show
 from edgegw.routing.mux import ConflictError, Mux
 from edgegw.routing.pattern import PatternError, parse_pattern
 
@@ -141,6 +143,53 @@ def cross_checks(
     login = spec.session is not None and idp is not None and not idp.verification_only
     if login or spec.readiness_path is not None:
         _check_auth_paths(location, spec, idp if login else None, routes, problems)
+    if login and idp is not None:
+        _check_post_logout_url(location, spec, idp, problems)
+
+
+def _check_post_logout_url(
+    location: Location | None, spec: GatewaySpec, idp: IdpSpec, problems: Problems
+) -> None:
+    """
+    C{auth.postLogoutRedirectURL} over plain http must be the gateway's own origin: that
+    of the IdP's C{redirectURL} (the only place the configuration names it). Anywhere
+    else it must be https: the IdP sends the browser there after its logout.
+    """
+    url = spec.auth.post_logout_redirect_url
+    if url is None or not url.lower().startswith("http://"):
+        return
+    own = _origin(idp.redirect_url) if idp.redirect_url else None
+    if own is not None and _origin(url) == own:
+        return
+    problems.add(
+        location,
+        "spec.auth.postLogoutRedirectURL",
+        f'"{show(url)}": an http URL is allowed only on the gateway\'s own origin '
+        + (
+            f"({own}, that of the IdP's redirectURL); use https"
+            if own is not None
+            else "(known from the IdP's redirectURL, which is not set); use https"
+        ),
+    )
+
+
+def _origin(url: str) -> str | None:
+    """
+    C{scheme://host[:port]} of an absolute URL, lowercased, the default port left out.
+    """
+    try:
+        parts = urlsplit(url)
+        port = parts.port
+    except ValueError:
+        return None
+    if not parts.hostname:
+        return None
+    scheme = parts.scheme.lower()
+    default = {"http": 80, "https": 443}.get(scheme)
+    host = parts.hostname.lower()
+    if ":" in host:
+        host = f"[{host}]"
+    return f"{scheme}://{host}" + (f":{port}" if port is not None and port != default else "")
 
 
 def _check_auth_paths(

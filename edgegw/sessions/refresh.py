@@ -41,6 +41,7 @@ from edgegw.identity.session_cookie import SessionRecord
 from edgegw.identity.token_response import (
     MAX_REFRESH_TOKEN,
     access_token_expiry,
+    latest_id_token,
     usable_token,
 )
 from edgegw.metrics.gateway_metrics import NO_METRICS, IMetrics
@@ -299,6 +300,7 @@ class Refresher:
             refresh_token=(
                 rotated if usable_token(rotated, MAX_REFRESH_TOKEN) else current.refresh_token
             ),
+            id_token=latest_id_token(tokens, current.id_token),
         )
         try:
             stored = await sessions.replace(session_id, sealed, fresh)

@@ -183,7 +183,11 @@ class BrowserWalks(TestCase):
     async def setUp(self) -> None:  # type: ignore[override]
         port = free_port()
         self.origin = f"http://127.0.0.1:{port}"
-        self.provider = await start_provider(self, [self.origin + "/auth/callback"])
+        self.provider = await start_provider(
+            self,
+            [self.origin + "/auth/callback"],
+            env={"E2E_OIDC_POST_LOGOUT_REDIRECT_URIS": self.origin + "/auth/logout"},
+        )
         self.backend = AppBackend()
         backend = listen_local(Site(self.backend))
         self.addCleanup(backend.stopListening)
@@ -362,6 +366,12 @@ class BrowserWalks(TestCase):
             "form.method = 'POST'; form.action = '/auth/logout';"
             "document.body.appendChild(form); form.submit();"
         )
+        # The provider has an end-session endpoint: the logout goes on there (issue 36).
+        await self.browser.until(
+            "return document.querySelector('button[name=logout]') !== null",
+            "no sign-out confirmation at the provider",
+        )
+        await self.browser.submit("button[name=logout]")
         await self.browser.until(
             "return location.pathname === '/' && document.readyState === 'complete'",
             "the logout did not land on the post-logout page",

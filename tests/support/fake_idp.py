@@ -4,7 +4,8 @@ signing keys, whose behaviour tests change through plain attributes (knobs).
 
 It implements the authorization code flow with PKCE (S256 required): discovery,
 C{/authorize} (no login page: it grants L{FakeIdP.user} at once), C{/token}
-(C{client_secret_basic} and C{client_secret_post}), C{/userinfo} and C{/jwks}; and it
+(C{client_secret_basic} and C{client_secret_post}), C{/userinfo}, C{/jwks} and, when
+L{FakeIdP.end_session} is set, C{/session/end} (RP-Initiated Logout); and it
 can be told to misbehave: a discovery document with another issuer or an error status,
 an authorization error, a missing or wrong C{iss} in the authorization response, an
 error from the token endpoint, or an ID token that is bad in one chosen way
@@ -355,6 +356,13 @@ class FakeIdP:
     @ivar refresh_error: When set, every refresh grant fails: C{"invalid_grant"} (400)
         or any other error code (answered with status 500).
     @ivar refresh_delay: Seconds the token endpoint takes to answer a refresh grant.
+    @ivar refresh_id_token: Whether a refresh grant's answer carries a new ID token
+        (without a nonce, as OIDC Core 12.2 allows).
+    @ivar end_session: Whether discovery names C{/session/end} as its
+        C{end_session_endpoint} (RP-Initiated Logout 1.0; off by default).
+    @ivar post_logout_redirect_uris: The client's registered post-logout redirect URIs,
+        compared exactly: C{/session/end} redirects (303) to one of them with the
+        request's C{state}, and refuses (400) any other.
 
     Records:
 
@@ -372,6 +380,9 @@ class FakeIdP:
     @ivar refresh_grants: How many refresh grants were received (any outcome).
     @ivar sessions: The IdP session id (the id_tokens' C{sid}) of every code exchanged,
         in order.
+    @ivar end_session_requests: The query of every C{/session/end} request (first
+        values).
+    @ivar refreshed_id_tokens: The ID tokens refresh grants answered, in order.
     """
 
     def __init__(
@@ -412,6 +423,9 @@ class FakeIdP:
         self.rotate_refresh_tokens = True
         self.refresh_error: str | None = None
         self.refresh_delay = 0.0
+        self.refresh_id_token = False
+        self.end_session = False
+        self.post_logout_redirect_uris: list[str] = []
         unknown = set(self.key_algs) - set(_KID_PREFIXES)
         if unknown:
             raise ValueError(f"unsupported key algorithms {sorted(unknown)}")
@@ -426,6 +440,8 @@ class FakeIdP:
         self.userinfo_tokens: list[str] = []
         self.refresh_grants = 0
         self.sessions: list[str] = []
+        self.end_session_requests: list[dict[str, str]] = []
+        self.refreshed_id_tokens: list[str] = []
         self._refresh_tokens: dict[str, _RefreshGrant] = {}
 
         self.generation = 1
@@ -685,6 +701,9 @@ class FakeIdP:
         )
         root.putChild(b"jwks", _Endpoint({b"GET": self._render_jwks}))
         root.putChild(b"access-jwks", _Endpoint({b"GET": self._render_access_jwks}))
+        session = Resource()
+        root.putChild(b"session", session)
+        session.putChild(b"end", _Endpoint({b"GET": self._render_end_session}))
         return root
 
     # -- endpoints -------------------------------------------------------------------
@@ -718,6 +737,8 @@ class FakeIdP:
         }
         if self.access_token_keys is not None and self.announce_access_jwks:
             document["jwks_access_token_uri"] = issuer + "/access-jwks"
+        if self.end_session:
+            document["end_session_endpoint"] = issuer + "/session/end"
         return document
 
     def _render_discovery(self, request: Request) -> Any:
@@ -786,6 +807,40 @@ class FakeIdP:
             answer["iss"] = self.iss_override if self.iss_override is not None else self.issuer
         separator = "&" if "?" in redirect_uri else "?"
         request.redirect((redirect_uri + separator + urlencode(answer)).encode("ascii"))
+        return None
+
+    def _render_end_session(self, request: Request) -> Any:
+        """
+        RP-Initiated Logout 1.0, without a confirmation page: C{client_id} (or the
+        C{id_token_hint}'s audience) must be this client, and C{post_logout_redirect_uri}
+        a registered one; 303 there with C{state}, or 200 C{{"logged_out": true}} when
+        no redirect was asked for.
+        """
+        query = parse_qs(
+            (request.uri or b"").partition(b"?")[2].decode("latin-1"), keep_blank_values=True
+        )
+        params = {name: values[0] for name, values in query.items()}
+        self.end_session_requests.append(params)
+        client = params.get("client_id")
+        hint = params.get("id_token_hint")
+        if hint is not None:
+            payload = hint.split(".")[1]
+            audience = json.loads(base64.urlsafe_b64decode(payload + "=" * (-len(payload) % 4)))
+            if client is not None and audience.get("aud") != client:
+                raise _OAuthError(400, "invalid_request", "client_id does not match the hint")
+            client = audience.get("aud")
+        if client != self.client_id:
+            raise _OAuthError(400, "invalid_client", "unknown client")
+        target = params.get("post_logout_redirect_uri")
+        if target is None:
+            return {"logged_out": True}
+        if target not in self.post_logout_redirect_uris:
+            raise _OAuthError(400, "invalid_request", "post_logout_redirect_uri not registered")
+        state = params.get("state")
+        if state is not None:
+            target += ("&" if "?" in target else "?") + urlencode({"state": state})
+        request.setResponseCode(303)
+        request.setHeader(b"Location", target.encode("ascii"))
         return None
 
     def _basic_credentials(self, request: Request) -> tuple[str, str] | None:
@@ -945,6 +1000,20 @@ class FakeIdP:
             "expires_in": self.token_lifetime,
             "scope": grant.scope,
         }
+        if self.refresh_id_token:
+            claims = {
+                **self.id_token_claims_from_user,
+                "iss": self.issuer,
+                "sub": grant.sub,
+                "aud": self.client_id,
+                "exp": now + self.token_lifetime,
+                "iat": now,
+                "azp": self.client_id,
+                "sid": grant.sid,
+                "jti": secrets.token_urlsafe(8),
+            }
+            answer["id_token"] = self.signing_key.sign(claims)
+            self.refreshed_id_tokens.append(answer["id_token"])
         if self.rotate_refresh_tokens:
             del self._refresh_tokens[token]
             rotated = secrets.token_urlsafe(24)
