@@ -8,8 +8,8 @@ named, in start order:
   - C{upstream-pool}: L{UpstreamPoolService}, the upstream connection pool (idle
     connections closed on stop);
   - C{state} and C{sessions}: with a C{stateProvider}, the state store (connecting in
-    the background, reconnecting with backoff; closed on stop) and the server-side
-    sessions over it (listening on the store's logout channel);
+    the background, reconnecting with backoff; closed on stop) and, with a session
+    block, the server-side sessions over it (listening on the store's logout channel);
   - C{idp}: L{IdentityProvider<edgegw.identity.provider.IdentityProvider>}, with an IdP
     resource (browser login, Bearer verification): discovery at start without holding
     the gateway up, retried with capped backoff, then the discovery document and key
@@ -262,11 +262,14 @@ def _children_of(gateway: Gateway) -> list[IService]:
         ("access-log", AccessLogService(gateway.access_log)),
         ("upstream-pool", UpstreamPoolService(gateway.upstream_client)),
     ]
-    if gateway.state is not None and gateway.sessions is not None:
+    if gateway.state is not None:
         # The store connects in the background; until it can be reached, requests
-        # with server-side sessions are unauthenticated (fail closed).
+        # with server-side sessions are unauthenticated, and identity assertions are
+        # not accepted (fail closed). Without a session block it holds only the
+        # assertions' replay record.
         children.append(("state", gateway.state))  # type: ignore[arg-type]
-        children.append(("sessions", gateway.sessions))
+        if gateway.sessions is not None:
+            children.append(("sessions", gateway.sessions))
     if gateway.idp is not None:
         # Discovery starts with the gateway and never holds it up: until it succeeds
         # the login endpoint answers 503.

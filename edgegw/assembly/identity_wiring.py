@@ -26,7 +26,7 @@ from edgegw.chain.resource_target import ResourceTarget
 from edgegw.config.effective import EffectiveRoute
 from edgegw.config.errors import Location, Problems
 from edgegw.config.model import Config
-from edgegw.identity.assertion import AssertionVerifier
+from edgegw.identity.assertion import AssertionUnavailableError, AssertionVerifier, ClaimOnce
 from edgegw.identity.bearer import BearerVerifier
 from edgegw.identity.groups import GroupRenderer
 from edgegw.identity.login_state import LoginStates
@@ -35,7 +35,7 @@ from edgegw.identity.session_cookie import SessionCookie
 from edgegw.metrics.gateway_metrics import NO_METRICS, IMetrics
 from edgegw.sessions.server import ServerSessions
 from edgegw.state.providers import UnknownProviderError, find_provider
-from edgegw.state.store import IStateStore
+from edgegw.state.store import IStateStore, StoreError
 from edgegw.telemetry import Telemetry
 from edgegw.upstream.agent import UpstreamAgent
 from edgegw.upstream.pool import UpstreamClient
@@ -53,7 +53,8 @@ class IdentityStages:
     @ivar login_path: Where app routes send anonymous navigations, when login is mounted.
     @ivar bearer: Verifies Bearer tokens on service routes, when an IdP is configured.
     @ivar assertions: Verifies inbound identity assertions on service routes, with
-        C{identity.assertion.accept}.
+        C{identity.assertion.accept}: their token ids recorded in the state store with
+        a C{stateProvider}, else per process.
     @ivar server: The server-side sessions, with a C{stateProvider}.
     """
 
@@ -109,6 +110,7 @@ def wire_identity(
             keep_token=any(_forwards_access_token(route) for route in routes),
         )
     server = None
+    shared = _claim_once(store) if store is not None and gateway.state_provider else None
     if session is not None:
         cookie = SessionCookie(session, reactor)
         ref = gateway.state_provider
@@ -139,10 +141,31 @@ def wire_identity(
             trusted_origins=gateway.security.csrf.trusted_origins,
             login_path=gateway.auth.login_path if login is not None else None,
             bearer=bearer,
-            assertions=(AssertionVerifier(accept, reactor) if accept is not None else None),
+            assertions=(
+                AssertionVerifier(accept, reactor, shared=shared) if accept is not None else None
+            ),
             server=server,
         ),
     )
+
+
+def _claim_once(store: IStateStore) -> ClaimOnce:
+    """
+    The assertions' replay record in C{store}: one C{SET NX PX} per accepted assertion
+    (L{IStateStore.acquire}, a lock never released), so that the first use at any
+    instance sharing the store wins, and a store that cannot tell fails closed.
+    """
+
+    async def claim(key: bytes, ttl: float) -> bool:
+        try:
+            first: bool = await store.acquire(key, b"1", ttl)
+        except StoreError as e:
+            raise AssertionUnavailableError(
+                f"replay record unavailable (state store: {e or type(e).__name__})"
+            ) from None
+        return first
+
+    return claim
 
 
 def _forwards_access_token(effective: EffectiveRoute) -> bool:
@@ -196,10 +219,13 @@ def state_store(
 ) -> IStateStore | None:
     """
     The Gateway's state store, not started, when it has a C{stateProvider} (and a
-    session block, which the load checked).
+    session block or C{identity.assertion.accept}, which the load checked).
     """
-    ref = config.gateway.state_provider
-    if ref is None or config.gateway.session is None:
+    gateway = config.gateway
+    ref = gateway.state_provider
+    assertion = gateway.identity.assertion
+    accepts = assertion is not None and assertion.accept is not None
+    if ref is None or (gateway.session is None and not accepts):
         return None
     return find_provider(ref.type).build(ref.config, ref.key_prefix, reactor, **options)
 

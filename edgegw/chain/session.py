@@ -11,7 +11,11 @@ from collections.abc import Callable, Iterable, Sequence
 
 from twisted.web.server import Request
 
-from edgegw.identity.assertion import AssertionRefusedError, AssertionVerifier
+from edgegw.identity.assertion import (
+    AssertionRefusedError,
+    AssertionUnavailableError,
+    AssertionVerifier,
+)
 from edgegw.identity.bearer import (
     BearerRejectedError,
     BearerUnavailableError,
@@ -61,7 +65,9 @@ def session_stage(
         later stage or backend sees a client's), then verified after the Bearer token;
         with C{requireBearer} it only enriches a Bearer principal of the same subject,
         without it a valid assertion alone authenticates. An invalid or unusable
-        assertion is ignored (the reason goes to the access log), never an error.
+        assertion is ignored (the reason goes to the access log), never an error; one
+        whose token id the shared replay record (state store) could not record is
+        not accepted either, and where a login is required answered 503.
     @param server: With a state provider: the cookie holds a session id, the record is
         read from the store (its access token refreshed first when due, on routes that
         require a login), and the request is tracked as one of the session's open
@@ -150,9 +156,18 @@ def session_stage(
                 metrics.auth("bearer", "rejected", "malformed")
                 _rejected(exchange, "malformed Bearer credential")
         if asserted is not None and assertions is not None:
-            principal = _with_assertion(
-                exchange, assertions, asserted, principal, from_bearer, require_bearer, metrics
-            )
+            try:
+                principal = await _with_assertion(
+                    exchange, assertions, asserted, principal, from_bearer, require_bearer, metrics
+                )
+            except AssertionUnavailableError as e:
+                # Whether it was used before cannot be told: not accepted (fail closed),
+                # and, where a login is required, not the caller's fault either.
+                metrics.auth("assertion", "unavailable", "state_store")
+                _ignored(exchange, e.reason, principal)
+                if refuse is not None:
+                    write_text(request, 503, b"service unavailable\n", _RETRY_SOON)
+                    return
         if principal is not None:
             exchange.principal = principal
         elif refuse is not None:
@@ -163,7 +178,7 @@ def session_stage(
     return session
 
 
-def _with_assertion(
+async def _with_assertion(
     exchange: Exchange,
     assertions: AssertionVerifier,
     values: Sequence[bytes],
@@ -176,6 +191,8 @@ def _with_assertion(
     The principal once the inbound assertion is taken into account: enriched with its
     groups and claims, or (without C{requireBearer}) authenticated by it alone; as it was
     when the assertion is invalid or does not fit.
+
+    @raise AssertionUnavailableError: The shared replay record cannot be reached.
     """
     if len(values) != 1:
         metrics.auth("assertion", "rejected", "multiple")
@@ -185,7 +202,7 @@ def _with_assertion(
         metrics.auth("assertion", "rejected", "no_bearer")
         return _ignored(exchange, "not accompanied by a verified Bearer token", principal)
     try:
-        asserted = assertions.verify(values[0])
+        asserted = await assertions.accept(values[0])
     except AssertionRefusedError as e:
         metrics.auth("assertion", "rejected", reason_class(e.reason))
         return _ignored(exchange, e.reason, principal)

@@ -66,7 +66,9 @@ def read_gateway(spec: Node, base_dir: str) -> GatewaySpec:
     identity = read_identity(spec.mapping("identity"))
     auth = _auth(spec.mapping("auth"))
     state = read_state_ref(spec.mapping("stateProvider"))
-    if state is not None and session is None:
+    # Without a session, the store keeps only the record of accepted assertions.
+    accepts = identity.assertion is not None and identity.assertion.accept is not None
+    if state is not None and session is None and not accepts:
         spec.error("stateProvider", "requires a session block (its key encrypts the record)")
     tls = read_tls(spec.mapping("tls"), base_dir)
     if tls is not None and listen.startswith("ssl:"):

@@ -5,16 +5,19 @@ sub, iat, exp, jti, groups, claims} and C{aud} when bound to one peer).
 
 The minting side (L{AssertionIssuer}) signs with the C{identity.assertion.issue} seed; the
 accepting side (L{AssertionVerifier}) verifies against C{identity.assertion.accept.keys},
-with 30 s of clock leeway and a bounded in-memory record of the token ids it accepted
-(a replayed assertion is refused).
+with 30 s of clock leeway and a record of the token ids it accepted (a replayed
+assertion is refused): bounded and in memory, per process, or -- with a state provider
+-- in the shared store (L{AssertionVerifier.accept}), so that an assertion used at one
+instance is refused at every other.
 """
 
 from __future__ import annotations
 
+import hashlib
 import heapq
 import json
 import os
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 
 import attrs
 from nacl.exceptions import BadSignatureError
@@ -25,7 +28,15 @@ from edgegw.config.model import AssertionAcceptSpec, AssertionIssueSpec
 from edgegw.identity.principal import ClaimValue, Principal
 from edgegw.identity.sealing import b64url, b64url_decode
 
-__all__ = ["Asserted", "AssertionIssuer", "AssertionRefusedError", "AssertionVerifier"]
+__all__ = [
+    "Asserted",
+    "AssertionIssuer",
+    "AssertionRefusedError",
+    "AssertionUnavailableError",
+    "AssertionVerifier",
+    "ClaimOnce",
+    "record_key",
+]
 
 LEEWAY = 30.0
 """Seconds of clock difference tolerated between the two gateways."""
@@ -48,6 +59,26 @@ class AssertionRefusedError(Exception):
     def __init__(self, reason: str) -> None:
         super().__init__(reason)
         self.reason = reason
+
+
+class AssertionUnavailableError(Exception):
+    """
+    A valid assertion whose token id could not be recorded in the shared store (it is
+    down, or did not answer in time): whether it was used before cannot be told, so it
+    is not accepted -- and it is not the caller's fault. C{reason} is for the log only.
+    """
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+ClaimOnce = Callable[[bytes, float], Awaitable[bool]]
+"""
+The shared replay record: C{claim(key, ttl)} records C{key} for C{ttl} seconds unless it
+is recorded already, atomically, and answers whether this call recorded it (the first
+use); raises L{AssertionUnavailableError} when the record cannot be reached.
+"""
 
 
 @attrs.frozen
@@ -114,12 +145,16 @@ class AssertionVerifier:
         spec: AssertionAcceptSpec,
         clock: IReactorTime,
         allowed_claims: tuple[str, ...] | None = None,
+        shared: ClaimOnce | None = None,
     ) -> None:
         """
         @param allowed_claims: This gateway's C{identity.claims}: the only asserted claims
             kept (a peer's allowlist is not this one's); L{None} keeps them all.
+        @param shared: With a state provider, the store's record of token ids, which
+            L{accept} uses instead of this process's.
         """
         self.spec = spec
+        self._shared = shared
         self._allowed = frozenset(allowed_claims) if allowed_claims is not None else None
         self.header = spec.header.encode("ascii")
         self._keys = {key.key_id: VerifyKey(key.public_key) for key in spec.keys}
@@ -130,11 +165,41 @@ class AssertionVerifier:
         self._expiring: list[tuple[float, str, str]] = []
         self._per_subject: dict[str, int] = {}
 
-    def verify(self, token: bytes) -> Asserted:
+    async def accept(self, token: bytes) -> Asserted:
         """
-        The caller C{token} vouches for.
+        The caller C{token} vouches for, its token id recorded where this gateway keeps
+        the record: in the shared store with one (one round trip, after every other
+        check passed), else in this process (L{verify}).
 
         @raise AssertionRefusedError: It is not a valid, fresh, unseen assertion.
+        @raise AssertionUnavailableError: The shared record cannot be reached.
+        """
+        shared = self._shared
+        if shared is None:
+            return self.verify(token)
+        asserted, jti, _, expires, now = self._verified(token)
+        # Accepted here until exp + leeway by this clock; the other instances' clocks may
+        # differ from this one's by as much again: the record outlives the assertion at
+        # every instance whose clock is within the leeway.
+        lifetime = expires + 2 * LEEWAY - now
+        if not await shared(record_key(self.spec.issuer, jti), lifetime):
+            raise AssertionRefusedError("replayed token id")
+        return asserted
+
+    def verify(self, token: bytes) -> Asserted:
+        """
+        The caller C{token} vouches for, its token id recorded in this process.
+
+        @raise AssertionRefusedError: It is not a valid, fresh, unseen assertion.
+        """
+        asserted, jti, subject, expires, now = self._verified(token)
+        self._remember(jti, subject, expires + LEEWAY, now)
+        return asserted
+
+    def _verified(self, token: bytes) -> tuple[Asserted, str, str, float, float]:
+        """
+        What C{token} vouches for when it is valid and fresh, with its token id,
+        subject, expiry and the time it was checked at; nothing recorded yet.
         """
         if len(token) > MAX_ASSERTION:
             raise AssertionRefusedError("too long")
@@ -161,7 +226,7 @@ class AssertionVerifier:
         claims = _json_object(payload, "claims")
         return self._check(claims)
 
-    def _check(self, claims: Mapping[str, object]) -> Asserted:
+    def _check(self, claims: Mapping[str, object]) -> tuple[Asserted, str, str, float, float]:
         spec = self.spec
         if claims.get("iss") != spec.issuer:
             raise AssertionRefusedError("wrong issuer")
@@ -199,11 +264,10 @@ class AssertionVerifier:
             raise AssertionRefusedError("claims is not an object of claim values")
         if expires - issued > MAX_LIFETIME:
             raise AssertionRefusedError("valid for longer than an assertion may be")
-        self._remember(jti, subject, float(expires) + LEEWAY, now)
         allowed = self._allowed
         if allowed is not None:
             passport = {name: value for name, value in passport.items() if name in allowed}
-        return Asserted(subject, tuple(groups), passport)
+        return Asserted(subject, tuple(groups), passport), jti, subject, float(expires), now
 
     def _remember(self, jti: str, subject: str, until: float, now: float) -> None:
         seen = self._seen
@@ -229,6 +293,20 @@ class AssertionVerifier:
         seen[jti] = until
         heapq.heappush(expiring, (until, jti, subject))
         self._per_subject[subject] = self._per_subject.get(subject, 0) + 1
+
+
+def record_key(issuer: str, jti: str) -> bytes:
+    """
+    The shared record's key (under the store's prefix) of token id C{jti} from
+    C{issuer}: a hash of both, length-delimited, so that no two pairs share a key and
+    any id makes a short key of fixed shape.
+    """
+    digest = hashlib.sha256()
+    for part in (issuer, jti):
+        raw = part.encode("utf-8", "surrogatepass")
+        digest.update(b"%d:" % len(raw))
+        digest.update(raw)
+    return b"assertion-jti:" + digest.hexdigest().encode("ascii")
 
 
 def _json_object(segment: bytes, what: str) -> dict[str, object]:

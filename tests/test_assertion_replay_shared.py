@@ -1,0 +1,251 @@
+"""
+The identity-assertion replay record shared through the state store (issue 36, point 8):
+real C{twistd -n edgegw} processes accepting assertions from gateway C{gw-a}, a real
+redis-server, a test backend in the test process; the assertions are signed here.
+
+  - with a C{stateProvider}, an assertion accepted at one process is refused at the
+    other and at the same one again, its record (C{SET NX}) living as long as the
+    assertion can be accepted at any instance, and two uses racing at two processes
+    admit exactly one;
+  - without one, the record is per process: each process accepts it once (the
+    documented limit);
+  - with the store down, an assertion is not accepted (fail closed): 503 with
+    C{Retry-After} where a login is required, anonymous where it is not;
+  - requests without an assertion (or with an invalid one) send nothing to the store.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import secrets
+import time
+from typing import Any
+
+from nacl.signing import SigningKey
+from twisted.internet.defer import Deferred, gatherResults
+from twisted.trial.unittest import SynchronousTestCase, TestCase
+
+from edgegw.identity.assertion import record_key
+from tests.support.backends import SiteBackend, answer
+from tests.support.daemons import GatewayProcess, HttpAnswer, http_exchange, sleep
+from tests.support.redis import RedisProbe, RedisServer, redis_server
+
+HEADER = "X-Gw-Identity"
+KEY_PREFIX = "gw:sess:"
+ISSUER = "gw-a"
+READY_TIMEOUT = 30.0
+
+
+def _b64url(data: bytes) -> str:
+    return base64.urlsafe_b64encode(data).rstrip(b"=").decode("ascii")
+
+
+def gateway_b(port: int, backend: int, public: bytes, redis: RedisServer | None) -> str:
+    """
+    An instance of gateway B: accepts C{gw-a}'s assertions alone (no Bearer token) on
+    C{/svc/} (a login required) and C{/open/} (public), with C{redis} as its state
+    provider when given.
+    """
+    state = ""
+    if redis is not None:
+        state = f"""\
+  stateProvider:
+    type: kvstore
+    keyPrefix: "{KEY_PREFIX}"
+    config: {{address: "{redis.address}", timeout: 2s}}
+"""
+    route = """\
+---
+kind: Route
+metadata: {{name: {name}}}
+spec:
+  match: /{name}/
+  type: service
+  access: {{auth: {auth}}}
+  handler: {{type: reverse-proxy, upstream: "http://127.0.0.1:{backend}"}}
+"""
+    return (
+        f"""\
+kind: Gateway
+metadata: {{name: gw-b}}
+spec:
+  listen: "127.0.0.1:{port}"
+  readiness: {{}}
+{state}  identity:
+    assertion:
+      accept:
+        issuer: {ISSUER}
+        requireBearer: false
+        keys: [{{keyId: a-1, publicKey: "{base64.b64encode(public).decode()}"}}]
+"""
+        + route.format(name="svc", auth="required", backend=backend)
+        + route.format(name="open", auth="public", backend=backend)
+    )
+
+
+class SharedReplayTests(TestCase):
+    """
+    Gateway B's instances, with and without a shared state store.
+    """
+
+    async def instances(self, count: int, redis: RedisServer | None) -> list[GatewayProcess]:
+        self.key = SigningKey.generate()
+        self.backend = SiteBackend(answer(body=b"backend")).start()
+        self.addCleanup(self.backend.stop)
+        public = bytes(self.key.verify_key)
+        started = []
+        for index in range(count):
+            process = GatewayProcess(
+                self, {"b.yaml": gateway_b(0, self.backend.port, public, redis)}, f"b{index}"
+            )
+            await process.start()
+            await self.ready(process)
+            started.append(process)
+        return started
+
+    async def ready(self, process: GatewayProcess) -> None:
+        """
+        Wait until C{process} is ready (its store connected, with one).
+        """
+        waited = 0.0
+        while (await http_exchange(process.port, "GET", "/readyz")).status != 200:
+            self.assertLess(waited, READY_TIMEOUT, process.output[-3000:])
+            await sleep(0.1)
+            waited += 0.1
+
+    def assertion(self, jti: str | None = None, **claims: Any) -> tuple[str, str]:
+        """
+        An assertion of C{gw-a} for alice, valid for a minute from now (C{claims}
+        override), and its token id.
+        """
+        now = int(time.time())
+        jti = jti if jti is not None else _b64url(secrets.token_bytes(16))
+        body = {
+            "iss": ISSUER,
+            "sub": "alice",
+            "iat": now,
+            "exp": now + 60,
+            "jti": jti,
+            "groups": ["staff"],
+            "claims": {},
+            **claims,
+        }
+        head = _b64url(json.dumps({"alg": "EdDSA", "kid": "a-1"}).encode())
+        payload = _b64url(json.dumps(body).encode())
+        signature = self.key.sign(f"{head}.{payload}".encode()).signature
+        return f"{head}.{payload}.{_b64url(signature)}", jti
+
+    async def send(self, gateway: GatewayProcess, token: str, path: str = "/svc/") -> HttpAnswer:
+        return await http_exchange(gateway.port, "GET", path, {HEADER: token})
+
+    def assertAccepted(self, response: HttpAnswer, gateway: GatewayProcess) -> None:
+        self.assertEqual(response.status, 200, gateway.output[-3000:])
+        self.assertEqual(self.backend.requests[-1].header(b"X-User-Id"), b"alice")
+
+    def assertRefused(self, response: HttpAnswer, gateway: GatewayProcess) -> None:
+        self.assertEqual(response.status, 401, gateway.output[-3000:])
+
+    async def test_accepted_at_one_instance_refused_at_the_other(self) -> None:
+        redis = await redis_server(self)
+        one, two = await self.instances(2, redis)
+        token, jti = self.assertion()
+        self.assertAccepted(await self.send(one, token), one)
+        self.assertRefused(await self.send(two, token), two)
+        self.assertRefused(await self.send(one, token), one)
+        self.assertIn("replayed token id", two.output)
+        keys = await RedisProbe(redis).keys(KEY_PREFIX + "assertion-jti:*")
+        self.assertEqual(keys, {KEY_PREFIX.encode() + record_key(ISSUER, jti)})
+
+    async def test_without_a_state_provider_each_instance_accepts_it_once(self) -> None:
+        # The documented limit: the record is per process.
+        one, two = await self.instances(2, None)
+        token, _ = self.assertion()
+        self.assertAccepted(await self.send(one, token), one)
+        self.assertAccepted(await self.send(two, token), two)
+        self.assertRefused(await self.send(one, token), one)
+        self.assertRefused(await self.send(two, token), two)
+
+    async def test_the_record_lives_as_long_as_the_assertion_is_acceptable(self) -> None:
+        redis = await redis_server(self)
+        [one] = await self.instances(1, redis)
+        # Expired 20 s ago: still accepted for 10 s (30 s of leeway), at an instance
+        # whose clock is 30 s behind for 40 s. The record lasts that long, no longer.
+        now = int(time.time())
+        token, jti = self.assertion(iat=now - 80, exp=now - 20)
+        self.assertAccepted(await self.send(one, token), one)
+        left = await RedisProbe(redis).pttl(KEY_PREFIX.encode() + record_key(ISSUER, jti))
+        self.assertGreater(left, 10_000)
+        self.assertLessEqual(left, 40_000)
+
+    async def test_the_store_down_refuses_the_assertion(self) -> None:
+        redis = await redis_server(self)
+        [one] = await self.instances(1, redis)
+        warm, _ = self.assertion()
+        self.assertAccepted(await self.send(one, warm), one)
+        await redis.stop()
+        token, _ = self.assertion()
+        # Where a login is required: 503, retry later (not the caller's fault).
+        down = await self.send(one, token)
+        self.assertEqual(down.status, 503, one.output[-3000:])
+        self.assertEqual(down.header(b"retry-after"), b"5")
+        # Where it is not: the request goes on anonymous.
+        seen = len(self.backend.requests)
+        anonymous = await self.send(one, token, "/open/")
+        self.assertEqual(anonymous.status, 200, one.output[-3000:])
+        self.assertEqual(len(self.backend.requests), seen + 1)
+        self.assertIsNone(self.backend.requests[-1].header(b"X-User-Id"))
+        self.assertIn("replay record unavailable", one.output)
+
+    async def test_no_store_round_trip_without_a_valid_assertion(self) -> None:
+        redis = await redis_server(self)
+        [one] = await self.instances(1, redis)
+        probe = RedisProbe(redis)
+
+        async def commands() -> int:
+            stats = (await probe.command("INFO", "commandstats")).decode()
+            return sum(
+                int(line.split("calls=", 1)[1].split(",", 1)[0])
+                for line in stats.splitlines()
+                if line.startswith("cmdstat_") and not line.startswith("cmdstat_info:")
+            )
+
+        before = await commands()
+        for _ in range(3):
+            self.assertEqual((await http_exchange(one.port, "GET", "/svc/")).status, 401)
+        token, _ = self.assertion()
+        forged = token[:-4] + ("AAAA" if not token.endswith("AAAA") else "BBBB")
+        self.assertRefused(await self.send(one, forged), one)
+        self.assertEqual(await commands(), before)
+        self.assertAccepted(await self.send(one, token), one)
+        self.assertEqual(await commands(), before + 1)
+
+    async def test_a_replay_racing_the_first_use_at_two_instances(self) -> None:
+        # The attack: the same assertion sent to two instances at the same moment, before
+        # either has recorded it. SET NX decides: exactly one of them accepts it.
+        redis = await redis_server(self)
+        one, two = await self.instances(2, redis)
+        for _ in range(10):
+            token, _ = self.assertion()
+            answers = await gatherResults(
+                [Deferred.fromCoroutine(self.send(gateway, token)) for gateway in (one, two)]
+            )
+            statuses = sorted(a.status for a in answers)
+            self.assertEqual(statuses, [200, 401], one.output[-2000:] + two.output[-2000:])
+
+
+class RecordKeyTests(SynchronousTestCase):
+    """
+    The attack on the key: a token id crafted to land on another issuer's record (or to
+    shape the key) cannot.
+    """
+
+    def test_issuer_and_token_id_cannot_be_shifted_into_each_other(self) -> None:
+        self.assertNotEqual(record_key("gw-a", "bc"), record_key("gw-ab", "c"))
+        self.assertNotEqual(record_key("gw-a", "x"), record_key("gw-b", "x"))
+        self.assertNotEqual(record_key("gw-a", "1:x"), record_key("gw-a:1", "x"))
+
+    def test_any_token_id_makes_a_key_of_fixed_shape(self) -> None:
+        for jti in ("x", "a:b*?[]\r\n", "\u00e9" * 256, "assertion-jti:" + "0" * 64):
+            key = record_key("gw-a", jti)
+            self.assertRegex(key, rb"\Aassertion-jti:[0-9a-f]{64}\Z")
