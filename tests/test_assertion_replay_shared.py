@@ -9,8 +9,9 @@ redis-server, a test backend in the test process; the assertions are signed here
     admit exactly one;
   - without one, the record is per process: each process accepts it once (the
     documented limit);
-  - with the store down, an assertion is not accepted (fail closed): 503 with
-    C{Retry-After} where a login is required, anonymous where it is not;
+  - with the store down (or not answering), an assertion is not accepted (fail
+    closed): 503 with C{Retry-After} where a login is required, anonymous where it is
+    not;
   - requests without an assertion (or with an invalid one) send nothing to the store.
 """
 
@@ -196,6 +197,16 @@ class SharedReplayTests(TestCase):
         self.assertEqual(len(self.backend.requests), seen + 1)
         self.assertIsNone(self.backend.requests[-1].header(b"X-User-Id"))
         self.assertIn("replay record unavailable", one.output)
+
+    async def test_a_store_that_does_not_answer_refuses_the_assertion(self) -> None:
+        redis = await redis_server(self)
+        [one] = await self.instances(1, redis)
+        redis.pause()
+        token, _ = self.assertion()
+        # Within the store's timeout (2 s): not accepted, and not left waiting.
+        frozen = await self.send(one, token)
+        self.assertEqual(frozen.status, 503, one.output[-3000:])
+        self.assertEqual(len(self.backend.requests), 0)
 
     async def test_no_store_round_trip_without_a_valid_assertion(self) -> None:
         redis = await redis_server(self)
