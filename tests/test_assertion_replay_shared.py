@@ -12,7 +12,9 @@ redis-server, a test backend in the test process; the assertions are signed here
   - with the store down (or not answering), an assertion is not accepted (fail
     closed): 503 with C{Retry-After} where a login is required, anonymous where it is
     not;
-  - requests without an assertion (or with an invalid one) send nothing to the store.
+  - requests without an assertion (or with an invalid one) send nothing to the store;
+  - the record's key and lifetime (a clock the test moves), and a stateProvider that
+    needs no session block on a gateway that accepts assertions.
 """
 
 from __future__ import annotations
@@ -25,10 +27,19 @@ from typing import Any
 
 from nacl.signing import SigningKey
 from twisted.internet.defer import Deferred, gatherResults
+from twisted.internet.task import Clock
 from twisted.trial.unittest import SynchronousTestCase, TestCase
 
-from edgegw.identity.assertion import record_key
+from edgegw.assembly.assemble import build_gateway
+from edgegw.config.model import AssertionAcceptSpec, AssertionKeySpec
+from edgegw.identity.assertion import (
+    AssertionRefusedError,
+    AssertionUnavailableError,
+    AssertionVerifier,
+    record_key,
+)
 from tests.support.backends import SiteBackend, answer
+from tests.support.configs import load_text, problems_of
 from tests.support.daemons import GatewayProcess, HttpAnswer, http_exchange, sleep
 from tests.support.redis import RedisProbe, RedisServer, redis_server
 
@@ -260,3 +271,108 @@ class RecordKeyTests(SynchronousTestCase):
         for jti in ("x", "a:b*?[]\r\n", "\u00e9" * 256, "assertion-jti:" + "0" * 64):
             key = record_key("gw-a", jti)
             self.assertRegex(key, rb"\Aassertion-jti:[0-9a-f]{64}\Z")
+
+
+class SharedRecordTests(TestCase):
+    """
+    L{AssertionVerifier.accept} with a shared record (a dict standing in for the store)
+    and a clock the test moves: what it records, for how long, and when it asks.
+    """
+
+    def setUp(self) -> None:
+        self.key = SigningKey.generate()
+        self.clock = Clock()
+        self.clock.advance(1_700_000_000)
+        self.recorded: dict[bytes, float] = {}
+        self.down = False
+        spec = AssertionAcceptSpec(
+            issuer=ISSUER,
+            keys=(AssertionKeySpec("a-1", bytes(self.key.verify_key)),),
+            require_bearer=False,
+        )
+        self.verifier = AssertionVerifier(spec, self.clock, shared=self.claim)
+
+    async def claim(self, key: bytes, ttl: float) -> bool:
+        if self.down:
+            raise AssertionUnavailableError("replay record unavailable (test)")
+        if key in self.recorded:
+            return False
+        self.recorded[key] = ttl
+        return True
+
+    def token(self, **claims: Any) -> bytes:
+        now = int(self.clock.seconds())
+        body = {"iss": ISSUER, "sub": "alice", "iat": now, "exp": now + 60, "jti": "j1"}
+        body.update(claims)
+        head = _b64url(json.dumps({"alg": "EdDSA", "kid": "a-1"}).encode())
+        payload = _b64url(json.dumps(body).encode())
+        signature = self.key.sign(f"{head}.{payload}".encode()).signature
+        return f"{head}.{payload}.{_b64url(signature)}".encode()
+
+    async def test_the_record_expires_60_s_after_exp(self) -> None:
+        await self.verifier.accept(self.token())
+        self.assertEqual(self.recorded, {record_key(ISSUER, "j1"): 120.0})
+
+    async def test_a_second_use_is_refused_as_a_replay(self) -> None:
+        token = self.token()
+        await self.verifier.accept(token)
+        with self.assertRaises(AssertionRefusedError) as caught:
+            await self.verifier.accept(token)
+        self.assertEqual(caught.exception.reason, "replayed token id")
+
+    async def test_nothing_is_recorded_for_an_assertion_refused_otherwise(self) -> None:
+        now = int(self.clock.seconds())
+        for claims in (
+            {"iss": "gw-x"},
+            {"exp": now - 31},
+            {"iat": now + 31, "exp": now + 90},
+            {"exp": now + 601},
+            {"sub": ""},
+        ):
+            with self.assertRaises(AssertionRefusedError):
+                await self.verifier.accept(self.token(**claims))
+        self.assertEqual(self.recorded, {})
+
+    async def test_an_unreachable_record_is_not_an_acceptance(self) -> None:
+        self.down = True
+        with self.assertRaises(AssertionUnavailableError):
+            await self.verifier.accept(self.token())
+        # Nor does the process remember it: once the store is back, it is accepted.
+        self.down = False
+        await self.verifier.accept(self.token())
+
+
+class StateProviderWithoutSessionTests(SynchronousTestCase):
+    """
+    A gateway that only accepts assertions may have a stateProvider (edgegw addition):
+    its store keeps the replay record, and nothing else needs a session block.
+    """
+
+    STATE = """\
+kind: Gateway
+metadata: {name: g}
+spec:
+  listen: "127.0.0.1:0"
+  stateProvider: {type: kvstore, config: {address: "127.0.0.1:6379"}}
+"""
+
+    def test_with_accept_it_loads_and_is_built(self) -> None:
+        public = base64.b64encode(bytes(SigningKey.generate().verify_key)).decode()
+        text = (
+            self.STATE
+            + f"""\
+  identity:
+    assertion:
+      accept: {{issuer: gw-a, keys: [{{keyId: a-1, publicKey: "{public}"}}]}}
+"""
+        )
+        gateway = build_gateway(load_text(self.mktemp(), text, gateway=False), Clock())
+        self.assertIsNotNone(gateway.state)
+        self.assertIsNone(gateway.sessions)
+
+    def test_without_accept_it_still_needs_a_session(self) -> None:
+        self.assertIn(
+            'document 1, Gateway "g": spec.stateProvider: requires a session block '
+            "(its key encrypts the record)",
+            problems_of(self.mktemp(), self.STATE, gateway=False),
+        )
