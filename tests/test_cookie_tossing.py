@@ -15,6 +15,7 @@ tests/e2e/test_browser_toss.py.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -50,15 +51,24 @@ async def log_in(w: LoginWorld, user: str, headers: dict[str, str] | None = None
     A browser of its own logged in as C{user} through the gateway and the fake IdP
     (C{headers} sent to the gateway on every step: L{HTTPS} for a secure login).
     """
-    w.idp.user["sub"] = user
+    return await log_in_at(w.url, w.idp, user, headers)
+
+
+async def log_in_at(
+    url: Callable[[str], str], idp: FakeIdP, user: str, headers: dict[str, str] | None = None
+) -> Browser:
+    """
+    L{log_in} at the gateway whose URLs C{url} makes.
+    """
+    idp.user["sub"] = user
     browser = Browser()
-    start = await browser.get(w.url("/auth/login?return_to=/app/x"), headers=headers)
+    start = await browser.get(url("/auth/login?return_to=/app/x"), headers=headers)
     assert start.status == 302, start
     at_idp = await browser.get(start.location or "")
     back = urlsplit(at_idp.location or "")
     # The IdP sends the browser to the redirect_uri, https:// when the proxy said so:
     # the proxy's part is played by this test, which brings it to the gateway.
-    done = await browser.get(w.url(f"{back.path}?{back.query}"), headers=headers)
+    done = await browser.get(url(f"{back.path}?{back.query}"), headers=headers)
     assert done.status == 302, (done, done.body)
     return browser
 
@@ -385,40 +395,88 @@ class HostPrefix(TestCase):
         self.assertEqual(user, b"alice")
 
 
+class _BehindTrustedProxy(SessionGateway):
+    """
+    A server-side-session gateway that trusts its peer (the test) as a proxy.
+    """
+
+    def config_text(self) -> str:
+        listen = '  listen: "127.0.0.1:0"\n'
+        return (
+            super().config_text().replace(listen, listen + '  trustedProxies: ["127.0.0.1"]\n', 1)
+        )
+
+
 class ServerSideSessionCookie(TestCase):
     """
     With a state provider the cookie holds a sealed session id: the same rules.
     """
 
-    async def test_duplicates_and_prefix(self) -> None:
+    async def gateway(self) -> tuple[SessionGateway, SiteBackend]:
         redis = await redis_server(self)
         idp = FakeIdP()
         await idp.start(self)
         backend = SiteBackend(answer(body=b"backend")).start()
         self.addCleanup(backend.stop)
-        gateway = await SessionGateway(self, idp, backend, redis).start()
-        alice, mallory = Browser(), Browser()
-        idp.user["sub"] = "alice"
-        await gateway.login(alice)
-        idp.user["sub"] = "mallory"
-        await gateway.login(mallory)
-        a, m = alice.cookies["gw_session"], mallory.cookies["gw_session"]
+        gateway = await _BehindTrustedProxy(self, idp, backend, redis).start()
+        idp.redirect_uris.append(f"https://127.0.0.1:{gateway.port}/auth/callback")
+        return gateway, backend
 
-        async def user(cookies: str, headers: dict[str, str] | None = None) -> bytes | None:
-            before = len(backend.requests)
-            await Browser().get(
-                gateway.url("/app/x"), headers={**NAVIGATE, **(headers or {}), "Cookie": cookies}
-            )
-            reached = backend.requests[before:]
-            return reached[-1].header(b"X-User-Id") if reached else None
+    async def user(
+        self,
+        gateway: SessionGateway,
+        backend: SiteBackend,
+        cookies: str,
+        headers: dict[str, str] | None = None,
+    ) -> bytes | None:
+        before = len(backend.requests)
+        await Browser().get(
+            gateway.url("/app/x"), headers={**NAVIGATE, **(headers or {}), "Cookie": cookies}
+        )
+        reached = backend.requests[before:]
+        return reached[-1].header(b"X-User-Id") if reached else None
 
-        self.assertEqual(await user(f"gw_session={a}"), b"alice")
+    async def test_the_session_id_cookie_twice_is_no_session(self) -> None:
+        gateway, backend = await self.gateway()
+        a = (await log_in_at(gateway.url, gateway.idp, "alice")).cookies["gw_session"]
+        b = (await log_in_at(gateway.url, gateway.idp, "bob")).cookies["gw_session"]
+        self.assertEqual(await self.user(gateway, backend, f"gw_session={a}"), b"alice")
         events = capture_log(self)
-        self.assertIsNone(await user(f"gw_session={a}; gw_session={m}"))
-        self.assertIsNone(await user(f"gw_session={m}; gw_session={a}"))
+        self.assertIsNone(await self.user(gateway, backend, f"gw_session={a}; gw_session={b}"))
+        self.assertIsNone(await self.user(gateway, backend, f"gw_session={b}; gw_session={a}"))
         self.assertTrue(ambiguity_lines(events))
-        # The peer is no trusted proxy here: its X-Forwarded-Proto changes no name.
-        self.assertEqual(await user(f"gw_session={a}", HTTPS), b"alice")
+
+    async def test_over_https_host_names_and_logout(self) -> None:
+        gateway, backend = await self.gateway()
+        alice = await log_in_at(gateway.url, gateway.idp, "alice", HTTPS)
+        self.assertEqual(sorted(alice.cookies), ["__Host-gw_session"])
+        a = alice.cookies["__Host-gw_session"]
+        b = (await log_in_at(gateway.url, gateway.idp, "bob", HTTPS)).cookies["__Host-gw_session"]
+        user = await self.user(gateway, backend, f"__Host-gw_session={a}", HTTPS)
+        self.assertEqual(user, b"alice")
+        for cookies in (
+            f"gw_session={b}",
+            f"__host-gw_session={b}",
+            f"__Host-gw_session={a}; __Host-gw_session={b}",
+        ):
+            self.assertIsNone(await self.user(gateway, backend, cookies, HTTPS), cookies)
+        user = await self.user(gateway, backend, f"__Host-gw_session={a}; gw_session={b}", HTTPS)
+        self.assertEqual(user, b"alice")
+        # Logout over https clears the __Host- cookie and ends the stored session.
+        same_origin = {
+            "Origin": f"https://127.0.0.1:{gateway.port}",
+            "Sec-Fetch-Site": "same-origin",
+        }
+        response = await alice.post(gateway.url("/auth/logout"), headers={**HTTPS, **same_origin})
+        self.assertEqual(response.status, 302)
+        self.assertTrue(
+            any(
+                line.startswith("__Host-gw_session=;") and "Max-Age=0" in line
+                for line in alice.set_cookie_lines
+            ),
+            alice.set_cookie_lines,
+        )
+        self.assertIsNone(await self.user(gateway, backend, f"__Host-gw_session={a}", HTTPS))
 
 
 class AmbiguityLogTests(SynchronousTestCase):
