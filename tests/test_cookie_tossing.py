@@ -29,9 +29,10 @@ from edgegw.identity.cookies import (
     CookieName,
 )
 from tests.support.backends import SiteBackend, answer
-from tests.support.browser import Browser, BrowserResponse
+from tests.support.browser import USER_AGENT, Browser, BrowserResponse
 from tests.support.configs import load_text, problems_of
 from tests.support.fake_idp import FakeIdP
+from tests.support.h2client import connect_h2, listen_tls
 from tests.support.log_capture import capture_log
 from tests.support.redis import redis_server
 from tests.support.sessions import SessionGateway
@@ -184,6 +185,41 @@ class DuplicatedSessionCookie(TestCase):
         ):
             _, user = await user_at(w, cookie_header([("gw_session", alice), *extra]))
             self.assertEqual(user, b"alice", extra)
+
+
+class DirectTLS(TestCase):
+    """
+    The gateway's own TLS (C{request.isSecure()}), over HTTP/2, where a browser may send
+    each cookie in a C{cookie} field of its own (RFC 9113, 8.2.3).
+    """
+
+    async def test_host_names_and_duplicates_over_h2(self) -> None:
+        w = await world(self)
+        # A sealed value does not depend on the name it is sent under.
+        a = (await log_in(w, "alice")).cookies["gw_session"]
+        b = (await log_in(w, "bob")).cookies["gw_session"]
+        client = await connect_h2(self, listen_tls(self, w.gateway.site))
+        self.addCleanup(client.shut)
+
+        async def user(*cookies: str) -> tuple[int | None, bytes | None]:
+            before = len(w.backend.requests)
+            fields = [(b"user-agent", USER_AGENT.encode()), (b"sec-fetch-mode", b"navigate")]
+            fields += [(b"cookie", cookie.encode()) for cookie in cookies]
+            response = await client.request(b"GET", b"/app/x", fields)
+            reached = w.backend.requests[before:]
+            return response.status, (reached[-1].header(b"X-User-Id") if reached else None)
+
+        self.assertEqual(await user(f"__Host-gw_session={a}"), (200, b"alice"))
+        self.assertEqual(await user(f"__Host-gw_session={a}", f"gw_session={b}"), (200, b"alice"))
+        self.assertEqual(await user(f"gw_session={a}"), (302, None))
+        self.assertEqual(
+            await user(f"__Host-gw_session={a}", f"__Host-gw_session={b}"), (302, None)
+        )
+        self.assertEqual(await user(f"__Host-gw_session={a}; __Host-gw_session={b}"), (302, None))
+        login = await client.request(b"GET", b"/auth/login?return_to=/app/x")
+        line = (login.header(b"set-cookie") or b"").decode()
+        self.assertTrue(line.startswith("__Host-gw_session.login."), line)
+        self.assertIn("; Secure", line)
 
 
 class LoginStateToss(TestCase):
