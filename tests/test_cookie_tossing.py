@@ -421,6 +421,24 @@ class HostPrefix(TestCase):
         self.assertEqual(seen.header(b"X-User-Id"), b"alice")
         self.assertEqual(seen.header(b"Cookie"), b"theme=dark")
 
+    async def test_a_backend_cannot_set_the_host_cookies(self) -> None:
+        w = await world(self, trusted='["127.0.0.1"]')
+        idp_redirect_uris(w)
+        alice = (await log_in(w, "alice", HTTPS)).cookies["__Host-gw_session"]
+        w.backend.responder = answer(
+            body=b"backend",
+            headers=[
+                (b"Set-Cookie", b"__Host-gw_session=evil; Path=/; Secure"),
+                (b"Set-Cookie", b"__Host-gw_session.0=evil; Path=/; Secure"),
+                (b"Set-Cookie", b"__Host-gw_session.login.x=evil; Path=/; Secure"),
+                (b"Set-Cookie", b"theme=dark; Path=/"),
+            ],
+        )
+        response = await Browser().get(
+            w.url("/app/x"), headers={**HTTPS, "Cookie": f"__Host-gw_session={alice}"}
+        )
+        self.assertEqual(response.headers.getRawHeaders("Set-Cookie"), ["theme=dark; Path=/"])
+
     async def test_host_prefix_off(self) -> None:
         w = await world(self, trusted='["127.0.0.1"]', gateway_spec=", hostPrefix: false")
         idp_redirect_uris(w)
