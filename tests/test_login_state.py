@@ -115,7 +115,8 @@ class LoginStateTests(SynchronousTestCase):
         self.assertEqual(
             set_cookie_lines(request),
             [
-                PREFIX
+                b"__Host-"
+                + PREFIX
                 + login.state.encode()
                 + b"=; Path=/; Max-Age=0; HttpOnly; SameSite=Lax; Secure"
             ],

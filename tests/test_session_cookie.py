@@ -372,7 +372,9 @@ class SessionCookieTests(SynchronousTestCase):
             self.cookie.clear(request)
             self.assertEqual(
                 set_cookie_lines(request)[1],
-                b"gw_session=" + ATTRIBUTES % 0 + (b"; Secure" if secure else b""),
+                (b"__Host-gw_session=" if secure else b"gw_session=")
+                + ATTRIBUTES % 0
+                + (b"; Secure" if secure else b""),
             )
 
     def test_chunked(self) -> None:

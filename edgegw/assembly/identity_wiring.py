@@ -122,7 +122,9 @@ def wire_identity(
             login = BrowserLogin(
                 provider=provider,
                 sessions=cookie,
-                logins=LoginStates(cookie.sealer, session.cookie_name, reactor),
+                logins=LoginStates(
+                    cookie.sealer, session.cookie_name, reactor, session.host_prefix
+                ),
                 identity=gateway.identity,
                 groups=groups,
                 callback_path=idp.callback_path,

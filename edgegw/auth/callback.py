@@ -17,7 +17,7 @@ from twisted.web.server import NOT_DONE_YET, Request
 from edgegw.auth.context import BrowserLogin
 from edgegw.auth.endpoint import AuthEndpoint, answer_redirect, answer_text
 from edgegw.identity.claims import merge_userinfo, needs_userinfo, principal_of
-from edgegw.identity.cookies import MAX_CHUNK
+from edgegw.identity.cookies import MAX_CHUNK, AmbiguousCookieError
 from edgegw.identity.login_state import LOGIN_LIFETIME
 from edgegw.identity.provider import IdPError
 from edgegw.identity.sealing import NONCE_SIZE, TAG_SIZE
@@ -72,7 +72,8 @@ class CallbackResource(AuthEndpoint):
     for it, sets the session cookie and sends the browser back to its C{return_to}.
 
     Every failure sets no session: 400 for a missing or mismatched state or login cookie,
-    an C{error=} from the IdP or an C{iss} naming another issuer (RFC 9207); 502 when the
+    a login cookie carried more than once (one may be tossed from a sibling domain), an
+    C{error=} from the IdP or an C{iss} naming another issuer (RFC 9207); 502 when the
     token endpoint fails or its id_token does not verify, or userinfo fails; the reason
     goes to the log only.
     """
@@ -111,7 +112,10 @@ class CallbackResource(AuthEndpoint):
         # The login cookie is cleared whatever happens next, and the state is spent in
         # this instance: the same login cookie replayed (by this browser or a copy of it)
         # cannot buy another call to the token endpoint.
-        pending = login.logins.take(request, state) if state else None
+        try:
+            pending = login.logins.take(request, state) if state else None
+        except AmbiguousCookieError:
+            raise LoginFailedError(400, "this login's state cookie came more than once") from None
         if pending is not None:
             spent = self.spent.spend(pending.state, pending.created_at)
             if spent is None:

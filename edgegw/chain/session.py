@@ -77,7 +77,6 @@ def session_stage(
     @param metrics: Counts each authentication's method and outcome (by reason class).
     """
     trusted = frozenset(origin.lower() for origin in trusted_origins)
-    cookie_name = cookie.cookie_name.encode("ascii") if cookie is not None else b""
     assertion_header = assertions.header if assertions is not None else b""
     require_bearer = assertions.spec.require_bearer if assertions is not None else True
 
@@ -114,7 +113,7 @@ def session_stage(
                 if record is None:
                     if unavailable:
                         metrics.auth("session", "unavailable", "state_store")
-                    elif request.getCookie(cookie_name) is not None:
+                    elif cookie.carried(request):
                         # Sent, but expired, tampered with, ended or unreadable.
                         metrics.auth("session", "rejected", "invalid")
                 else:

@@ -75,6 +75,7 @@ class SessionSpec:
     fingerprint_headers: tuple[str, ...] = ("User-Agent",)
     info_path: str = "/auth/session"
     post_logout_redirect: str = "/"
+    host_prefix: bool = True
 
 
 @attrs.frozen

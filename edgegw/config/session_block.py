@@ -39,6 +39,7 @@ def read_session(node: Node | None) -> SessionSpec | None:
         fingerprint_headers=fingerprint,
         info_path=info_path,
         post_logout_redirect=post_logout,
+        host_prefix=node.boolean("hostPrefix", True),
     )
     node.finish()
     return session

@@ -1,9 +1,16 @@
 """
 Cookie plumbing for the gateway's own cookies: reading, setting, clearing and chunking.
 
-Every cookie the gateway sets is C{Path=/; HttpOnly; SameSite=Lax}, and C{Secure} when
-the browser reached the gateway over https. A value longer than one cookie can hold is
-split into C{<name>.0}, C{<name>.1}, ... and read back as the contiguous run from C{.0}.
+Every cookie the gateway sets is C{Path=/; HttpOnly; SameSite=Lax} (never a C{Domain}),
+and C{Secure} when the browser reached the gateway over https; its name then carries the
+C{__Host-} prefix (L{CookieName}), which a browser accepts only from the host itself: a
+page on a sibling subdomain cannot set one for the parent domain ("cookie tossing"). A
+value longer than one cookie can hold is split into C{<name>.0}, C{<name>.1}, ... and
+read back as the contiguous run from C{.0}.
+
+A cookie of the gateway's that a request carries more than once (or as a single cookie
+and as chunks) is ambiguous, as a tossed one beside the browser's own would be: no value
+is read from it (L{read_unambiguous}).
 """
 
 from __future__ import annotations
@@ -11,6 +18,9 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Iterator, Mapping
 
+import attrs
+from twisted.internet.interfaces import IReactorTime
+from twisted.logger import Logger
 from twisted.web.server import Request
 
 MAX_CHUNK = 3800
@@ -24,6 +34,21 @@ _SECURE = b"; Secure"
 # one is never written back into a Set-Cookie header.
 _TOKEN = re.compile(rb"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
 _WHITESPACE = b" \t"
+_COOKIE = b"Cookie"
+_NO_NAMES: frozenset[bytes] = frozenset()
+
+HOST_PREFIX = b"__Host-"
+"""
+The prefix of the gateway's cookie names on secure requests (RFC 6265bis, 4.1.3.2): a
+browser stores such a cookie only when it is C{Secure}, C{Path=/}, without C{Domain}, set
+by a secure origin.
+"""
+
+AMBIGUITY_LOG_INTERVAL = 10.0
+"""The shortest time between two log lines about ambiguous cookies (a flood of tossed
+cookies must not flood the log); the ones in between are counted in the next."""
+
+_log = Logger(namespace="edgegw.identity")
 
 
 def is_https(request: Request) -> bool:
@@ -44,6 +69,158 @@ def is_https(request: Request) -> bool:
 
 def _name_bytes(name: str | bytes) -> bytes:
     return name if isinstance(name, bytes) else name.encode("ascii")
+
+
+@attrs.frozen
+class CookieName:
+    """
+    A cookie name of the gateway's (or a prefix of names: the login-state cookies) as
+    configured, and as used on a secure request.
+
+    @ivar plain: The name as configured: used over plain http, and on every request
+        with C{session.hostPrefix: false}.
+    @ivar secure: The name on a secure request (L{is_https}): C{__Host-} and the plain
+        name, unless the prefix is off or the configured name already has it.
+    """
+
+    plain: bytes
+    secure: bytes
+
+    @classmethod
+    def of(cls, name: str | bytes, host_prefix: bool) -> CookieName:
+        """
+        The names of C{name}, the secure one with the C{__Host-} prefix when
+        C{host_prefix}.
+        """
+        plain = _name_bytes(name)
+        prefixed = host_prefix and not plain.startswith(HOST_PREFIX)
+        return cls(plain, HOST_PREFIX + plain if prefixed else plain)
+
+    @property
+    def prefixed(self) -> bool:
+        """
+        Whether the secure name differs from the plain one.
+        """
+        return self.secure != self.plain
+
+    def for_request(self, request: Request) -> tuple[bytes, bool]:
+        """
+        The name C{request} carries the cookie under, and whether the request is secure
+        (the cookie's C{Secure} attribute).
+        """
+        if is_https(request):
+            return self.secure, True
+        return self.plain, False
+
+
+class AmbiguousCookieError(Exception):
+    """
+    The request carried one of the gateway's cookies more than once, or both as a
+    single cookie and as chunks: which is the browser's own is unknown.
+
+    @ivar name: The cookie's name (the single cookie's for a chunked value).
+    """
+
+    def __init__(self, name: bytes) -> None:
+        super().__init__(name)
+        self.name = name
+
+
+def duplicated_names(request: Request) -> frozenset[bytes]:
+    """
+    The cookie names that C{request}'s C{Cookie} header lines carry more than once, as
+    Twisted parses them into C{received_cookies} (where the last one wins).
+
+    A request whose every C{;}-separated pair made its own entry in C{received_cookies}
+    carries no name twice: that is all it costs (a count of C{;}), and the lines are
+    parsed again only otherwise.
+    """
+    lines = request.requestHeaders.getRawHeaders(_COOKIE)
+    if not lines:
+        return _NO_NAMES
+    pairs = 0
+    for line in lines:
+        pairs += line.count(b";") + 1
+    if pairs == len(request.received_cookies):
+        return _NO_NAMES
+    seen: set[bytes] = set()
+    twice: set[bytes] = set()
+    for line in lines:
+        if not line:
+            continue
+        for pair in line.split(b";"):
+            # As Twisted's parseCookies: leading whitespace off, the name up to "=".
+            name, equals, _ = pair.lstrip().partition(b"=")
+            if not equals:
+                continue
+            if name in seen:
+                twice.add(name)
+            else:
+                seen.add(name)
+    return frozenset(twice) if twice else _NO_NAMES
+
+
+def _is_chunk_of(carried: bytes, prefix: bytes) -> bool:
+    return carried.startswith(prefix) and carried[len(prefix) :].isdigit()
+
+
+def read_unambiguous(request: Request, name: bytes) -> bytes | None:
+    """
+    L{read_chunked} for the request's cookie C{name}, refusing an ambiguous one.
+
+    @return: The value, or L{None} when neither form is present.
+    @raise AmbiguousCookieError: C{name}, or one of its chunks C{<name>.<digits>}, is
+        carried more than once, or C{name} and C{<name>.0} are both carried.
+    """
+    cookies = request.received_cookies
+    value = read_chunked(cookies, name)
+    if value is None:
+        return None
+    duplicated = duplicated_names(request)
+    if duplicated:
+        prefix = name + b"."
+        for carried in duplicated:
+            if carried == name or _is_chunk_of(carried, prefix):
+                raise AmbiguousCookieError(name)
+    if name in cookies and name + b".0" in cookies:
+        raise AmbiguousCookieError(name)
+    return value
+
+
+class AmbiguityLog:
+    """
+    Logs ambiguous cookies (L{AmbiguousCookieError}) at most once per
+    L{AMBIGUITY_LOG_INTERVAL}, saying how many were not logged since.
+    """
+
+    def __init__(self, clock: IReactorTime, what: str) -> None:
+        """
+        @param clock: The time source.
+        @param what: What the cookie is, for the log line (C{"session"}).
+        """
+        self._clock = clock
+        self._what = what
+        self._next = 0.0
+        self._unlogged = 0
+
+    def ambiguous(self, name: bytes) -> None:
+        """
+        Note one request that carried the cookie C{name} ambiguously.
+        """
+        now = self._clock.seconds()
+        if now < self._next:
+            self._unlogged += 1
+            return
+        self._next = now + AMBIGUITY_LOG_INTERVAL
+        more, self._unlogged = self._unlogged, 0
+        _log.warn(
+            "ambiguous {what} cookie: {name} came more than once in one request (a cookie"
+            " tossed from a sibling domain?); none of them was used"
+            " ({more} more such requests since the last report)",
+            what=self._what,
+            name=name.decode("latin-1"),
+            more=more,
+        )
 
 
 def set_cookie(

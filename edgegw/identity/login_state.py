@@ -4,7 +4,9 @@ The per-login state cookie: what the callback needs to finish one browser login.
 Each login gets its own short-lived sealed cookie, named after its C{state} value, that
 holds the state, the OpenID nonce, the PKCE verifier and the local path to return to.
 One cookie per login, rather than one per browser, lets two logins begun in two tabs both
-complete; the number pending in one browser is bounded by L{MAX_PENDING}.
+complete; the number pending in one browser is bounded by L{MAX_PENDING}. On a secure
+request the cookies carry the C{__Host-} prefix as the session cookie does
+(L{CookieName}), and one carried more than once is refused (L{AmbiguousCookieError}).
 """
 
 from __future__ import annotations
@@ -19,7 +21,15 @@ import attrs
 from twisted.internet.interfaces import IReactorTime
 from twisted.web.server import Request
 
-from edgegw.identity.cookies import clear_cookie, is_https, is_token, set_cookie
+from edgegw.identity.cookies import (
+    AmbiguityLog,
+    AmbiguousCookieError,
+    CookieName,
+    clear_cookie,
+    duplicated_names,
+    is_token,
+    set_cookie,
+)
 from edgegw.identity.sealing import LOGIN_STATE_AAD, Sealer, b64url, open_record
 
 LOGIN_LIFETIME = 600
@@ -90,24 +100,30 @@ class LoginStates:
     Begins and finishes browser logins through their login-state cookies.
     """
 
-    def __init__(self, sealer: Sealer, cookie_name: str, clock: IReactorTime) -> None:
+    def __init__(
+        self, sealer: Sealer, cookie_name: str, clock: IReactorTime, host_prefix: bool = True
+    ) -> None:
         """
         @param sealer: Seals the cookies (the session key; a distinct associated data
             keeps a login state from ever opening as a session).
         @param cookie_name: The session cookie's name; the login cookies are named after
             it (L{login_cookie_prefix}).
         @param clock: The time source.
+        @param host_prefix: C{session.hostPrefix}: on a secure request the cookies are
+            named with the C{__Host-} prefix.
         """
         self._sealer = sealer
         self._clock = clock
         self.prefix = login_cookie_prefix(cookie_name)
-        self._prefix = self.prefix.encode("ascii")
+        self._prefixes = CookieName.of(self.prefix, host_prefix)
+        self._ambiguity = AmbiguityLog(clock, "login-state")
 
     def is_login_cookie(self, name: bytes) -> bool:
         """
-        Whether a cookie name is one of these login-state cookies.
+        Whether a cookie name is one of these login-state cookies (with or without the
+        C{__Host-} prefix).
         """
-        return name.startswith(self._prefix)
+        return name.startswith(self._prefixes.plain) or name.startswith(self._prefixes.secure)
 
     def _now(self) -> int:
         return int(self._clock.seconds())
@@ -115,22 +131,20 @@ class LoginStates:
     def _expired(self, login: LoginState, now: int) -> bool:
         return now >= login.created_at + LOGIN_LIFETIME
 
-    def _open(self, name: bytes, sealed: bytes) -> LoginState | None:
+    def _open(self, prefix: bytes, name: bytes, sealed: bytes) -> LoginState | None:
         plaintext = self._sealer.unseal(sealed, LOGIN_STATE_AAD)
         if plaintext is None:
             return None
         login = _parse(plaintext)
         if login is None or not hmac.compare_digest(
-            login.state.encode("utf-8"), name[len(self._prefix) :]
+            login.state.encode("utf-8"), name[len(prefix) :]
         ):
             return None
         return login
 
-    def _carried(self, request: Request) -> list[bytes]:
+    def _carried(self, request: Request, prefix: bytes) -> list[bytes]:
         return [
-            name
-            for name in request.received_cookies
-            if name.startswith(self._prefix) and is_token(name)
+            name for name in request.received_cookies if name.startswith(prefix) and is_token(name)
         ]
 
     def begin(self, request: Request, return_to: str) -> LoginState:
@@ -154,17 +168,17 @@ class LoginStates:
             },
             separators=(",", ":"),
         ).encode("ascii")
-        secure = is_https(request)
+        prefix, secure = self._prefixes.for_request(request)
         set_cookie(
             request,
-            self.prefix + login.state,
+            prefix + login.state.encode("ascii"),
             self._sealer.seal(payload, LOGIN_STATE_AAD),
             max_age=LOGIN_LIFETIME,
             secure=secure,
         )
         pending: list[tuple[int, bytes]] = []
-        for name in self._carried(request):
-            other = self._open(name, request.received_cookies[name])
+        for name in self._carried(request, prefix):
+            other = self._open(prefix, name, request.received_cookies[name])
             if other is None or self._expired(other, now):
                 clear_cookie(request, name, secure=secure)
             else:
@@ -181,23 +195,33 @@ class LoginStates:
 
         @return: The login, or L{None} when its cookie is absent, unreadable, holds
             another state, or the login is older than L{LOGIN_LIFETIME}.
+        @raise AmbiguousCookieError: The request carried the login's cookie more than
+            once (one of them tossed from a sibling domain, say): none is used (logged).
         """
         if _STATE.fullmatch(state) is None:
             return None
-        name = self._prefix + state.encode("ascii")
+        prefix, secure = self._prefixes.for_request(request)
+        name = prefix + state.encode("ascii")
         sealed = request.received_cookies.get(name)
         if sealed is None:
             return None
-        clear_cookie(request, name, secure=is_https(request))
-        login = self._open(name, sealed)
+        clear_cookie(request, name, secure=secure)
+        if name in duplicated_names(request):
+            self._ambiguity.ambiguous(name)
+            raise AmbiguousCookieError(name)
+        login = self._open(prefix, name, sealed)
         if login is None or self._expired(login, self._now()):
             return None
         return login
 
     def clear_all(self, request: Request) -> None:
         """
-        Clear every login-state cookie the request carries.
+        Clear every login-state cookie the request carries (on a secure request, the
+        unprefixed ones too).
         """
-        secure = is_https(request)
-        for name in self._carried(request):
+        prefix, secure = self._prefixes.for_request(request)
+        names = self._carried(request, prefix)
+        if secure and self._prefixes.prefixed:
+            names += self._carried(request, self._prefixes.plain)
+        for name in names:
             clear_cookie(request, name, secure=secure)

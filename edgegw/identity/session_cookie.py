@@ -21,10 +21,15 @@ from twisted.web.server import Request
 
 from edgegw.config.model import SessionSpec
 from edgegw.identity.cookies import (
+    HOST_PREFIX,
     MAX_CHUNK,
+    AmbiguityLog,
+    AmbiguousCookieError,
+    CookieName,
+    carried_chunks,
     clear_chunked,
-    is_https,
-    read_chunked,
+    clear_cookie,
+    read_unambiguous,
     write_chunked,
 )
 from edgegw.identity.login_state import login_cookie_prefix
@@ -220,7 +225,13 @@ class SessionCookie:
     """
     Reads, writes and clears the session cookie of one C{Gateway.spec.session}.
 
-    @ivar cookie_name: The session cookie's name.
+    On a secure request the cookie is C{__Host-<cookieName>} (its chunks
+    C{__Host-<cookieName>.<n>}) unless C{session.hostPrefix} is false, and the
+    unprefixed name is not read there: it is exactly what a page on a sibling subdomain
+    can set for the parent domain. A cookie carried ambiguously (twice, or as a single
+    cookie and as chunks) is no session (L{read_unambiguous}), and is logged.
+
+    @ivar cookie_name: The session cookie's name as configured.
     @ivar sealer: The sealer over the session key (the login-state cookies share it).
     """
 
@@ -235,10 +246,63 @@ class SessionCookie:
         self._clock = clock
         self._ttl = int(spec.ttl)
         self._name = spec.cookie_name.encode("ascii")
+        self._names = CookieName.of(self._name, spec.host_prefix)
         self._chunk_prefix = self._name + b"."
         self._login_prefix = login_cookie_prefix(spec.cookie_name).encode("ascii")
         self._fingerprint = Fingerprint(spec.fingerprint_headers)
         self._opened: dict[bytes, SessionRecord] = {}
+        self._ambiguity = AmbiguityLog(clock, "session")
+
+    def sealed_value(self, request: Request) -> bytes | None:
+        """
+        The sealed value the request's session cookie carries, under the name for this
+        request (L{CookieName.for_request}), single or chunked.
+
+        @return: The value; L{None} when there is none, or when it is ambiguous (logged).
+        """
+        if not request.received_cookies:
+            return None
+        name, _ = self._names.for_request(request)
+        try:
+            return read_unambiguous(request, name)
+        except AmbiguousCookieError as e:
+            self._ambiguity.ambiguous(e.name)
+            return None
+
+    def carried(self, request: Request) -> bool:
+        """
+        Whether the request carries the session cookie (single, or its first chunk)
+        under the name for this request, whatever its value.
+        """
+        cookies = request.received_cookies
+        if not cookies:
+            return False
+        name, _ = self._names.for_request(request)
+        return name in cookies or name + b".0" in cookies
+
+    def write_value(self, request: Request, value: str, max_age: int) -> None:
+        """
+        Set the session cookie to C{value} (chunked when it must be) under the name for
+        this request; the cookies of the other form and stale chunks are cleared, and on
+        a secure request the unprefixed ones (of a gateway before the C{__Host-} prefix)
+        too.
+        """
+        name, secure = self._names.for_request(request)
+        write_chunked(request, name, value, max_age=max_age, secure=secure)
+        if secure:
+            self._clear_unprefixed(request)
+
+    def _clear_unprefixed(self, request: Request) -> None:
+        if not self._names.prefixed:
+            return
+        # Only the host-only cookie of the gateway's own, set before it used the prefix,
+        # is gone with this; one tossed for the parent domain stays, and is ignored.
+        cookies = request.received_cookies
+        plain = self._names.plain
+        if plain in cookies:
+            clear_cookie(request, plain, secure=True)
+        for chunk in sorted(carried_chunks(cookies, plain)):
+            clear_cookie(request, chunk, secure=True)
 
     def read(self, request: Request) -> SessionRecord | None:
         """
@@ -248,7 +312,7 @@ class SessionCookie:
             opened or decoded, is of another version, has expired, or was issued to a
             browser with another fingerprint. Never raises.
         """
-        sealed = read_chunked(request.received_cookies, self._name)
+        sealed = self.sealed_value(request)
         if sealed is None:
             return None
         opened = self._opened
@@ -290,13 +354,17 @@ class SessionCookie:
                 f"{MAX_SESSION_CHUNKS} cookies of {MAX_CHUNK}"
             )
         max_age = max(0, record.expires_at - int(self._clock.seconds()))
-        write_chunked(request, self._name, sealed, max_age=max_age, secure=is_https(request))
+        self.write_value(request, sealed, max_age)
 
     def clear(self, request: Request) -> None:
         """
-        Clear the session cookie and every chunk of it the request carried.
+        Clear the session cookie and every chunk of it the request carried, under the
+        name for this request (and, on a secure request, the unprefixed ones it carried).
         """
-        clear_chunked(request, self._name, secure=is_https(request))
+        name, secure = self._names.for_request(request)
+        clear_chunked(request, name, secure=secure)
+        if secure:
+            self._clear_unprefixed(request)
 
     def new_record(
         self,
@@ -333,9 +401,16 @@ class SessionCookie:
     @property
     def name(self) -> bytes:
         """
-        The session cookie's name, as bytes.
+        The session cookie's name as configured, as bytes.
         """
         return self._name
+
+    @property
+    def names(self) -> CookieName:
+        """
+        The session cookie's names, plain and on secure requests.
+        """
+        return self._names
 
     def fingerprint(self, request: Request) -> bytes:
         """
@@ -346,8 +421,11 @@ class SessionCookie:
     def is_gateway_cookie(self, name: bytes) -> bool:
         """
         Whether a cookie name is the gateway's own: the session cookie, one of its chunks
-        (C{<name>.<digits>}), or a login-state cookie. These never reach a backend.
+        (C{<name>.<digits>}), or a login-state cookie, each with or without the
+        C{__Host-} prefix. These never reach a backend.
         """
+        if name.startswith(HOST_PREFIX) and not self._name.startswith(HOST_PREFIX):
+            name = name[len(HOST_PREFIX) :]
         if name == self._name:
             return True
         if not name.startswith(self._chunk_prefix):

@@ -38,7 +38,6 @@ from twisted.logger import Logger
 from twisted.python.failure import Failure
 from twisted.web.server import Request
 
-from edgegw.identity.cookies import clear_chunked, is_https, read_chunked, write_chunked
 from edgegw.identity.provider import IdentityProvider
 from edgegw.identity.sealing import SESSION_ID_AAD, SESSION_RECORD_AAD
 from edgegw.identity.session_cookie import (
@@ -186,9 +185,10 @@ class ServerSessions(Service):
 
     def session_id(self, request: Request) -> str | None:
         """
-        The session id the request's cookie carries, or L{None}.
+        The session id the request's cookie carries, or L{None} (an ambiguous cookie is
+        none: L{SessionCookie.sealed_value}).
         """
-        sealed = read_chunked(request.received_cookies, self.cookie.name)
+        sealed = self.cookie.sealed_value(request)
         if sealed is None:
             return None
         ids = self._ids
@@ -350,13 +350,7 @@ class ServerSessions(Service):
                 await self.store.add_to_index(index_key(b"idp", record.idp_session), member, ttl)
         except StoreError as e:
             raise SessionStoreError(str(e)) from None
-        write_chunked(
-            request,
-            self.cookie.name,
-            self.sealer.seal(member, SESSION_ID_AAD),
-            max_age=max(0, int(ttl)),
-            secure=is_https(request),
-        )
+        self.cookie.write_value(request, self.sealer.seal(member, SESSION_ID_AAD), max(0, int(ttl)))
         return session_id
 
     async def end(self, request: Request) -> None:
@@ -365,7 +359,7 @@ class ServerSessions(Service):
         streams in every process. A store failure is logged; the cookie is cleared
         all the same (the record then lapses with its TTL).
         """
-        clear_chunked(request, self.cookie.name, secure=is_https(request))
+        self.cookie.clear(request)
         session_id = self.session_id(request)
         if session_id is None:
             return
