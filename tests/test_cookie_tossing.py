@@ -453,9 +453,7 @@ class LogoutStateCookie(TestCase):
     """
     The logout-state cookie (edgegw/auth/logout_state.py, named among the login-state
     cookies) is a cookie of the gateway's too: C{__Host-} on a secure request, and
-    refused when carried twice. FAILING: LogoutStates names it with
-    C{logout_cookie_name} alone (no L{CookieName}) and reads C{received_cookies} (the
-    last wins); outside this task's files.
+    refused when carried twice.
     """
 
     async def test_host_name_and_duplicates(self) -> None:

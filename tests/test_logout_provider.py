@@ -268,7 +268,8 @@ class CookieModeLogoutTests(TestCase):
         out = await log_out(w.browser, w.origin, **https)
         query = query_of(out.location)
         self.assertEqual(query["post_logout_redirect_uri"], "https://app.example/auth/logout")
-        self.assertIn("; Secure", w.browser.set_cookie(LOGOUT_COOKIE) or "")
+        # Secure, and __Host- like the gateway's other cookies on a secure request.
+        self.assertIn("; Secure", w.browser.set_cookie("__Host-" + LOGOUT_COOKIE) or "")
         self.assertEqual(claims_of(query["id_token_hint"])["sub"], "alice")
 
     async def test_an_unregistered_return_is_refused_by_the_provider(self) -> None:

@@ -69,7 +69,10 @@ class LogoutResource(AuthEndpoint):
         self.location = post_logout_redirect.encode("ascii")
         self.logout_path = auth.logout_path
         self.post_logout_url = auth.post_logout_redirect_url
-        self.states = LogoutStates(login.sessions.sealer, login.sessions.cookie_name, login.reactor)
+        sessions = login.sessions
+        self.states = LogoutStates(
+            sessions.sealer, sessions.cookie_name, login.reactor, sessions.host_prefix
+        )
 
     def render(self, request: Request) -> bytes | int:
         """

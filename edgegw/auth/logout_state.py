@@ -18,7 +18,7 @@ import re
 from twisted.internet.interfaces import IReactorTime
 from twisted.web.server import Request
 
-from edgegw.identity.cookies import clear_cookie, is_https, set_cookie
+from edgegw.identity.cookies import CookieName, clear_cookie, duplicated_names, set_cookie
 from edgegw.identity.login_state import login_cookie_prefix
 from edgegw.identity.sealing import Sealer, b64url, open_record
 
@@ -49,15 +49,19 @@ class LogoutStates:
     Begins and checks the logouts at the IdP of one session cookie.
     """
 
-    def __init__(self, sealer: Sealer, cookie_name: str, clock: IReactorTime) -> None:
+    def __init__(
+        self, sealer: Sealer, cookie_name: str, clock: IReactorTime, host_prefix: bool = True
+    ) -> None:
         """
         @param sealer: Seals the cookie (the session key, under L{LOGOUT_STATE_AAD}).
         @param cookie_name: The session cookie's name (see L{logout_cookie_name}).
         @param clock: The time source.
+        @param host_prefix: C{session.hostPrefix}: on a secure request the cookie is
+            C{__Host-} like the gateway's other cookies.
         """
         self._sealer = sealer
         self._clock = clock
-        self.name = logout_cookie_name(cookie_name).encode("ascii")
+        self.names = CookieName.of(logout_cookie_name(cookie_name), host_prefix)
 
     def begin(self, request: Request) -> str:
         """
@@ -69,12 +73,13 @@ class LogoutStates:
             {"v": _VERSION, "s": state, "t": int(self._clock.seconds())},
             separators=(",", ":"),
         ).encode("ascii")
+        name, secure = self.names.for_request(request)
         set_cookie(
             request,
-            self.name,
+            name,
             self._sealer.seal(payload, LOGOUT_STATE_AAD),
             max_age=LOGOUT_LIFETIME,
-            secure=is_https(request),
+            secure=secure,
         )
         return state
 
@@ -86,8 +91,10 @@ class LogoutStates:
         """
         if state is None or _STATE.fullmatch(state) is None:
             return False
-        sealed = request.received_cookies.get(self.name)
-        if sealed is None:
+        name, secure = self.names.for_request(request)
+        sealed = request.received_cookies.get(name)
+        if sealed is None or name in duplicated_names(request):
+            # Carried twice (one tossed by a sibling subdomain): not this browser's own.
             return False
         plaintext = self._sealer.unseal(sealed, LOGOUT_STATE_AAD)
         data = open_record(plaintext, _VERSION) if plaintext is not None else None
@@ -100,5 +107,5 @@ class LogoutStates:
             return False
         if not hmac.compare_digest(kept.encode("ascii", "replace"), state.encode("ascii")):
             return False
-        clear_cookie(request, self.name, secure=is_https(request))
+        clear_cookie(request, name, secure=secure)
         return True

@@ -232,6 +232,7 @@ class SessionCookie:
     cookie and as chunks) is no session (L{read_unambiguous}), and is logged.
 
     @ivar cookie_name: The session cookie's name as configured.
+    @ivar host_prefix: C{session.hostPrefix}.
     @ivar sealer: The sealer over the session key (the login-state cookies share it).
     """
 
@@ -242,6 +243,7 @@ class SessionCookie:
         @raise ValueError: The key is not 32 bytes.
         """
         self.cookie_name = spec.cookie_name
+        self.host_prefix = spec.host_prefix
         self.sealer = Sealer(spec.key)
         self._clock = clock
         self._ttl = int(spec.ttl)
