@@ -83,3 +83,34 @@ class ScopeListEvidence(BearerTestCase):
             # audience: setting it explicitly changes nothing) there is no way to take
             # such a token at all.
             await self.assert_accepted(w, token)
+
+
+class LogoutStateNamespace(TestCase):
+    """
+    The logout-state cookie is named among the login-state cookies
+    (C{<cookieName>.login.logout}), and C{logout} is a well-formed login state
+    (L{edgegw.identity.login_state._STATE}): the callback takes it for one.
+    """
+
+    async def test_a_callback_with_state_logout_does_not_spoil_the_logout_return(self) -> None:
+        """
+        Attack: a cross-site page navigates the user (a top-level GET: her SameSite=Lax
+        cookies go along) to C{/auth/callback?state=logout} while she is at the IdP's
+        logout confirmation. C{LoginStates.take} clears her logout-state cookie (and
+        answers 400); the IdP's genuine return then gets 400 "logout not recognised"
+        instead of C{postLogoutRedirect}. The callback has no business with the logout
+        cookie.
+        """
+        from tests.test_logout_provider import cookie_world, log_out, query_of
+
+        w = await cookie_world(self)
+        await w.login()
+        out = await log_out(w.browser, w.origin)
+        state = query_of(out.location)["state"]
+        await w.browser.get(w.url("/auth/callback?state=logout&code=x"))
+        back = await w.browser.get(w.url("/auth/logout?state=" + state))
+        self.assertEqual(
+            (back.status, back.location),
+            (302, "/"),
+            "a request to the callback cleared the logout-state cookie",
+        )
