@@ -89,15 +89,17 @@ class DefaultAudience(BearerTestCase):
     async def test_hollow_evidence_is_no_evidence(self) -> None:
         """
         Attack: claims with the right names and nothing in them (or not of their
-        type): an empty or blank C{scope}, C{scope} as a list, an empty C{scp} list or
-        one of empty strings, an empty or non-string C{client_id}; a C{typ} that only
-        looks like C{at+jwt}.
+        type): an empty or blank C{scope}, an empty C{scope} or C{scp} list or one of
+        empty strings, an empty or non-string C{client_id}; a C{typ} that only looks
+        like C{at+jwt}. (A list of scopes in C{scope} is evidence: the review's
+        tests/test_identity_review.py.)
         """
         w = await bearer_world(self, identity_spec="    userInfo: never\n")
         hollow: list[dict[str, Any]] = [
             {"scope": ""},
             {"scope": "   "},
-            {"scope": ["api"]},
+            {"scope": []},
+            {"scope": ["api", " "]},
             {"scope": None},
             {"scp": ""},
             {"scp": []},

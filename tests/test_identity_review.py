@@ -1,10 +1,11 @@
 """
-Independent review of issue 36 (identity hardening): failing tests for the bugs found.
+Regressions from the independent review of issue 36 (identity hardening): each test failed
+against the reviewed code.
 """
 
 from __future__ import annotations
 
-from twisted.trial.unittest import TestCase
+from twisted.trial.unittest import SynchronousTestCase, TestCase
 
 from tests.support.backends import SiteBackend, answer
 from tests.support.browser import Browser
@@ -114,3 +115,30 @@ class LogoutStateNamespace(TestCase):
             (302, "/"),
             "a request to the callback cleared the logout-state cookie",
         )
+
+
+class OwnLogoutURLSpelling(SynchronousTestCase):
+    def test_the_own_logout_url_however_written(self) -> None:
+        """
+        C{auth.postLogoutRedirectURL} naming the gateway's own logout URL with a default
+        port or another host case is still the gateway's own: the logout sends a
+        C{state} (without one the IdP's return, a C{GET} without C{state}, got 405).
+        """
+        from edgegw.auth.logout import _same_place
+
+        own = "https://app.example/auth/logout"
+        for spelled in (
+            own,
+            "https://app.example:443/auth/logout",
+            "https://APP.example/auth/logout",
+            "HTTPS://app.example/auth/logout",
+        ):
+            self.assertTrue(_same_place(spelled, own), spelled)
+        for other in (
+            "https://app.example:8443/auth/logout",
+            "http://app.example/auth/logout",
+            "https://app.example/auth/logout/",
+            "https://app.example/auth/logout?x=1",
+            "https://evil.example/auth/logout",
+        ):
+            self.assertFalse(_same_place(other, own), other)

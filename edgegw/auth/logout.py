@@ -7,7 +7,7 @@ C{GET auth.logoutPath?state=...}: the IdP's return from that logout.
 from __future__ import annotations
 
 import hmac
-from urllib.parse import quote, urlencode
+from urllib.parse import quote, urlencode, urlsplit
 
 from twisted.internet.defer import Deferred
 from twisted.logger import Logger
@@ -138,7 +138,7 @@ class LogoutResource(AuthEndpoint):
         own = login.origin(request) + self.logout_path
         target = self.post_logout_url or own
         parameters["post_logout_redirect_uri"] = target
-        if target == own:
+        if _same_place(target, own):
             # The IdP returns here: the state ties that return to this browser.
             parameters["state"] = self.states.begin(request)
         url = (
@@ -166,3 +166,26 @@ class LogoutResource(AuthEndpoint):
         self.login.metrics.login("logout_return", "bad_state")
         answer_text(request, 400, b"logout not recognised\n")
         return b""
+
+
+def _same_place(configured: str, own: str) -> bool:
+    """
+    Whether the URL C{configured} names the gateway's own logout URL C{own}: the same
+    scheme, host (any case) and port (a default one written or not), and path.
+    """
+    if configured == own:
+        return True
+    try:
+        a, b = urlsplit(configured), urlsplit(own)
+        ports = (a.port, b.port)
+    except ValueError:
+        return False
+    defaults = {"http": 80, "https": 443}
+    scheme = a.scheme.lower()
+    return (
+        scheme == b.scheme.lower()
+        and (a.hostname or "") == (b.hostname or "")
+        and (ports[0] or defaults.get(scheme)) == (ports[1] or defaults.get(scheme))
+        and a.path == b.path
+        and not a.query
+    )

@@ -19,7 +19,7 @@ from twisted.internet.interfaces import IReactorTime
 from twisted.web.server import Request
 
 from edgegw.identity.cookies import CookieName, clear_cookie, duplicated_names, set_cookie
-from edgegw.identity.login_state import login_cookie_prefix
+from edgegw.identity.login_state import LOGOUT_STATE_NAME, login_cookie_prefix
 from edgegw.identity.sealing import Sealer, b64url, open_record
 
 __all__ = ["LOGOUT_LIFETIME", "LOGOUT_STATE_AAD", "LogoutStates", "logout_cookie_name"]
@@ -41,7 +41,7 @@ def logout_cookie_name(cookie_name: str) -> str:
     login-state cookies, so it is the gateway's own like them: never forwarded to a
     backend, never set by one, cleared by a new login.
     """
-    return login_cookie_prefix(cookie_name) + "logout"
+    return login_cookie_prefix(cookie_name) + LOGOUT_STATE_NAME
 
 
 class LogoutStates:

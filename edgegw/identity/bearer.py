@@ -456,9 +456,9 @@ def shows_access_token(typ: object, claims: Mapping[str, object]) -> bool:
     """
     Whether a token shows positively that it is an OAuth access token, not an id_token:
     its C{typ} header is C{at+jwt} or C{application/at+jwt} (RFC 9068 2.1, any case), or
-    it has a C{scope} claim (RFC 9068 2.2.3, RFC 8693 4.2: a space-separated string,
-    not blank), an C{scp} claim (the same as a string or a non-empty list of non-empty
-    strings, as Azure AD and Okta write it) or a C{client_id} claim (RFC 9068 2.2,
+    it has a C{scope} or C{scp} claim (RFC 9068 2.2.3, RFC 8693 4.2: a space-separated
+    string, not blank; or a non-empty list of non-empty strings, as Azure AD and Okta
+    write C{scp} and Spring Authorization Server C{scope}) or a C{client_id} claim (RFC 9068 2.2,
     RFC 8693 4.3: a string, not blank). OpenID Connect defines none of these for
     id_tokens.
 
@@ -466,20 +466,24 @@ def shows_access_token(typ: object, claims: Mapping[str, object]) -> bool:
     """
     if isinstance(typ, str) and typ.lower() in _AT_JWT_TYPES:
         return True
-    scope = claims.get("scope")
-    if isinstance(scope, str) and scope.strip():
-        return True
-    scp = claims.get("scp")
-    if isinstance(scp, str) and scp.strip():
-        return True
-    if (
-        isinstance(scp, list)
-        and scp
-        and all(isinstance(item, str) and item.strip() for item in scp)
-    ):
+    if _scopes(claims.get("scope")) or _scopes(claims.get("scp")):
         return True
     client = claims.get("client_id")
     return isinstance(client, str) and bool(client.strip())
+
+
+def _scopes(value: object) -> bool:
+    """
+    Whether C{value} is a scope claim with something in it: a string not blank, or a
+    non-empty list of strings none of which is blank.
+    """
+    if isinstance(value, str):
+        return bool(value.strip())
+    return (
+        isinstance(value, list)
+        and bool(value)
+        and all(isinstance(item, str) and item.strip() for item in value)
+    )
 
 
 def _key(token: bytes) -> bytes:

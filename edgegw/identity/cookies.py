@@ -160,6 +160,23 @@ def duplicated_names(request: Request) -> frozenset[bytes]:
     return frozenset(twice) if twice else _NO_NAMES
 
 
+def cookie_values(request: Request, name: bytes) -> list[bytes]:
+    """
+    Every value the request's C{Cookie} header lines carry for C{name}, in order (one,
+    unless the cookie is carried more than once), parsed as Twisted parses them.
+    """
+    if name not in duplicated_names(request):
+        value = request.received_cookies.get(name)
+        return [] if value is None else [value]
+    values = []
+    for line in request.requestHeaders.getRawHeaders(_COOKIE) or ():
+        for pair in line.split(b";"):
+            carried, equals, value = pair.lstrip().partition(b"=")
+            if equals and carried == name:
+                values.append(value)
+    return values
+
+
 def _is_chunk_of(carried: bytes, prefix: bytes) -> bool:
     return carried.startswith(prefix) and carried[len(prefix) :].isdigit()
 

@@ -40,6 +40,13 @@ _RANDOM_BYTES = 32
 _STATE = re.compile(r"[A-Za-z0-9_-]+")
 
 
+LOGOUT_STATE_NAME = "logout"
+"""
+The name, after the login prefix, of the logout-state cookie
+(L{edgegw.auth.logout_state}): never a login's state.
+"""
+
+
 def login_cookie_prefix(cookie_name: str) -> str:
     """
     The prefix of the login-state cookies that belong to the session cookie
@@ -198,7 +205,8 @@ class LoginStates:
         @raise AmbiguousCookieError: The request carried the login's cookie more than
             once (one of them tossed from a sibling domain, say): none is used (logged).
         """
-        if _STATE.fullmatch(state) is None:
+        if _STATE.fullmatch(state) is None or state == LOGOUT_STATE_NAME:
+            # The logout's cookie shares the prefix: a callback never reads or clears it.
             return None
         prefix, secure = self._prefixes.for_request(request)
         name = prefix + state.encode("ascii")

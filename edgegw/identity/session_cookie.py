@@ -29,6 +29,7 @@ from edgegw.identity.cookies import (
     carried_chunks,
     clear_chunked,
     clear_cookie,
+    cookie_values,
     read_unambiguous,
     write_chunked,
 )
@@ -72,7 +73,9 @@ class SessionRecord:
     @ivar access_token: The IdP access token, when kept.
     @ivar access_token_expires_at: When the access token expires, unix seconds.
     @ivar refresh_token: The IdP refresh token (server-side sessions only).
-    @ivar id_token: The id_token of the login (server-side sessions only).
+    @ivar id_token: The latest id_token (the login's, or a refresh's), the hint of a
+        logout at the IdP: with server-side sessions always, in cookie mode only while
+        the sealed session still fits in one cookie with it.
     @ivar idp_session: The id_token's C{sid} claim, the IdP's own session id that a
         back-channel logout may name (server-side sessions only).
     """
@@ -270,6 +273,17 @@ class SessionCookie:
         except AmbiguousCookieError as e:
             self._ambiguity.ambiguous(e.name)
             return None
+
+    def carried_values(self, request: Request) -> list[bytes]:
+        """
+        Every value the request carries for the single (unchunked) session cookie
+        under the name for this request: all of them when it is carried more than once
+        (a logout ends every session they name: the requester holds them all).
+        """
+        if not request.received_cookies:
+            return []
+        name, _ = self._names.for_request(request)
+        return cookie_values(request, name)
 
     def carried(self, request: Request) -> bool:
         """

@@ -191,6 +191,9 @@ class ServerSessions(Service):
         sealed = self.cookie.sealed_value(request)
         if sealed is None:
             return None
+        return self._open_id(sealed)
+
+    def _open_id(self, sealed: bytes) -> str | None:
         ids = self._ids
         session_id = ids.get(sealed)
         if session_id is None:
@@ -359,12 +362,15 @@ class ServerSessions(Service):
         streams in every process. A store failure is logged; the cookie is cleared
         all the same (the record then lapses with its TTL).
         """
+        # Every session id the cookie carries: a tossed one beside the user's own makes
+        # the cookie ambiguous (no session to serve), but the logout must still end hers.
+        ids = [self._open_id(sealed) for sealed in self.cookie.carried_values(request)]
         self.cookie.clear(request)
-        session_id = self.session_id(request)
-        if session_id is None:
+        session_ids = [session_id for session_id in ids if session_id is not None]
+        if not session_ids:
             return
         try:
-            await self.end_sessions([session_id])
+            await self.end_sessions(session_ids)
         except StoreError as e:
             _log.warn("logout: the session record could not be deleted ({reason})", reason=e)
 
