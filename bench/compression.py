@@ -228,13 +228,7 @@ def start_rows(stack: ExitStack, tmp: Path, settings: Settings) -> list[Row]:
     body = document()
     (www / PATH.lstrip("/")).write_bytes(body)
     backend_port = free_port()
-    prefix = tmp / "nginx-backend"
-    prefix.mkdir()
-    config = nginx.backend_config(prefix, backend_port, www)
-    backend = stack.enter_context(
-        started(nginx.start(tools.nginx, "nginx backend", prefix, config))
-    )
-    backend.wait_for_port(backend_port)
+    nginx.start_backend(stack, tools.nginx, tmp, www, backend_port)
     upstream = f"http://127.0.0.1:{backend_port}"
     route = gateway.reverse_proxy("api", "/", upstream)
 

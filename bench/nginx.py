@@ -9,9 +9,10 @@ with C{worker_processes 1} so that each is one serving process, like one edgegw 
 from __future__ import annotations
 
 import os
+from contextlib import ExitStack
 from pathlib import Path
 
-from bench.processes import Process
+from bench.processes import Process, started
 
 _COMMON = """\
 worker_processes 1;
@@ -113,3 +114,18 @@ def start(nginx: str, name: str, prefix: Path, config: Path) -> Process:
         "daemon off;",
     ]
     return Process(name, argv, prefix / "stdout.log")
+
+
+def start_backend(stack: ExitStack, nginx: str, tmp: Path, www: Path, port: int) -> Process:
+    """
+    Start the static backend serving C{www} on 127.0.0.1:C{port} (its prefix
+    C{tmp/nginx-backend}; stopped when C{stack} closes) and wait until it listens.
+
+    @raise StartupError: If it does not start.
+    """
+    prefix = tmp / "nginx-backend"
+    prefix.mkdir()
+    config = backend_config(prefix, port, www)
+    process = stack.enter_context(started(start(nginx, "nginx backend", prefix, config)))
+    process.wait_for_port(port)
+    return process

@@ -28,7 +28,7 @@ from typing import Any
 import attrs
 
 from bench import gateway, nginx, report, wrk
-from bench.processes import scratch, started
+from bench.processes import scratch
 from bench.rounds import say
 from bench.targets import Target, start_edgegw
 from bench.tools import ensure_tools
@@ -145,13 +145,7 @@ def run(settings: Settings) -> int:
         (www / "api").mkdir(parents=True)
         (www / "api" / "small.json").write_bytes(BODY)
         backend_port = free_port()
-        prefix = tmp / "nginx-backend"
-        prefix.mkdir()
-        config = nginx.backend_config(prefix, backend_port, www)
-        backend = stack.enter_context(
-            started(nginx.start(tools.nginx, "nginx backend", prefix, config))
-        )
-        backend.wait_for_port(backend_port)
+        nginx.start_backend(stack, tools.nginx, tmp, www, backend_port)
         target = Target("a", "edgegw", "one edgegw process", port=free_port())
         routes = [gateway.reverse_proxy("api", "/api/", f"http://127.0.0.1:{backend_port}")]
         start_edgegw(stack, tmp, "reload", target, routes)

@@ -215,13 +215,7 @@ def start_backend(stack: ExitStack, tools: Tools, tmp: Path) -> Target:
     www = tmp / "www"
     write_payloads(www)
     backend = Target("a", *TARGETS["a"], port=free_port())
-    prefix = tmp / "nginx-backend"
-    prefix.mkdir()
-    config = nginx.backend_config(prefix, backend.port, www)
-    backend.process = stack.enter_context(
-        started(nginx.start(tools.nginx, "nginx backend", prefix, config))
-    )
-    backend.process.wait_for_port(backend.port)
+    backend.process = nginx.start_backend(stack, tools.nginx, tmp, www, backend.port)
     backend.pids = _nginx_workers(backend.process)
     wrong = verify(backend)
     if wrong is not None:
