@@ -175,6 +175,7 @@ async def prepare(
         if take_over_store(new.state, old.state):
             # No reconnection: sessions go on on the same connections and subscriptions.
             _log.info("state store: connections carried over")
+        carry_replay_records(new, old)
         generation.privilegedStartService()
         generation.startService()
     except BaseException as e:
@@ -268,6 +269,19 @@ def switch(tree: ReloadingTree, new: GenerationService, tls: IOpenSSLContextFact
     retiring = old.retire()
     retiring.addErrback(_log_retire_failure)
     tree.until_retired(retiring)
+
+
+def carry_replay_records(new: Gateway, old: Gateway) -> None:
+    """
+    Have C{new} share C{old}'s per-process replay records, whatever else changed: the
+    identity assertions' token ids and the login states spent at the callback. A
+    replay refused before a reload stays refused after it (a record only ever refuses
+    more), and one the replaced configuration refuses while it drains too.
+    """
+    if new.assertions is not None and old.assertions is not None:
+        new.assertions.take_over(old.assertions)
+    if new.login is not None and old.login is not None:
+        new.login.spent.take_over(old.login.spent)
 
 
 def redirect_to(gateway: Gateway, port: IListeningPort | None) -> None:

@@ -1,6 +1,6 @@
 """
 Tests for L{edgegw.identity.login_state}, and for the callback's record of spent login
-states (L{edgegw.auth.callback.SpentStates}): one login state buys one token request.
+states (L{edgegw.identity.login_state.SpentStates}): one login state buys one token request.
 """
 
 from __future__ import annotations
@@ -11,13 +11,13 @@ import re
 from twisted.internet.task import Clock
 from twisted.trial.unittest import SynchronousTestCase, TestCase
 
-import edgegw.auth.callback as callback
-from edgegw.auth.callback import SpentStates
+import edgegw.identity.login_state as login_state
 from edgegw.identity.login_state import (
     LOGIN_LIFETIME,
     MAX_PENDING,
     LoginState,
     LoginStates,
+    SpentStates,
     login_cookie_prefix,
 )
 from edgegw.identity.sealing import LOGIN_STATE_AAD, SESSION_AAD, Sealer
@@ -335,7 +335,7 @@ class SpentEviction(SynchronousTestCase):
     """
 
     def test_unexpired_state_is_not_forgotten(self) -> None:
-        self.patch(callback, "MAX_SPENT", 3)
+        self.patch(login_state, "MAX_SPENT", 3)
         clock = Clock()
         clock.advance(1000)
         spent = SpentStates(clock)

@@ -6,8 +6,9 @@ reload must still be refused as a replay after it.
 
 Found while writing docs/deployment.md (issue 37, point 5): each configuration builds
 its own L{AssertionVerifier<edgegw.identity.assertion.AssertionVerifier>} (in
-C{edgegw/assembly/identity_wiring.py}) and a reload does not hand the old one's record
-over, so the record is per configuration, and a SIGHUP forgets it.
+C{edgegw/assembly/identity_wiring.py}), and a reload did not hand the old one's record
+over, so a SIGHUP forgot it; the login states spent at the callback likewise. Both are
+now carried over (L{edgegw.reload.carry_replay_records}).
 """
 
 from __future__ import annotations
@@ -82,3 +83,35 @@ class ReplayAcrossReloadTests(TestCase):
         self.assertEqual(
             after.status, 401, "a replayed assertion was accepted again after a reload"
         )
+
+
+class SpentLoginStatesAcrossReloadTests(TestCase):
+    async def test_a_login_state_spent_before_a_reload_stays_spent(self) -> None:
+        """
+        A login state the callback took before a reload (or that the replaced
+        configuration takes while it drains) is refused after it: the new
+        configuration shares the record.
+        """
+        from twisted.internet import reactor
+
+        from edgegw.config.parse import load_config
+        from edgegw.service import build_service
+        from tests.support.configs import write_tree
+        from tests.test_reload_carry import HEALTH, with_idp
+
+        root = write_tree(self.mktemp(), {"a.yaml": with_idp("http://127.0.0.1:9") + HEALTH})
+        service = build_service(load_config(root, {}), reactor, source=root)
+        service.privilegedStartService()
+        service.startService()
+        self.addCleanup(service.stopService)
+        old = service.gateway.login
+        assert old is not None
+        now = int(reactor.seconds())
+        self.assertTrue(old.spent.spend("before", now))
+        self.assertTrue(await service.reload())
+        new = service.gateway.login
+        assert new is not None and new is not old
+        self.assertFalse(new.spent.spend("before", now))
+        # What the replaced configuration spends while it drains counts too.
+        self.assertTrue(old.spent.spend("draining", now))
+        self.assertFalse(new.spent.spend("draining", now))

@@ -31,6 +31,7 @@ from edgegw.assembly.route_chains import (
     projected_header_names,
 )
 from edgegw.assembly.terminals import TerminalContext
+from edgegw.auth.context import BrowserLogin
 from edgegw.authz.policy import compile_policies
 from edgegw.chain.access_log import AccessLog
 from edgegw.chain.pipeline import InFlight, IRouteTarget
@@ -43,6 +44,7 @@ from edgegw.config.model import CompressionSpec, Config
 from edgegw.edge.https_redirect import HttpsRedirect
 from edgegw.edge.site import MuxDispatcher
 from edgegw.handlers.readiness import Readiness, ReadinessResource
+from edgegw.identity.assertion import AssertionVerifier
 from edgegw.identity.provider import IdentityProvider
 from edgegw.line_writer import LineWriter
 from edgegw.metrics.gateway_metrics import NO_METRICS, GatewayMetrics, IMetrics
@@ -83,6 +85,8 @@ class Gateway:
     @ivar tls: The TLS contexts of C{Gateway.spec.tls} (built at load, so that a reload
         reads the certificates again), when it is set.
     @ivar redirect_site: The Site of C{Gateway.spec.redirectHTTP}'s listener, when set.
+    @ivar login: What the browser-login endpoints share, with a login IdP.
+    @ivar assertions: The identity-assertion verifier, with C{identity.assertion.accept}.
     """
 
     config: Config
@@ -101,6 +105,8 @@ class Gateway:
     readiness: Readiness | None = None
     tls: ServerTLS | None = None
     redirect_site: RedirectSite | None = None
+    login: BrowserLogin | None = None
+    assertions: AssertionVerifier | None = None
 
 
 def build_gateway(
@@ -238,6 +244,8 @@ def build_gateway(
             metrics=metrics,
             readiness=readiness,
             tls=tls,
+            login=login,
+            assertions=identity.assertions if identity is not None else None,
             redirect_site=_redirect_site(config, reactor),
         )
     except BaseException:

@@ -5,11 +5,9 @@ C{GET} the callback path: finish the OIDC authorization-code flow and set the se
 from __future__ import annotations
 
 import hmac
-from collections import OrderedDict
 
 import attrs
 from twisted.internet.defer import CancelledError, Deferred
-from twisted.internet.interfaces import IReactorTime
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 from twisted.web.server import NOT_DONE_YET, Request
@@ -18,7 +16,6 @@ from edgegw.auth.context import BrowserLogin
 from edgegw.auth.endpoint import AuthEndpoint, answer_redirect, answer_text
 from edgegw.identity.claims import merge_userinfo, needs_userinfo, principal_of
 from edgegw.identity.cookies import MAX_CHUNK, AmbiguousCookieError
-from edgegw.identity.login_state import LOGIN_LIFETIME
 from edgegw.identity.provider import IdPError
 from edgegw.identity.sealing import NONCE_SIZE, TAG_SIZE
 from edgegw.identity.session_cookie import SessionRecord, SessionTooLargeError, encode_record
@@ -39,8 +36,6 @@ MAX_EXCHANGES = 64
 """Callbacks completing at once (token endpoint and userinfo calls in flight)."""
 MAX_CODE = 2048
 """The longest authorization code accepted."""
-MAX_SPENT = 50_000
-"""Spent login states remembered (each for the login-state lifetime)."""
 
 _BAD_REQUEST = (400, b"login failed\n")
 _BAD_GATEWAY = (502, b"bad gateway\n")
@@ -81,7 +76,7 @@ class CallbackResource(AuthEndpoint):
     def __init__(self, login: BrowserLogin) -> None:
         super().__init__()
         self.login = login
-        self.spent = SpentStates(login.reactor)
+        self.spent = login.spent
         self.running = 0
 
     def render_allowed(self, request: Request) -> bytes | int:
@@ -247,34 +242,6 @@ class CallbackResource(AuthEndpoint):
         _log.failure("login callback failed", failure=failure)
         self.login.metrics.login("callback", "error")
         answer_text(request, 500, b"internal server error\n")
-
-
-class SpentStates:
-    """
-    The login states this instance has taken a callback for, each remembered until its
-    login could no longer complete anyway (L{LOGIN_LIFETIME}), at most L{MAX_SPENT}.
-    """
-
-    def __init__(self, clock: IReactorTime) -> None:
-        self._clock = clock
-        self._until: OrderedDict[str, float] = OrderedDict()
-
-    def spend(self, state: str, created_at: int) -> bool | None:
-        """
-        Mark C{state} used; L{False} when it already was; L{None} when L{MAX_SPENT}
-        states are remembered and none has expired (forgetting one would let its login
-        cookie be replayed: the callback is refused instead).
-        """
-        now = self._clock.seconds()
-        until = self._until
-        while until and next(iter(until.values())) <= now:
-            until.popitem(last=False)
-        if state in until:
-            return False
-        if len(until) >= MAX_SPENT:
-            return None
-        until[state] = created_at + LOGIN_LIFETIME
-        return True
 
 
 def _with_id_token(record: SessionRecord, id_token: str) -> SessionRecord:

@@ -13,7 +13,7 @@ from twisted.web.server import Request
 from edgegw.config.model import IdentitySpec
 from edgegw.identity.cookies import is_https
 from edgegw.identity.groups import GroupRenderer
-from edgegw.identity.login_state import LoginStates
+from edgegw.identity.login_state import LoginStates, SpentStates
 from edgegw.identity.provider import IdentityProvider
 from edgegw.identity.session_cookie import SessionCookie
 from edgegw.metrics.gateway_metrics import NO_METRICS, IMetrics
@@ -31,6 +31,8 @@ class BrowserLogin:
         is then this gateway's origin as the browser sees it plus C{callback_path}.
     @ivar keep_access_token: Some route forwards the access token (C{forwardAccessToken}),
         so the session stores it; otherwise it never leaves the callback.
+    @ivar spent: The login states this instance has taken a callback for (carried
+        across reloads).
     @ivar server: With a state provider, the server-side sessions (the record, with the
         IdP's tokens, goes to the store; the cookie holds only the session id).
     """
@@ -46,6 +48,9 @@ class BrowserLogin:
     reactor: IReactorTime
     server: ServerSessions | None = None
     metrics: IMetrics = NO_METRICS
+    spent: SpentStates = attrs.field(
+        default=attrs.Factory(lambda self: SpentStates(self.reactor), takes_self=True)
+    )
 
     def redirect_uri(self, request: Request) -> str:
         """

@@ -165,6 +165,16 @@ class AssertionVerifier:
         self._expiring: list[tuple[float, str, str]] = []
         self._per_subject: dict[str, int] = {}
 
+    def take_over(self, old: AssertionVerifier) -> None:
+        """
+        Share C{old}'s record of token ids (a reload): an assertion accepted before the
+        reload, or by the replaced configuration while it drains, stays spent in this
+        process (the shared store's record needs no hand-over).
+        """
+        self._seen = old._seen
+        self._expiring = old._expiring
+        self._per_subject = old._per_subject
+
     async def accept(self, token: bytes) -> Asserted:
         """
         The caller C{token} vouches for, its token id recorded where this gateway keeps

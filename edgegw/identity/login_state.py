@@ -16,6 +16,7 @@ import hmac
 import json
 import os
 import re
+from collections import OrderedDict
 
 import attrs
 from twisted.internet.interfaces import IReactorTime
@@ -233,3 +234,42 @@ class LoginStates:
             names += self._carried(request, self._prefixes.plain)
         for name in names:
             clear_cookie(request, name, secure=secure)
+
+
+MAX_SPENT = 50_000
+"""Spent login states remembered (each for the login-state lifetime)."""
+
+
+class SpentStates:
+    """
+    The login states this instance has taken a callback for, each remembered until its
+    login could no longer complete anyway (L{LOGIN_LIFETIME}), at most L{MAX_SPENT}.
+    """
+
+    def __init__(self, clock: IReactorTime) -> None:
+        self._clock = clock
+        self._until: OrderedDict[str, float] = OrderedDict()
+
+    def take_over(self, old: SpentStates) -> None:
+        """
+        Share C{old}'s record (a reload): a login state spent before the reload, or by
+        the replaced configuration while it drains, stays spent.
+        """
+        self._until = old._until
+
+    def spend(self, state: str, created_at: int) -> bool | None:
+        """
+        Mark C{state} used; L{False} when it already was; L{None} when L{MAX_SPENT}
+        states are remembered and none has expired (forgetting one would let its login
+        cookie be replayed: the callback is refused instead).
+        """
+        now = self._clock.seconds()
+        until = self._until
+        while until and next(iter(until.values())) <= now:
+            until.popitem(last=False)
+        if state in until:
+            return False
+        if len(until) >= MAX_SPENT:
+            return None
+        until[state] = created_at + LOGIN_LIFETIME
+        return True
