@@ -83,6 +83,7 @@ setup(
         "edgegw.plugins": [
             "headers = edgegw.plugins.headers:plugin",
             "body-limit = edgegw.plugins.body_limit:plugin",
+            "rate-limit = edgegw.plugins.rate_limit:plugin",
         ],
     },
     zip_safe=False,

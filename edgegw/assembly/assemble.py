@@ -10,6 +10,7 @@ like parse errors, so that C{--check} catches everything startup would.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from functools import partial
 from typing import Any
 
 import attrs
@@ -41,6 +42,7 @@ from edgegw.config.addresses import listen_port
 from edgegw.config.effective import effective_routes
 from edgegw.config.errors import Problems
 from edgegw.config.model import CompressionSpec, Config
+from edgegw.edge.forwarded import ForwardedFilter
 from edgegw.edge.https_redirect import HttpsRedirect
 from edgegw.edge.site import MuxDispatcher
 from edgegw.handlers.readiness import Readiness, ReadinessResource
@@ -51,7 +53,7 @@ from edgegw.metrics.gateway_metrics import NO_METRICS, GatewayMetrics, IMetrics
 from edgegw.metrics.instruments import Registry
 from edgegw.plugins.manifest import check_manifest
 from edgegw.plugins.messages import Protected
-from edgegw.plugins.registry import configure_plugins
+from edgegw.plugins.registry import configure_plugins, plugin_context_of
 from edgegw.server.gateway_site import GatewaySite
 from edgegw.server.redirect_site import RedirectSite
 from edgegw.server.tls_contexts import CertificateContextError, ServerTLS, server_tls
@@ -203,7 +205,17 @@ def build_gateway(
         protected = Protected(
             request=projected | terminals.assertion_headers, response=terminals.gateway_headers
         )
-        plugins = RoutePlugins(configure_plugins(config, problems, protected), protected, reactor)
+        trusted = config.gateway.trusted_proxies
+        plugin_context = partial(
+            plugin_context_of,
+            reactor=reactor,
+            store=store,
+            metrics=metrics,
+            is_trusted=ForwardedFilter(trusted).is_trusted if trusted else None,
+        )
+        plugins = RoutePlugins(
+            configure_plugins(config, problems, protected, plugin_context), protected, reactor
+        )
         wiring = RouteWiring(
             inflight=inflight,
             log_stage=access.stage,

@@ -330,6 +330,11 @@ class PluginRequest:
         return self._exchange.route.pattern
 
     @property
+    def route_type(self) -> str:
+        """The route's type: C{"app"} or C{"service"}."""
+        return self._exchange.route.type
+
+    @property
     def route_name(self) -> str:
         """The Route's C{metadata.name}."""
         return self._exchange.route.name

@@ -13,15 +13,24 @@ or both.
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable
+from typing import Any, cast
 
 import attrs
+from twisted.internet.interfaces import IReactorTime
 from zope.interface.exceptions import Invalid
 from zope.interface.verify import verifyObject
 
 from edgegw.config.errors import Problems
 from edgegw.config.model import Config, PluginSpec
 from edgegw.entry_points import NotRegisteredError, find_registered, registered, registered_names
+from edgegw.metrics.gateway_metrics import GatewayMetrics
+from edgegw.plugins.context import (
+    IContextRequestPlugin,
+    PluginContext,
+    PluginStore,
+    plugin_key_prefix,
+)
 from edgegw.plugins.interfaces import (
     IHeaderNames,
     IRequestHook,
@@ -31,12 +40,14 @@ from edgegw.plugins.interfaces import (
     PluginConfigError,
 )
 from edgegw.plugins.messages import Protected
+from edgegw.state.store import IStateStore
 
 __all__ = [
     "ENTRY_POINT_GROUP",
     "ConfiguredPlugins",
     "configure_plugins",
     "describe_plugins",
+    "plugin_context_of",
     "plugin_names",
 ]
 
@@ -62,7 +73,10 @@ class ConfiguredPlugins:
 
 
 def configure_plugins(
-    config: Config, problems: Problems, protected: Protected | None = None
+    config: Config,
+    problems: Problems,
+    protected: Protected | None = None,
+    context: Callable[[str], PluginContext] | None = None,
 ) -> ConfiguredPlugins:
     """
     Find the plugin each RequestPlugin and ResponsePlugin resource names and hand it the
@@ -72,11 +86,17 @@ def configure_plugins(
 
     @param protected: The header names plugins cannot change: a hook that declares its
         header names (L{IHeaderNames}) may not name one.
+    @param context: Makes the L{PluginContext} of a resource (by its name), for plugins
+        that provide L{IContextRequestPlugin}; by default one with the global reactor
+        and neither store nor metrics.
     """
     protected = protected or Protected()
+    make_context = context or _default_context
     configured = ConfiguredPlugins()
     for spec in config.request_plugins:
-        hook = _configure(spec, IRequestPlugin, IRequestHook, "request_hook", problems)
+        hook = _configure(
+            spec, IRequestPlugin, IRequestHook, "request_hook", problems, make_context
+        )
         if hook is not None and _check_names(
             spec, hook, protected.request, protected.request_prefixes, problems
         ):
@@ -114,8 +134,40 @@ def _check_names(
     return good
 
 
+def plugin_context_of(
+    resource: str,
+    reactor: IReactorTime,
+    store: IStateStore | None,
+    metrics: GatewayMetrics | None,
+    is_trusted: Callable[[str], bool] | None = None,
+) -> PluginContext:
+    """
+    The L{PluginContext} of the plugin resource named C{resource}: the gateway's
+    C{reactor}, its C{store} (keys under the resource's own prefix), its metrics, and
+    whether an address is a trusted proxy.
+    """
+    return PluginContext(
+        resource,
+        reactor,
+        PluginStore(store, plugin_key_prefix(resource)) if store is not None else None,
+        metrics.registry if metrics is not None else None,
+        is_trusted,
+    )
+
+
+def _default_context(resource: str) -> PluginContext:
+    from twisted.internet import reactor
+
+    return PluginContext(resource, cast(IReactorTime, reactor))
+
+
 def _configure(
-    spec: PluginSpec, plugin_interface: Any, hook_interface: Any, method: str, problems: Problems
+    spec: PluginSpec,
+    plugin_interface: Any,
+    hook_interface: Any,
+    method: str,
+    problems: Problems,
+    context: Callable[[str], PluginContext] | None = None,
 ) -> Any:
     try:
         plugin = find_registered(
@@ -133,7 +185,10 @@ def _configure(
         )
         return None
     try:
-        hook = getattr(plugin, method)(spec.config)
+        if context is not None and IContextRequestPlugin.providedBy(plugin):
+            hook = plugin.request_hook_in(spec.config, context(spec.name))
+        else:
+            hook = getattr(plugin, method)(spec.config)
     except PluginConfigError as e:
         for field, message in e.problems:
             problems.add(spec.location, f"spec.config.{field}" if field else "spec.config", message)

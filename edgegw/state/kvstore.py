@@ -40,7 +40,7 @@ from twisted.internet.interfaces import IReactorTime, IStreamClientEndpoint
 from twisted.internet.ssl import Certificate, optionsForClientTLS, trustRootFromCertificates
 from twisted.logger import Logger
 from twisted.python.failure import Failure
-from zope.interface import implementer
+from zope.interface import classImplements, implementer
 
 from edgegw.config.errors import ConfigError, Location, Problem, Problems
 from edgegw.config.fields import Node
@@ -48,7 +48,13 @@ from edgegw.config.model import KvStoreConfig
 from edgegw.config.state import read_kvstore
 from edgegw.seam import IOpenSSLTrustRoot, WholeRedisReplies
 from edgegw.state.providers import IStateProviderFactory
-from edgegw.state.store import IStateStore, MessageCallback, StoreError, StoreUnavailableError
+from edgegw.state.store import (
+    IScriptingStore,
+    IStateStore,
+    MessageCallback,
+    StoreError,
+    StoreUnavailableError,
+)
 
 __all__ = [
     "KvStoreProvider",
@@ -605,6 +611,15 @@ class KvStoreService(Service):
         # txredisapi's eval sends EVALSHA once the script is known on the connection.
         return link.bounded(factory.handler.eval(script, keys, args), factory)
 
+    def run_script(
+        self, script: bytes, keys: list[bytes], args: list[bytes | int]
+    ) -> Deferred[object]:
+        """
+        Run a Lua C{script} atomically (L{IScriptingStore.run_script}): keys get the
+        key prefix; EVALSHA once the script is known, reloaded on NOSCRIPT.
+        """
+        return self._script(script, [self._key(key) for key in keys], list(args))
+
 
 def load_trust_root(path: str) -> IOpenSSLTrustRoot:
     """
@@ -702,3 +717,7 @@ _SERVICE_OPTIONS = frozenset({"trust_root", "first_retry", "retry_cap", "log_int
 
 provider = KvStoreProvider()
 """The object the C{kvstore} entry point names."""
+
+
+# Declared here rather than on the class, next to the other operations.
+classImplements(KvStoreService, IScriptingStore)

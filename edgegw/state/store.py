@@ -14,7 +14,13 @@ from collections.abc import Callable
 from twisted.internet.defer import Deferred
 from zope.interface import Attribute, Interface
 
-__all__ = ["IStateStore", "MessageCallback", "StoreError", "StoreUnavailableError"]
+__all__ = [
+    "IScriptingStore",
+    "IStateStore",
+    "MessageCallback",
+    "StoreError",
+    "StoreUnavailableError",
+]
 
 MessageCallback = Callable[[bytes], object]
 """Called with each message published on a subscribed channel."""
@@ -121,4 +127,20 @@ class IStateStore(Interface):
     def unsubscribe(channel: bytes, callback: MessageCallback) -> Deferred[None]:
         """
         Stop calling C{callback} for C{channel}.
+        """
+
+
+class IScriptingStore(Interface):
+    """
+    A store that runs scripts atomically next to the data (Redis Lua), as an
+    L{IStateStore} may also provide.
+    """
+
+    def run_script(script: bytes, keys: list[bytes], args: list[bytes | int]) -> Deferred[object]:
+        """
+        Run C{script} (Lua, for Redis) atomically with C{keys} (without the key prefix:
+        the store adds it) and C{args}: sent once, then by its digest (EVALSHA), sent
+        again whenever the store has forgotten it (NOSCRIPT). Fires with the script's
+        reply; fails with L{StoreError} for an error reply, L{StoreUnavailableError}
+        when the store cannot be reached.
         """

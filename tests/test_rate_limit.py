@@ -1,0 +1,405 @@
+"""
+The C{rate-limit} plugin, per process: a real gateway on a loopback socket whose reactor
+is a L{Clock} the test moves (so that counts are exact), in front of a recording
+backend.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from twisted.internet.defer import ensureDeferred, gatherResults
+from twisted.internet.task import Clock
+from twisted.trial.unittest import SynchronousTestCase, TestCase
+from zope.interface import implementer
+
+from edgegw.config.errors import ConfigError
+from edgegw.plugins.context import PluginContext
+from edgegw.plugins.interfaces import IRequestHook, IRequestPlugin, PluginConfigError
+from edgegw.plugins.messages import PluginRequest, Reply
+from edgegw.plugins.rate_limit import GcraTable, RateLimit, parse_rate, plugin
+from tests.support.backends import SiteBackend
+from tests.support.gateways import start_gateway
+from tests.support.plugin_dists import install_plugins
+from tests.test_plugins import Response, fetch, request_plugin
+
+RATE_LIMIT = {"rate-limit": "edgegw.plugins.rate_limit:plugin"}
+"""The shipped plugin's entry point (as setup.py registers it), for a checkout whose
+installed metadata predates it."""
+
+# RFC 8941 sf-string and the parameters the draft uses.
+_SF_ITEM = re.compile(
+    r'"((?:[\x20\x21\x23-\x5b\x5d-\x7e]|\\["\\])*)"((?:;[a-z*][a-z0-9_.*-]*=\d+)*)'
+)
+
+
+def parse_sf_item(value: str) -> tuple[str, dict[str, int]]:
+    """
+    An RFC 8941 item whose bare item is a string and whose parameters are integers, as
+    C{RateLimit-Policy} and C{RateLimit} carry one policy.
+
+    @raise ValueError: It is not one.
+    """
+    found = _SF_ITEM.fullmatch(value)
+    if found is None:
+        raise ValueError(f"{value!r} is not a string item with integer parameters")
+    params: dict[str, int] = {}
+    for param in found.group(2).split(";")[1:]:
+        name, _, number = param.partition("=")
+        if name in params:
+            raise ValueError(f"parameter {name} twice in {value!r}")
+        params[name] = int(number)
+    return found.group(1), params
+
+
+def hook(config: Mapping[str, Any], clock: Clock | None = None) -> RateLimit:
+    """The plugin's hook for C{config}, on C{clock}."""
+    return plugin.request_hook_in(config, PluginContext("rl", clock or Clock()))
+
+
+def problems_of(config: Mapping[str, Any]) -> list[tuple[str, str]]:
+    """The (field, message) pairs the plugin refuses C{config} with."""
+    try:
+        hook(config)
+    except PluginConfigError as e:
+        return list(e.problems)
+    raise AssertionError(f"{config!r} was accepted")
+
+
+class ConfigTests(SynchronousTestCase):
+    """
+    The config is checked whole, each problem at its field.
+    """
+
+    def test_rates(self) -> None:
+        self.assertEqual(parse_rate("100/s"), (100, 1))
+        self.assertEqual(parse_rate("6000/m"), (6000, 60))
+        self.assertEqual(parse_rate("10/h"), (10, 3600))
+        for bad in ("0/s", "10/d", "ten/s", 10, "/s", "1.5/s"):
+            self.assertRaises(ValueError, parse_rate, bad)
+
+    def test_problems_located(self) -> None:
+        self.assertEqual(
+            [field for field, _ in problems_of({"key": ["client", "ip", "header:bad name"]})],
+            ["key[1]", "key[2]", "rate"],
+        )
+        fields = [
+            field
+            for field, _ in problems_of(
+                {
+                    "rate": "1/x",
+                    "burst": 0,
+                    "ipv6Prefix": 129,
+                    "maxKeys": True,
+                    "onStoreDown": "maybe",
+                    "shared": True,
+                    "extra": 1,
+                }
+            )
+        ]
+        self.assertEqual(
+            sorted(fields),
+            sorted(["extra", "rate", "burst", "ipv6Prefix", "maxKeys", "onStoreDown", "shared"]),
+        )
+
+    def test_shared_needs_a_store(self) -> None:
+        self.assertEqual(
+            problems_of({"rate": "1/s", "shared": True}),
+            [("shared", "needs the Gateway's stateProvider")],
+        )
+
+    def test_defaults(self) -> None:
+        limiter = hook({"rate": "10/s"})
+        self.assertEqual(
+            (limiter.burst, limiter.interval, limiter.table.max_keys), (1, 100_000, 100_000)
+        )
+
+
+class TableTests(SynchronousTestCase):
+    """
+    The GCRA table alone.
+    """
+
+    def test_burst_then_rate(self) -> None:
+        """
+        N + burst + 1 requests spread over one period from an idle key: exactly
+        burst + N pass (burst at once, then one per interval).
+        """
+        clock = Clock()
+        table = GcraTable(100_000, 2 * 100_000, 10, clock)  # 10/s, burst 3
+        passed = sum(table.take(b"k")[0] for _ in range(14))
+        self.assertEqual(passed, 3)
+        for _ in range(10):
+            clock.advance(0.1)
+            passed += sum(table.take(b"k")[0] for _ in range(2))
+        self.assertEqual(passed, 3 + 10)
+
+    def test_lru_bound(self) -> None:
+        """
+        Spraying keys never grows the table past its ceiling; the least recently used
+        key goes first.
+        """
+        clock = Clock()
+        table = GcraTable(1_000_000, 0, 100, clock)
+        table.take(b"keep")
+        for i in range(10_000):
+            table.take(b"spray%d" % i)
+            if i % 50 == 0:
+                table.take(b"keep")
+            self.assertLessEqual(len(table), 100)
+        self.assertEqual(len(table), 100)
+        self.assertFalse(table.take(b"keep")[0])  # still remembered: limited
+        self.assertTrue(table.take(b"spray0")[0])  # forgotten: passes again
+
+    def test_memory_ceiling(self) -> None:
+        """
+        The docs' ceiling: a full table of 100 000 keys holds under 25 MB.
+        """
+        import tracemalloc
+
+        tracemalloc.start()
+        try:
+            before = tracemalloc.get_traced_memory()[0]
+            table = GcraTable(1_000_000, 0, 100_000, Clock())
+            limiter = hook({"rate": "1/s"})
+            for i in range(120_000):
+                table.take(limiter.key_of(_FakeRequest(f"10.{i >> 16}.{(i >> 8) & 255}.{i & 255}")))  # type: ignore[arg-type]
+            used = tracemalloc.get_traced_memory()[0] - before
+        finally:
+            tracemalloc.stop()
+        self.assertEqual(len(table), 100_000)
+        sys.stdout.write(f"\n  table of 100000 keys: {used / 1e6:.1f} MB\n")
+        self.assertLess(used, 25_000_000)
+
+
+APP_ROUTE = (
+    "---\nkind: Route\nmetadata: {name: app}\nspec:\n"
+    '  match: "/app/"\n  type: app\n  handler:\n    type: reverse-proxy\n'
+    '    upstream: "http://127.0.0.1:%d"\n'
+)
+"""An app route (C{/app/}) to the backend at a port."""
+
+
+@implementer(IRequestHook)
+class _ClientEcho:
+    def on_request(self, request: PluginRequest) -> Reply:
+        return Reply(200, request.client_address)
+
+
+@implementer(IRequestPlugin)
+class _ClientEchoPlugin:
+    def request_hook(self, config: Mapping[str, Any]) -> _ClientEcho:
+        return _ClientEcho()
+
+
+client_echo = _ClientEchoPlugin()
+"""A test plugin answering with C{PluginRequest.client_address}."""
+
+
+class _FakeRequest:
+    """Only what key_of reads for key [client]."""
+
+    def __init__(self, address: str) -> None:
+        self.client_address = address
+
+
+class GatewayTests(TestCase):
+    """
+    Through a real gateway: counts, answers, headers, the backend, key kinds.
+    """
+
+    def setUp(self) -> None:
+        install_plugins(self, RATE_LIMIT, name="edgegw-rate-limit-test")
+        self.backend = SiteBackend().start()
+        self.addCleanup(self.backend.stop)
+        self.clock = Clock()
+
+    def serve(self, config: Mapping[str, Any], gateway_spec: str = "", routes: str = "") -> int:
+        _, port = start_gateway(
+            self,
+            f"http://127.0.0.1:{self.backend.port}",
+            gateway_spec=gateway_spec,
+            clock=self.clock,
+            routes=request_plugin("limit", "rate-limit", config=dict(config)) + routes,
+        )
+        return port
+
+    async def burst(
+        self, port: int, n: int, headers: Sequence[tuple[str, str]] = (), target: str = "/x"
+    ) -> list[Response]:
+        """C{n} requests at once, each on its own connection."""
+        return list(
+            await gatherResults(
+                [ensureDeferred(fetch(port, "GET", target, headers)) for _ in range(n)]
+            )
+        )
+
+    async def test_exact_burst_and_rate(self) -> None:
+        """
+        10/s, burst 3: 14 requests at once from an idle key, exactly 3 pass; then two
+        requests every 0.1 s for one second, exactly one of each pair passes: 3 + 10
+        in the period; the backend saw exactly those.
+        """
+        port = self.serve({"rate": "10/s", "burst": 3})
+        statuses = [r[0] for r in await self.burst(port, 14)]
+        self.assertEqual((statuses.count(200), statuses.count(429)), (3, 11))
+        for _ in range(10):
+            self.clock.advance(0.1)
+            statuses = [r[0] for r in await self.burst(port, 2)]
+            self.assertEqual(sorted(statuses), [200, 429])
+        self.assertEqual(len(self.backend.requests), 13)
+
+    async def test_limited_answer(self) -> None:
+        """
+        The 429: Retry-After in whole seconds (rounded up), the draft's structured
+        fields, a short text body; the backend never called for it.
+        """
+        port = self.serve({"rate": "6/m", "burst": 2}, routes=APP_ROUTE % self.backend.port)
+        responses = await self.burst(port, 3, target="/app/x")
+        self.assertEqual(sorted(r[0] for r in responses), [200, 200, 429])
+        for response in responses:
+            if response[0] == 200:
+                self.assertNotIn("ratelimit", response[1])  # passing responses: none (docs)
+        self.clock.advance(0.5)
+        status, headers, body = await fetch(port, "GET", "/app/x")
+        self.assertEqual(status, 429)
+        self.assertEqual(body, b"too many requests\n")
+        self.assertEqual(headers["content-type"], ["text/plain; charset=utf-8"])
+        # TAT is 20 s ahead of 0 (two passes of 10 s), the tolerance 10 s: at 0.5 s a
+        # request passes in 9.5 s, so 10.
+        self.assertEqual(headers["retry-after"], ["10"])
+        self.assertEqual(
+            parse_sf_item(headers["ratelimit-policy"][0]), ("limit", {"q": 6, "w": 60})
+        )
+        self.assertEqual(parse_sf_item(headers["ratelimit"][0]), ("limit", {"r": 0, "t": 20}))
+        self.assertEqual(len(self.backend.requests), 2)
+
+    def test_sf_parser_refuses(self) -> None:
+        for bad in ("limit;q=1", '"a";q=1.5', '"a";Q=1', '"a" ;q=1', '"a";q=1;q=2'):
+            self.assertRaises(ValueError, parse_sf_item, bad)
+
+    async def test_service_route_json(self) -> None:
+        """
+        On a service route (a reverse proxy's default type) the body is JSON.
+        """
+        port = self.serve({"rate": "1/h"})
+        await fetch(port, "GET", "/api/a")
+        status, headers, body = await fetch(port, "GET", "/api/a")
+        self.assertEqual((status, body), (429, b'{"error": "too many requests"}\n'))
+        self.assertEqual(headers["content-type"], ["application/json"])
+
+    async def test_client_keys_and_ipv6_grouping(self) -> None:
+        """
+        Clients are told apart by the address the forwarded layer established; IPv6
+        addresses in one /64 share a key, another /64 has its own; an IPv4-mapped
+        IPv6 address is its IPv4 client.
+        """
+        port = self.serve({"rate": "1/h"}, gateway_spec='trustedProxies: ["127.0.0.1"]\n')
+
+        async def status(client: str) -> int:
+            return (await fetch(port, "GET", "/x", [("X-Forwarded-For", client)]))[0]
+
+        self.assertEqual(await status("192.0.2.1"), 200)
+        self.assertEqual(await status("192.0.2.1"), 429)
+        self.assertEqual(await status("::ffff:192.0.2.1"), 429)
+        self.assertEqual(await status("192.0.2.2"), 200)
+        self.assertEqual(await status("2001:db8:0:1::1"), 200)
+        self.assertEqual(await status("2001:db8:0:1:ffff::2"), 429)  # same /64
+        self.assertEqual(await status("2001:db8:0:2::1"), 200)
+
+    async def test_spoofed_forwarded_for(self) -> None:
+        """
+        Attack: a client behind a trusted proxy writes addresses of its own into
+        C{X-Forwarded-For} to get a fresh key each time; the key is the rightmost
+        address not a trusted proxy (the one the proxy appended), so it stays limited.
+        A peer that is not trusted gets no say at all.
+        """
+        port = self.serve({"rate": "1/h"}, gateway_spec='trustedProxies: ["127.0.0.1"]\n')
+        statuses = [
+            (await fetch(port, "GET", "/x", [("X-Forwarded-For", f"198.51.100.{i}, 192.0.2.7")]))[0]
+            for i in range(3)
+        ]
+        self.assertEqual(statuses, [200, 429, 429])
+
+    async def test_untrusted_peer_forwarded_for_ignored(self) -> None:
+        port = self.serve({"rate": "1/h"})
+        statuses = [
+            (await fetch(port, "GET", "/x", [("X-Forwarded-For", f"198.51.100.{i}")]))[0]
+            for i in range(2)
+        ]
+        self.assertEqual(statuses, [200, 429])
+
+    async def test_plugin_request_client_address(self) -> None:
+        """
+        Found here (not fixed: not this task's file): C{PluginRequest.client_address}
+        says "as the forwarded layer established it", but the forwarded layer changes
+        no address: behind a trusted proxy every client reads as the proxy. The
+        rate-limit plugin resolves the chain itself (L{PluginContext.client_address}).
+        """
+        install_plugins(
+            self, {"client-echo": "tests.test_rate_limit:client_echo"}, name="echo-dist"
+        )
+        _, port = start_gateway(
+            self,
+            f"http://127.0.0.1:{self.backend.port}",
+            gateway_spec='trustedProxies: ["127.0.0.1"]\n',
+            clock=self.clock,
+            routes=request_plugin("echo", "client-echo"),
+        )
+        _, _, body = await fetch(port, "GET", "/x", [("X-Forwarded-For", "192.0.2.7")])
+        self.assertEqual(body, b"192.0.2.7")
+
+    test_plugin_request_client_address.todo = (  # type: ignore[attr-defined]
+        "edgegw/plugins/messages.py PluginRequest.client_address is the peer"
+    )
+
+    async def test_ipv6_prefix_configurable(self) -> None:
+        port = self.serve(
+            {"rate": "1/h", "ipv6Prefix": 128}, gateway_spec='trustedProxies: ["127.0.0.1"]\n'
+        )
+        for client in ("2001:db8::1", "2001:db8::2"):
+            self.assertEqual(
+                (await fetch(port, "GET", "/x", [("X-Forwarded-For", client)]))[0], 200
+            )
+
+    async def test_header_and_route_keys(self) -> None:
+        routes = (
+            "---\nkind: Route\nmetadata: {name: other}\nspec:\n"
+            '  match: "/other/"\n  handler:\n    type: reverse-proxy\n'
+            f'    upstream: "http://127.0.0.1:{self.backend.port}"\n'
+        )
+        port = self.serve({"rate": "1/h", "key": ["header:X-Api-Key", "route"]}, routes=routes)
+
+        async def status(key: str, target: str = "/x") -> int:
+            return (await fetch(port, "GET", target, [("X-Api-Key", key)]))[0]
+
+        self.assertEqual(await status("a"), 200)
+        self.assertEqual(await status("a"), 429)
+        self.assertEqual(await status("b"), 200)
+        self.assertEqual(await status("a", "/other/y"), 200)  # another route: its own key
+        self.assertEqual(await status("a", "/other/z"), 429)
+
+    async def test_subject_falls_back_to_client(self) -> None:
+        """
+        C{subject} on an anonymous request keys by client address.
+        """
+        port = self.serve(
+            {"rate": "1/h", "key": ["subject"]}, gateway_spec='trustedProxies: ["127.0.0.1"]\n'
+        )
+
+        async def status(client: str) -> int:
+            return (await fetch(port, "GET", "/x", [("X-Forwarded-For", client)]))[0]
+
+        self.assertEqual(await status("192.0.2.1"), 200)
+        self.assertEqual(await status("192.0.2.1"), 429)
+        self.assertEqual(await status("192.0.2.9"), 200)
+
+    def test_config_error_located(self) -> None:
+        """
+        A bad config stops the build, located at the resource's field.
+        """
+        error = self.assertRaises(ConfigError, self.serve, {"rate": "fast"})
+        self.assertIn('RequestPlugin "limit": spec.config.rate:', str(error))
