@@ -397,6 +397,36 @@ class GatewayTests(TestCase):
         self.assertEqual(await status("192.0.2.1"), 429)
         self.assertEqual(await status("192.0.2.9"), 200)
 
+    async def test_limited_counted_per_route(self) -> None:
+        """
+        C{edgegw.rate_limit.limited} counts 429s by route pattern, never by key; two
+        rate-limit resources share the instrument (a second one used to fail the load).
+        """
+        routes = (
+            APP_ROUTE % self.backend.port
+            + request_plugin("limit2", "rate-limit", config={"rate": "1/h", "key": ["route"]})
+            + "---\nkind: Telemetry\nmetadata: {name: t}\n"
+            + 'spec: {service: {name: edge}, metrics: {prometheus: {listen: "127.0.0.1:0"}}}\n'
+        )
+        built, port = start_gateway(
+            self,
+            f"http://127.0.0.1:{self.backend.port}",
+            clock=self.clock,
+            routes=request_plugin("limit", "rate-limit", config={"rate": "1/h"}) + routes,
+        )
+        for target in ("/x", "/x", "/x", "/app/a"):
+            await fetch(port, "GET", target)
+        assert built.metrics is not None
+        [counter] = [
+            i for i in built.metrics.registry.instruments if i.name == "edgegw.rate_limit.limited"
+        ]
+        self.assertEqual(counter.attribute_names, ("http.route",))
+        self.assertEqual(
+            sorted((values, value) for _, values, value in counter.points()),
+            # /app/a: the first resource (no selector, key client) refuses it.
+            [(("/",), 2), (("/app/",), 1)],
+        )
+
     def test_config_error_located(self) -> None:
         """
         A bad config stops the build, located at the resource's field.

@@ -22,6 +22,7 @@ from twisted.internet.defer import Deferred, ensureDeferred, gatherResults
 from twisted.internet.task import LoopingCall
 from twisted.trial.unittest import TestCase
 
+from edgegw.plugins.registry import plugin_context_of
 from tests.support.backends import SiteBackend
 from tests.support.configs import load_text
 from tests.support.daemons import (
@@ -36,6 +37,7 @@ from tests.support.plugin_dists import install_plugins
 from tests.support.processes import REPO_ROOT
 from tests.support.redis import RedisServer, redis_command, redis_server
 from tests.test_rate_limit import RATE_LIMIT
+from tests.test_state_store import connected_store
 
 KEY_PREFIX = "gw:rl:"
 READY_TIMEOUT = 30.0
@@ -124,13 +126,17 @@ class SharedLimitTests(TestCase):
                 plugins,
             )
             await process.start()
-            waited = 0.0
-            while (await http_exchange(process.port, "GET", "/readyz")).status != 200:
-                self.assertLess(waited, READY_TIMEOUT, process.output[-3000:])
-                await sleep(0.1)
-                waited += 0.1
+            await self.ready(process)
             started.append(process)
         return started
+
+    async def ready(self, process: LimitedProcess) -> None:
+        """Wait until C{process} is ready (its store connected)."""
+        waited = 0.0
+        while (await http_exchange(process.port, "GET", "/readyz")).status != 200:
+            self.assertLess(waited, READY_TIMEOUT, process.output[-3000:])
+            await sleep(0.1)
+            waited += 0.1
 
     async def statuses(self, processes: list[LimitedProcess], each: int) -> list[int]:
         """C{each} requests to every process, one after another; their statuses."""
@@ -188,6 +194,11 @@ class SharedLimitTests(TestCase):
         for process in processes:
             self.assertEqual(process.output.count("state store unavailable"), 1, process.output)
             self.assertIn("limiting per process", process.output)
+        # Redis back (empty): one shared limit again.
+        await self.redis.start()
+        for process in processes:
+            await self.ready(process)
+        self.assertEqual(sorted(await self.statuses(processes, 2)), [200, 200, 429, 429])
 
     async def test_store_down_deny(self) -> None:
         processes = await self.instances("{rate: 1/h, burst: 2, onStoreDown: deny}")
@@ -229,3 +240,22 @@ class StoreForPluginsOnlyTests(TestCase):
         "edgegw/config/gateway_kind.py:72 refuses a stateProvider without a session block "
         "or identity.assertion.accept, though plugins use it"
     )
+
+
+class PluginStoreTests(TestCase):
+    """
+    The store interface any plugin gets (L{PluginContext.store}), on a real Redis.
+    """
+
+    async def test_get_set_and_scripts_under_the_resource_prefix(self) -> None:
+        redis = await redis_server(self)
+        store = await connected_store(self, redis, "gw:")
+        plugin_store = plugin_context_of("res", reactor, store, None).store
+        assert plugin_store is not None
+        await plugin_store.set(b"k", b"v", 5)
+        self.assertEqual(await plugin_store.get(b"k"), b"v")
+        self.assertEqual(await redis_command(redis.port, "GET", "gw:plugin:res:k"), b"v")
+        self.assertTrue(0 < await redis_command(redis.port, "PTTL", "gw:plugin:res:k") <= 5000)
+        self.assertTrue(plugin_store.can_run_scripts())
+        reply = await plugin_store.run_script(b"return {KEYS[1], ARGV[1]}", [b"a"], [b"x"])
+        self.assertEqual(reply, [b"gw:plugin:res:a", b"x"])

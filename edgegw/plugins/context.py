@@ -18,6 +18,7 @@ from twisted.internet.defer import Deferred, fail
 from twisted.internet.interfaces import IReactorTime
 from zope.interface import Interface, implementer
 
+from edgegw.metrics.instruments import Counter
 from edgegw.state.store import IScriptingStore, IStateStore, StoreError
 
 if TYPE_CHECKING:
@@ -154,6 +155,15 @@ class PluginContext:
         registry = self.registry
         if registry is None:
             return lambda attributes: None
+        # Several resources of one plugin count into one instrument.
+        for instrument in registry.instruments:
+            if instrument.name == name:
+                if not isinstance(instrument, Counter) or instrument.attribute_names != tuple(
+                    attribute_names
+                ):
+                    raise ValueError(f"metric {name} exists with other attributes")
+                existing = instrument
+                return lambda attributes: existing.add(1, tuple(attributes))
         counter = registry.counter(name, "{request}", description, attribute_names)
         return lambda attributes: counter.add(1, tuple(attributes))
 
