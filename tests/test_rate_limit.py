@@ -17,6 +17,7 @@ from twisted.trial.unittest import SynchronousTestCase, TestCase
 from zope.interface import implementer
 
 from edgegw.config.errors import ConfigError
+from edgegw.identity.principal import Principal
 from edgegw.plugins.context import PluginContext
 from edgegw.plugins.interfaces import IRequestHook, IRequestPlugin, PluginConfigError
 from edgegw.plugins.messages import PluginRequest, Reply
@@ -200,10 +201,49 @@ client_echo = _ClientEchoPlugin()
 
 
 class _FakeRequest:
-    """Only what key_of reads for key [client]."""
+    """Only what key_of reads."""
 
-    def __init__(self, address: str) -> None:
+    def __init__(
+        self, address: str, subject: str | None = None, headers: Mapping[str, str] | None = None
+    ) -> None:
         self.client_address = address
+        self.principal = None if subject is None else Principal(subject=subject)
+        self.headers = dict(headers or {})
+        self.route = "/"
+
+
+class KeyTests(SynchronousTestCase):
+    """
+    Keys made of several parts never collide across kinds or part boundaries.
+    """
+
+    def key(self, kinds: list[str], request: _FakeRequest) -> bytes:
+        return hook({"rate": "1/s", "key": kinds}).key_of(request)  # type: ignore[arg-type]
+
+    def test_subject_and_client_apart(self) -> None:
+        """
+        Attack: a subject spelled like a client's key does not share that client's
+        key; two subjects from one address have keys of their own.
+        """
+        anonymous = self.key(["subject"], _FakeRequest("192.0.2.1"))
+        self.assertNotEqual(
+            anonymous, self.key(["subject"], _FakeRequest("192.0.2.9", "192.0.2.1/32"))
+        )
+        self.assertNotEqual(
+            self.key(["subject"], _FakeRequest("192.0.2.1", "alice")),
+            self.key(["subject"], _FakeRequest("192.0.2.1", "bob")),
+        )
+        self.assertEqual(
+            self.key(["subject"], _FakeRequest("192.0.2.1", "alice")),
+            self.key(["subject"], _FakeRequest("198.51.100.1", "alice")),
+        )
+
+    def test_part_boundaries(self) -> None:
+        kinds = ["header:A", "header:B"]
+        self.assertNotEqual(
+            self.key(kinds, _FakeRequest("x", headers={"A": "ab", "B": "c"})),
+            self.key(kinds, _FakeRequest("x", headers={"A": "a", "B": "bc"})),
+        )
 
 
 class GatewayTests(TestCase):
