@@ -59,6 +59,7 @@ _FIELDS: Final = (
 _HEADER_NAME: Final = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")
 _LOG_INTERVAL: Final = 60.0
 _JSON: Final = "application/json"
+_TEXT: Final = "text/plain; charset=utf-8"
 
 GCRA_SCRIPT: Final = b"""
 local t = redis.call('TIME')
@@ -260,7 +261,10 @@ class RateLimit:
             )
         if self._deny_when_down:
             return Reply(
-                503, *self._body(request, "rate limit unavailable"), headers={"Retry-After": "1"}
+                503,
+                *self._body(request, "rate limit unavailable"),
+                headers={"Retry-After": "1"},
+                content_type=_JSON if request.route_type == "service" else _TEXT,
             )
         passed, ahead = self.table.take(key)
         return None if passed else self._limited(request, ahead)
@@ -287,7 +291,7 @@ class RateLimit:
                 ("RateLimit-Policy", self._policy),
                 ("RateLimit", f"{_sf_string(self._name)};r={remaining};t={reset}"),
             ),
-            content_type=_JSON if service else "text/plain; charset=utf-8",
+            content_type=_JSON if service else _TEXT,
         )
 
 
