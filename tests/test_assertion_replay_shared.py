@@ -39,7 +39,7 @@ from edgegw.identity.assertion import (
     record_key,
 )
 from tests.support.backends import SiteBackend, answer
-from tests.support.configs import load_text, problems_of
+from tests.support.configs import load_text
 from tests.support.daemons import GatewayProcess, HttpAnswer, http_exchange, sleep
 from tests.support.redis import RedisProbe, RedisServer, redis_server
 
@@ -370,9 +370,11 @@ spec:
         self.assertIsNotNone(gateway.state)
         self.assertIsNone(gateway.sessions)
 
-    def test_without_accept_it_still_needs_a_session(self) -> None:
-        self.assertIn(
-            'document 1, Gateway "g": spec.stateProvider: requires a session block '
-            "(its key encrypts the record)",
-            problems_of(self.mktemp(), self.STATE, gateway=False),
-        )
+    def test_without_accept_or_session_the_store_is_the_plugins(self) -> None:
+        """
+        Neither sessions nor assertions: the store is built all the same (plugins such
+        as a shared rate limit use it), and holds no session.
+        """
+        gateway = build_gateway(load_text(self.mktemp(), self.STATE, gateway=False), Clock())
+        self.assertIsNotNone(gateway.state)
+        self.assertIsNone(gateway.sessions)

@@ -793,8 +793,6 @@ spec:
                 '"auto", "always", "never"',
                 'document 1, Gateway "g": spec.stateProvider.config.address: "nohost" is not '
                 "host:port",
-                'document 1, Gateway "g": spec.stateProvider: requires a session block (its '
-                "key encrypts the record)",
             ],
             gateway=False,
         )

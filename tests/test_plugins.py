@@ -43,8 +43,8 @@ from tests.test_proxy import parse as parse_response
 reactor: Any = _reactor
 
 INSTALLED = (
-    "body-limit, boom, cancels, coro, headers, hollow, later, missing, nothing, replier, "
-    "rewriter, status, strict, tagger, upper"
+    "body-limit, boom, cancels, coro, headers, hollow, later, missing, nothing, rate-limit, "
+    "replier, rewriter, status, strict, tagger, upper"
 )
 """Every plugin name registered while the test plugins are installed, as listed."""
 
@@ -1225,7 +1225,7 @@ class DistributionTests(TestCase):
     """
 
     def test_installed_and_uninstalled(self) -> None:
-        self.assertEqual(plugin_names(), ["body-limit", "headers"])
+        self.assertEqual(plugin_names(), ["body-limit", "headers", "rate-limit"])
         uninstall = install_distribution(self.mktemp())
         self.addCleanup(uninstall)
         self.assertEqual(plugin_names(), INSTALLED.split(", "))
@@ -1242,7 +1242,7 @@ class DistributionTests(TestCase):
         )
         self.assertIn(f"{'nothing':<20} {'not a plugin':<29} ", "\n".join(listing))
         uninstall()
-        self.assertEqual(plugin_names(), ["body-limit", "headers"])
+        self.assertEqual(plugin_names(), ["body-limit", "headers", "rate-limit"])
         root = config_tree(
             self,
             {"10-routes.yaml": route("r", "/", "http://127.0.0.1:1") + request_plugin("tagger")},
@@ -1251,7 +1251,7 @@ class DistributionTests(TestCase):
         self.assertEqual(check(root, out, err), 1)
         self.assertIn(
             'RequestPlugin "tagger": spec.plugin: '
-            'no plugin "tagger" is installed (installed: body-limit, headers)',
+            'no plugin "tagger" is installed (installed: body-limit, headers, rate-limit)',
             err.getvalue(),
         )
 

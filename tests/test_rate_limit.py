@@ -374,10 +374,9 @@ class GatewayTests(TestCase):
 
     async def test_plugin_request_client_address(self) -> None:
         """
-        Found here (not fixed: not this task's file): C{PluginRequest.client_address}
-        says "as the forwarded layer established it", but the forwarded layer changes
-        no address: behind a trusted proxy every client reads as the proxy. The
-        rate-limit plugin resolves the chain itself (L{PluginContext.client_address}).
+        C{PluginRequest.client_address} is the client after C{trustedProxies}: behind a
+        trusted proxy, the address it forwarded (it was the peer: every client read as
+        the proxy).
         """
         install_plugins(
             self, {"client-echo": "tests.test_rate_limit:client_echo"}, name="echo-dist"
@@ -391,10 +390,6 @@ class GatewayTests(TestCase):
         )
         _, _, body = await fetch(port, "GET", "/x", [("X-Forwarded-For", "192.0.2.7")])
         self.assertEqual(body, b"192.0.2.7")
-
-    test_plugin_request_client_address.todo = (  # type: ignore[attr-defined]
-        "edgegw/plugins/messages.py PluginRequest.client_address is the peer"
-    )
 
     async def test_ipv6_prefix_configurable(self) -> None:
         port = self.serve(

@@ -236,11 +236,6 @@ class StoreForPluginsOnlyTests(TestCase):
             gateway=False,
         )
 
-    test_state_provider_for_plugins_alone.todo = (  # type: ignore[attr-defined]
-        "edgegw/config/gateway_kind.py:72 refuses a stateProvider without a session block "
-        "or identity.assertion.accept, though plugins use it"
-    )
-
 
 class PluginStoreTests(TestCase):
     """

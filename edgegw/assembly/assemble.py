@@ -202,17 +202,13 @@ def build_gateway(
             endpoint = ReadinessResource(readiness, reactor, provider, store)
             reserved[readiness_path] = ResourceTarget(readiness_path, endpoint, access, inflight)
         terminals = TerminalContext(config, client, agent, reactor, projected, login, measured)
-        protected = Protected(
-            request=projected | terminals.assertion_headers, response=terminals.gateway_headers
-        )
         trusted = config.gateway.trusted_proxies
-        plugin_context = partial(
-            plugin_context_of,
-            reactor=reactor,
-            store=store,
-            metrics=metrics,
+        protected = Protected(
+            request=projected | terminals.assertion_headers,
+            response=terminals.gateway_headers,
             is_trusted=ForwardedFilter(trusted).is_trusted if trusted else None,
         )
+        plugin_context = partial(plugin_context_of, reactor=reactor, store=store, metrics=metrics)
         plugins = RoutePlugins(
             configure_plugins(config, problems, protected, plugin_context), protected, reactor
         )

@@ -220,14 +220,12 @@ def state_store(
     config: Config, reactor: IReactorTime, options: Mapping[str, Any]
 ) -> IStateStore | None:
     """
-    The Gateway's state store, not started, when it has a C{stateProvider} (and a
-    session block or C{identity.assertion.accept}, which the load checked).
+    The Gateway's state store, not started, when it has a C{stateProvider} (for the
+    server-side sessions with a session block, the assertions' replay record with
+    C{identity.assertion.accept}, and the plugins' state).
     """
-    gateway = config.gateway
-    ref = gateway.state_provider
-    assertion = gateway.identity.assertion
-    accepts = assertion is not None and assertion.accept is not None
-    if ref is None or (gateway.session is None and not accepts):
+    ref = config.gateway.state_provider
+    if ref is None:
         return None
     return find_provider(ref.type).build(ref.config, ref.key_prefix, reactor, **options)
 

@@ -65,11 +65,9 @@ def read_gateway(spec: Node, base_dir: str) -> GatewaySpec:
     session = read_session(spec.mapping("session"))
     identity = read_identity(spec.mapping("identity"))
     auth = _auth(spec.mapping("auth"))
+    # Without a session block the store holds no session (the session key seals them):
+    # accepted assertions' records and plugins' state (shared rate limits) still use it.
     state = read_state_ref(spec.mapping("stateProvider"))
-    # Without a session, the store keeps only the record of accepted assertions.
-    accepts = identity.assertion is not None and identity.assertion.accept is not None
-    if state is not None and session is None and not accepts:
-        spec.error("stateProvider", "requires a session block (its key encrypts the record)")
     tls = read_tls(spec.mapping("tls"), base_dir)
     if tls is not None and listen.startswith("ssl:"):
         spec.error(

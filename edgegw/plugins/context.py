@@ -24,7 +24,6 @@ from edgegw.state.store import IScriptingStore, IStateStore, StoreError
 if TYPE_CHECKING:
     from edgegw.metrics.instruments import Registry
     from edgegw.plugins.interfaces import IRequestHook
-    from edgegw.plugins.messages import PluginRequest
 
 __all__ = [
     "IContextRequestPlugin",
@@ -113,35 +112,12 @@ class PluginContext:
     @ivar reactor: The gateway's clock (C{seconds()}, C{callLater}).
     @ivar store: The state store (the Gateway's C{stateProvider}), or L{None}.
     @ivar registry: The gateway's metrics (with C{Telemetry.metrics}), or L{None}.
-    @ivar is_trusted: Whether an address is one of the Gateway's C{trustedProxies}
-        (L{None}: none is).
     """
 
     resource: str
     reactor: IReactorTime
     store: IPluginStore | None = None
     registry: Registry | None = None
-    is_trusted: Callable[[str], bool] | None = None
-
-    def client_address(self, request: PluginRequest) -> str:
-        """
-        The client of C{request} after C{trustedProxies}: from a trusted peer, the
-        rightmost C{X-Forwarded-For} address that is not a trusted proxy (those left of
-        it could have been written by the client itself); else the peer.
-        """
-        peer = request.client_address
-        trusted = self.is_trusted
-        if trusted is None or not trusted(peer):
-            return peer
-        addresses = [
-            part.strip()
-            for value in request.headers.get_all("X-Forwarded-For")
-            for part in value.split(",")
-        ]
-        for address in reversed(addresses):
-            if address and not trusted(address):
-                return address
-        return addresses[0] if addresses and addresses[0] else peer
 
     def counter(
         self, name: str, description: str, attribute_names: Sequence[str] = ()

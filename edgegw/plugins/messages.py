@@ -13,7 +13,7 @@ C{X-Request-Id}, the security headers), and a path that is not clean.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from types import MappingProxyType
 from typing import Final
 
@@ -128,6 +128,23 @@ def check_header_value(value: str) -> bytes:
     return value.encode("latin-1")
 
 
+def client_after_proxies(
+    peer: str, forwarded_for: Iterable[str], trusted: Callable[[str], bool]
+) -> str:
+    """
+    The client of a request from C{peer} after C{trustedProxies}: from a trusted peer,
+    the rightmost C{X-Forwarded-For} address that is not a trusted proxy (those left of
+    it could have been written by the client itself); else the peer.
+    """
+    if not trusted(peer):
+        return peer
+    addresses = [part.strip() for value in forwarded_for for part in value.split(",")]
+    for address in reversed(addresses):
+        if address and not trusted(address):
+            return address
+    return addresses[0] if addresses and addresses[0] else peer
+
+
 class Protected:
     """
     The header names plugins cannot change, computed once per gateway.
@@ -138,16 +155,20 @@ class Protected:
     @ivar request_prefixes: Lowercased prefixes of request header names likewise
         (C{x-user-}).
     @ivar response: Lowercased response header names: framing and L{RESPONSE_OWNED}.
+    @ivar is_trusted: Whether a peer is one of the Gateway's C{trustedProxies}: how
+        L{PluginRequest.client_address} reads C{X-Forwarded-For}.
     """
 
-    __slots__ = ("request", "request_prefixes", "response")
+    __slots__ = ("is_trusted", "request", "request_prefixes", "response")
 
     def __init__(
         self,
         request: Iterable[bytes] = (),
         request_prefixes: tuple[bytes, ...] = (),
         response: Iterable[bytes] = (),
+        is_trusted: Callable[[str], bool] | None = None,
     ) -> None:
+        self.is_trusted = is_trusted
         self.request = REQUEST_FRAMING | REQUEST_OWNED | {name.lower() for name in request}
         self.request_prefixes = REQUEST_OWNED_PREFIXES + tuple(
             prefix.lower() for prefix in request_prefixes
@@ -362,8 +383,15 @@ class PluginRequest:
 
     @property
     def client_address(self) -> str:
-        """The client's IP address (as the forwarded layer established it)."""
-        return str(getattr(self._exchange.request.getClientAddress(), "host", ""))
+        """
+        The client's IP address after C{trustedProxies} (L{client_after_proxies}): the
+        peer's, or behind a trusted proxy the one it forwarded.
+        """
+        peer = str(getattr(self._exchange.request.getClientAddress(), "host", ""))
+        trusted = self._protected.is_trusted
+        if trusted is None or not trusted(peer):
+            return peer
+        return client_after_proxies(peer, self.headers.get_all("X-Forwarded-For"), trusted)
 
     @property
     def responded(self) -> bool:

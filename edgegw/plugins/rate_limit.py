@@ -384,7 +384,7 @@ class RateLimitPlugin:
             count,
             period,
             burst,
-            _key_parts(kinds, _client_grouper(v4, v6), context.client_address),
+            _key_parts(kinds, _client_grouper(v4, v6), _client_of),
             max_keys,
             context.reactor,
             store if shared else None,
@@ -394,3 +394,7 @@ class RateLimitPlugin:
 
 
 plugin = RateLimitPlugin()
+
+
+def _client_of(request: PluginRequest) -> str:
+    return request.client_address

@@ -139,19 +139,16 @@ def plugin_context_of(
     reactor: IReactorTime,
     store: IStateStore | None,
     metrics: GatewayMetrics | None,
-    is_trusted: Callable[[str], bool] | None = None,
 ) -> PluginContext:
     """
     The L{PluginContext} of the plugin resource named C{resource}: the gateway's
-    C{reactor}, its C{store} (keys under the resource's own prefix), its metrics, and
-    whether an address is a trusted proxy.
+    C{reactor}, its C{store} (keys under the resource's own prefix), its metrics.
     """
     return PluginContext(
         resource,
         reactor,
         PluginStore(store, plugin_key_prefix(resource)) if store is not None else None,
         metrics.registry if metrics is not None else None,
-        is_trusted,
     )
 
 
