@@ -17,6 +17,11 @@ used. When Redis goes away, txredisapi's pool slots (Twisted C{ClientService}) r
 with capped exponential backoff; meanwhile every operation fails at once with
 L{StoreUnavailableError} instead of waiting in txredisapi's queue for a connection, and
 one that is under way fails when the configured timeout passes.
+
+With C{sentinels} instead of C{address}, both connections connect through a
+L{SentinelEndpoint}: the master is asked of the Sentinels at each (re)connection, so a
+failover is followed by reconnecting; a C{READONLY} answer (a master demoted to a
+replica under a live connection) drops the connection for that.
 """
 
 from __future__ import annotations
@@ -35,9 +40,8 @@ from twisted.internet.defer import (
     gatherResults,
     succeed,
 )
-from twisted.internet.endpoints import HostnameEndpoint, wrapClientTLS
 from twisted.internet.interfaces import IReactorTime, IStreamClientEndpoint
-from twisted.internet.ssl import Certificate, optionsForClientTLS, trustRootFromCertificates
+from twisted.internet.ssl import Certificate, trustRootFromCertificates
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 from zope.interface import implementer
@@ -48,6 +52,7 @@ from edgegw.config.model import KvStoreConfig
 from edgegw.config.state import read_kvstore
 from edgegw.seam import IOpenSSLTrustRoot, WholeRedisReplies
 from edgegw.state.providers import IStateProviderFactory
+from edgegw.state.sentinels import SentinelEndpoint, redis_endpoint, split_address
 from edgegw.state.store import IStateStore, MessageCallback, StoreError, StoreUnavailableError
 
 __all__ = [
@@ -107,11 +112,6 @@ def read_kvstore_config(node: Node) -> KvStoreConfig:
     one parser the Gateway's C{stateProvider.config} uses too.
     """
     return read_kvstore(node)
-
-
-def _split_address(address: str) -> tuple[str, int]:
-    host, _, port = address.rpartition(":")
-    return host.removeprefix("[").removesuffix("]"), int(port)
 
 
 class _Throttle:
@@ -182,7 +182,7 @@ class _Factory(txredisapi.RedisFactory):  # type: ignore[misc]
             # Says why, such as a TLS handshake refused for an untrusted certificate.
             if not self.disconnectCalled:
                 self.link.throttle.failure(
-                    f"{self.label} connection to Redis at {self.link.config.address} "
+                    f"{self.label} connection to Redis at {self.link.where()} "
                     f"lost: {reason.getErrorMessage()}"
                 )
             lost(reason)
@@ -252,6 +252,22 @@ class _Link:
         self.subscriptions: dict[bytes, list[MessageCallback]] = {}
         self.subscribing: list[Deferred[None]] = []
         self.holders: list[KvStoreService] = []
+        # With sentinels, one endpoint for both connections: the Sentinel that answered
+        # last is asked first by either.
+        self.sentinel_endpoint: SentinelEndpoint | None = None
+        if self.config.sentinels:
+            self.sentinel_endpoint = SentinelEndpoint(self.config, reactor, trust_root)
+
+    def where(self) -> str:
+        """
+        The Redis connected to, for messages: the address, or with sentinels the master's
+        name and the address it was last found at.
+        """
+        found = self.sentinel_endpoint
+        if found is None:
+            return self.config.address
+        at = f" at {found.current[0]}:{found.current[1]}" if found.current else ""
+        return f"master {self.config.master_name!r}{at} (through Sentinel)"
 
     def hold(self, store: KvStoreService) -> None:
         """
@@ -298,17 +314,16 @@ class _Link:
 
     def endpoint(self) -> IStreamClientEndpoint:
         """
-        Where the connections connect: the address, wrapped in TLS with C{tls}.
+        Where the connections connect: the address, or with sentinels the master the
+        Sentinels name at each (re)connection; wrapped in TLS with C{tls}.
         """
-        host, port = _split_address(self.config.address)
-        endpoint: IStreamClientEndpoint = HostnameEndpoint(
-            self.reactor, host, port, timeout=max(1, int(self.timeout))
+        if self.sentinel_endpoint is not None:
+            return self.sentinel_endpoint
+        host, port = split_address(self.config.address)
+        # No trust root: optionsForClientTLS verifies against the platform's.
+        return redis_endpoint(
+            self.reactor, host, port, self.timeout, self.config.tls, self.trust_root
         )
-        if self.config.tls:
-            # No trust root: optionsForClientTLS verifies against the platform's.
-            creator = optionsForClientTLS(host, trustRoot=self.trust_root)
-            endpoint = wrapClientTLS(creator, endpoint)
-        return endpoint
 
     def connect(self, kind: type[_Factory], label: str) -> _Factory:
         """
@@ -337,9 +352,7 @@ class _Link:
         and on the pub/sub connection subscribe to every channel again, then settle
         whoever waits for that.
         """
-        self.throttle.recovered(
-            f"{factory.label} connection to Redis at {self.config.address} ready"
-        )
+        self.throttle.recovered(f"{factory.label} connection to Redis at {self.where()} ready")
         if factory is self.subscriber:
             waiting, self.subscribing = self.subscribing, []
             made = [
@@ -382,12 +395,19 @@ class _Link:
     def _timed_out(self, failure: Failure, factory: _Factory) -> Failure:
         if failure.check(TimeoutError):
             # No answer in time: the connection may be dead without knowing it (a Redis
-            # host gone, a frozen server). Drop it; the factory reconnects with backoff,
-            # and until then operations fail at once rather than queue up behind it.
-            for connection in list(factory.pool):
-                transport = connection.transport
-                if transport is not None:
-                    transport.abortConnection()
+            # host gone, a frozen server). Drop it; the factory reconnects with backoff
+            # (through the Sentinels with sentinels), and until then operations fail at
+            # once rather than queue up behind it.
+            _drop(factory)
+        elif failure.check(txredisapi.ResponseError) and failure.getErrorMessage().startswith(
+            "READONLY"
+        ):
+            # The server is a replica now: a failover demoted it. Drop the connection;
+            # the reconnection asks the Sentinels for the new master.
+            _drop(factory)
+            message = f"Redis at {self.where()} is a replica now (READONLY)"
+            self.throttle.failure(message)
+            return Failure(StoreUnavailableError(message))
         return failure
 
     def _translate(self, failure: Failure) -> Failure:
@@ -407,7 +427,7 @@ class _Link:
         connected.
         """
         if factory is None or not factory.size:
-            message = f"not connected to Redis at {self.config.address}"
+            message = f"not connected to Redis at {self.where()}"
             self.throttle.failure(message)
             return fail(StoreUnavailableError(message))
         return self.bounded(factory.handler.execute_command(command, *args), factory)
@@ -604,6 +624,16 @@ class KvStoreService(Service):
             return link.run(None, "EVAL")
         # txredisapi's eval sends EVALSHA once the script is known on the connection.
         return link.bounded(factory.handler.eval(script, keys, args), factory)
+
+
+def _drop(factory: _Factory) -> None:
+    """
+    Abort C{factory}'s connection (it reconnects by itself).
+    """
+    for connection in list(factory.pool):
+        transport = connection.transport
+        if transport is not None:
+            transport.abortConnection()
 
 
 def load_trust_root(path: str) -> IOpenSSLTrustRoot:
