@@ -222,6 +222,48 @@ class LyingSentinelTests(TestCase):
         self.assertEqual(await RedisProbe(other).get(b"t:k2"), b"w")
         self.assertFalse([o for o in outcomes if o != "unavailable"], outcomes)
 
+    async def test_passwords_of_the_sentinels_and_of_the_master(self) -> None:
+        """
+        C{sentinelUser}/C{sentinelPassword} authenticate to the Sentinels,
+        C{user}/C{password} to the master (its ROLE check included): a Sentinel that
+        refuses the credentials is passed over.
+        """
+        master = await redis_server(self, user="gw", password="master-pw")
+        refusing = FakeSentinel(self, ("127.0.0.1", master.port), ("su", "other"))
+        sentinel = FakeSentinel(self, ("127.0.0.1", master.port), ("su", "sentinel-pw"))
+        store = sentinel_store(
+            self,
+            [refusing.address, sentinel.address],
+            user="gw",
+            password="master-pw",
+            sentinel_user="su",
+            sentinel_password="sentinel-pw",
+        )
+        await until(self, "store ready", lambda: store.set(b"k", b"v", 30).addCallback(bool_))
+        self.assertEqual(sentinel.asked[0], [b"AUTH", b"su", b"sentinel-pw"])
+        self.assertEqual(len(refusing.asked), 2)
+
+    async def test_a_reload_with_the_same_sentinels_keeps_the_connections(self) -> None:
+        sentinel = FakeSentinel(self, ("127.0.0.1", self.master.port))
+        old = sentinel_store(self, [sentinel.address])
+        await until(self, "store ready", lambda: old.set(b"k", b"v", 30).addCallback(bool_))
+        config = old.config
+        same = KvStoreService(config, "t:", reactor, first_retry=0.05, retry_cap=0.3)
+        self.assertTrue(same.take_over(old))
+        for changed in (
+            {"sentinels": (sentinel.address, "127.0.0.1:1")},
+            {"master_name": "other"},
+            {"sentinel_password": "p"},
+        ):
+            other = KvStoreService(
+                KvStoreConfig(**{**_fields(config), **changed}),
+                "t:",
+                reactor,
+                first_retry=0.05,
+                retry_cap=0.3,
+            )
+            self.assertFalse(other.take_over(old), changed)
+
     async def test_no_sentinel_answers(self) -> None:
         store = sentinel_store(self, [f"127.0.0.1:{await refused_port()}"])
         await sleep(0.3)

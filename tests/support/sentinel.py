@@ -243,7 +243,11 @@ class _FakeSentinelProtocol(Protocol):
             self.fake.asked.append(command)
             assert self.transport is not None
             name = [part.lower() for part in command[:2]]
-            if name == [b"sentinel", b"get-master-addr-by-name"]:
+            if name[0] == b"auth":
+                right = [b"AUTH", *(x.encode() for x in self.fake.credentials or ())]
+                good = self.fake.credentials is not None and command == right
+                self.transport.write(b"+OK\r\n" if good else b"-WRONGPASS invalid\r\n")
+            elif name == [b"sentinel", b"get-master-addr-by-name"]:
                 answer = self.fake.answer
                 if answer is None:
                     self.transport.write(b"*-1\r\n")
@@ -263,8 +267,18 @@ class FakeSentinel(Factory):
     def buildProtocol(self, addr: IAddress | None) -> Protocol:
         return _FakeSentinelProtocol(self)
 
-    def __init__(self, test: TestCase, answer: tuple[str, int] | None) -> None:
+    def __init__(
+        self,
+        test: TestCase,
+        answer: tuple[str, int] | None,
+        credentials: tuple[str, str] | None = None,
+    ) -> None:
+        """
+        @param credentials: The user and password C{AUTH} must give (any AUTH is refused
+            without).
+        """
         self.answer = answer
+        self.credentials = credentials
         self.asked: list[list[bytes]] = []
         listening = listen_local(self)
         test.addCleanup(listening.stopListening)
