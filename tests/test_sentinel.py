@@ -24,18 +24,27 @@ from typing import Any
 
 import attrs
 from twisted.internet import reactor as _reactor
+from twisted.internet.defer import Deferred, gatherResults
 from twisted.trial.unittest import TestCase
 
 from edgegw.config.errors import Location
 from edgegw.config.model import KvStoreConfig
 from edgegw.state.kvstore import KvStoreService, provider
 from edgegw.state.store import StoreError, StoreUnavailableError
-from tests.support.browser import Browser
+from tests.support.backends import SiteBackend, answer
+from tests.support.browser import USER_AGENT, Browser
+from tests.support.daemons import GatewayProcess, HttpAnswer, http_exchange
 from tests.support.fake_idp import FakeIdP
 from tests.support.processes import refused_port
 from tests.support.redis import RedisProbe, RedisServer, redis_command, redis_server
 from tests.support.sentinel import MASTER_NAME, FakeSentinel, SentinelCluster, sleep
-from tests.support.sessions import COOKIE, SessionGateway, stream_backend
+from tests.support.sessions import (
+    COOKIE,
+    KEY,
+    SessionGateway,
+    server_session_config,
+    stream_backend,
+)
 
 reactor: Any = _reactor
 
@@ -463,3 +472,115 @@ class SentinelGateway(SessionGateway):
         text = text.replace(address, f"sentinels: [{sentinels}], masterName: {MASTER_NAME}")
         readiness = "  readiness: {path: /readyz}\n"
         return text.replace("  stateProvider:\n", readiness + "  stateProvider:\n")
+
+
+class TwoGatewaysUnderLoadTests(TestCase):
+    """
+    Two real gateway processes sharing the sessions through the Sentinels, under a
+    steady load of session requests while the master is killed. The seconds of
+    fail-closed answers are printed (never asserted); afterwards every session answers
+    200 at both, with no new login.
+    """
+
+    async def test_kill_the_master_under_load(self) -> None:
+        cluster = await SentinelCluster(self).start()
+        idp = FakeIdP()
+        await idp.start(self)
+        backend = SiteBackend(answer(body=b"backend"))
+        backend.start()
+        self.addCleanup(backend.stop)
+        text = server_session_config(
+            key=KEY,
+            redis_address=cluster.servers[0].address,
+            issuer=idp.issuer,
+            upstream=f"http://127.0.0.1:{backend.port}",
+            timeout="1s",
+        )
+        sentinels = ", ".join(f'"{a}"' for a in cluster.sentinel_addresses)
+        text = text.replace(
+            f'address: "{cluster.servers[0].address}"',
+            f"sentinels: [{sentinels}], masterName: {MASTER_NAME}",
+        )
+        gateways = [GatewayProcess(self, {"gateway.yaml": text}, name=f"gw{i}") for i in (1, 2)]
+        for gw in gateways:
+            await gw.start()
+            idp.redirect_uris.append(gw.url("/auth/callback"))
+        cookies = [await self.login(gateways[i % 2], idp) for i in range(6)]
+        for gw in gateways:
+            for cookie in cookies:
+
+                async def served(g: GatewayProcess = gw, c: str = cookie) -> bool:
+                    return (await self.get(g, c)).status == 200
+
+                await until(self, f"{gw.name} serves the session", served)
+        for replica in cluster.servers[1:]:
+
+            async def has_all(r: RedisServer = replica) -> bool:
+                keys = await redis_command(r.port, "KEYS", "gw:sess:*")
+                return len([k for k in keys if len(k) == len(b"gw:sess:") + 32]) >= len(cookies)
+
+            await until(self, "the sessions replicated", has_all)
+
+        seen: dict[str, list[tuple[float, int]]] = {gw.name: [] for gw in gateways}
+        stop = [False]
+        killed_at = [0.0]
+
+        async def load(gw: GatewayProcess) -> None:
+            while not stop[0]:
+                for cookie in cookies:
+                    try:
+                        status = (await self.get(gw, cookie)).status
+                    except Exception:
+                        status = 0
+                    seen[gw.name].append((reactor.seconds(), status))
+                await sleep(0.02)
+
+        loads = [Deferred.fromCoroutine(load(gw)) for gw in gateways]
+        await sleep(1.0)
+        master = cluster.servers[0]
+        killed_at[0] = reactor.seconds()
+        await master.stop()
+        await cluster.failed_over(master.port)
+        promoted_after = reactor.seconds() - killed_at[0]
+
+        async def all_served_again() -> bool:
+            for gw in gateways:
+                last = seen[gw.name][-len(cookies) :]
+                if len(last) < len(cookies) or any(s != 200 for _, s in last):
+                    return False
+            return True
+
+        await until(self, "both gateways serve every session again", all_served_again)
+        stop[0] = True
+        await gatherResults(loads)
+        report = []
+        for gw in gateways:
+            failed = [t for t, s in seen[gw.name] if s != 200]
+            statuses = {s for _, s in seen[gw.name]}
+            self.assertEqual(statuses - {200, 302}, set(), (gw.name, statuses, gw.output))
+            span = f"{failed[-1] - failed[0]:.1f}s" if failed else "0s"
+            until_ok = f"{failed[-1] - killed_at[0]:.1f}s" if failed else "0s"
+            report.append(
+                f"{gw.name}: {len(failed)} of {len(seen[gw.name])} answers fail-closed, "
+                f"over {span}, the last {until_ok} after the kill"
+            )
+        print(f"\npromotion seen {promoted_after:.1f}s after the kill\n" + "\n".join(report))
+        for gw in gateways:
+            for cookie in cookies:
+                self.assertEqual((await self.get(gw, cookie)).status, 200)
+
+    async def login(self, gw: GatewayProcess, idp: FakeIdP) -> str:
+        browser = Browser()
+        start = await browser.get(gw.url("/auth/login?return_to=%2Fopen%2Fx"))
+        self.assertEqual(start.status, 302, start.body)
+        assert start.absolute_location is not None
+        authorized = await browser.get(start.absolute_location)
+        assert authorized.absolute_location is not None
+        callback = await browser.get(authorized.absolute_location)
+        self.assertEqual(callback.status, 302, (callback.body, gw.output))
+        return f"{COOKIE}={browser.cookies[COOKIE]}"
+
+    async def get(self, gw: GatewayProcess, cookie: str) -> HttpAnswer:
+        return await http_exchange(
+            gw.port, "GET", "/app/x", {"Cookie": cookie, "User-Agent": USER_AGENT}
+        )

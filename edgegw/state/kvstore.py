@@ -94,6 +94,10 @@ end
 return 0
 """
 
+SENTINEL_RETRY_CAP = 1.0
+"""With sentinels, the most seconds between two attempts to find and connect to the
+master."""
+
 # What a lost, refused or timed-out connection looks like once it reaches an operation.
 # (A CancelledError is the caller's own, say a client that left: passed through as it
 # is, never logged as Redis failing. The store's own timeout arrives as TimeoutError.)
@@ -168,6 +172,21 @@ class _Factory(txredisapi.RedisFactory):  # type: ignore[misc]
         # backoff, so that Redis coming back, or an ACL being fixed, needs no restart.
         # Stopping at service stop goes through disconnect(), not here.
         return succeed(None)
+
+    def retryDelay(self, attempt: int) -> float:
+        """
+        Seconds before the C{attempt}th consecutive connection attempt: the backoff, and
+        with sentinels none before the first (a lost master is most likely a failover,
+        and the new one is asked of the Sentinels anyway) and at most
+        L{SENTINEL_RETRY_CAP} (a failed attempt costs only questions to the Sentinels,
+        and the master comes back when a replica is promoted, not when it recovers).
+        """
+        delay: float = super().retryDelay(attempt)
+        if self.link.sentinel_endpoint is None:
+            return delay
+        if attempt <= 1:
+            return 0.0
+        return min(delay, SENTINEL_RETRY_CAP)
 
     def connectionError(self, why: str) -> None:
         # AUTH or SELECT failed.
