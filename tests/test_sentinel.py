@@ -584,3 +584,55 @@ class TwoGatewaysUnderLoadTests(TestCase):
         return await http_exchange(
             gw.port, "GET", "/app/x", {"Cookie": cookie, "User-Agent": USER_AGENT}
         )
+
+
+class RefreshLockLostTests(TestCase):
+    """
+    The refresh lock lost as a failover may lose it (Redis replicates it asynchronously:
+    a promoted replica may never have had it): here deleted on the master while one
+    gateway holds it and waits for the IdP, so that a second gateway (own single flight,
+    the same sessions through the same Sentinels) takes it and refreshes the same session
+    with the same refresh token. The rule that holds (docs/architecture.md, "Refresh lock
+    across a failover"): the rotating IdP refuses the reuse, the compare-and-set stores
+    one refreshed record, both requests are served, and the session goes on everywhere
+    with the one live refresh token.
+    """
+
+    async def test_a_duplicate_refresh_is_harmless(self) -> None:
+        cluster = await SentinelCluster(self).start()
+        idp = FakeIdP()
+        await idp.start(self)
+        backend, _ = stream_backend()
+        self.addCleanup(backend.stop)
+        first = await SentinelGateway(self, idp, backend, cluster).start()
+        second = await SentinelGateway(self, idp, backend, cluster).start()
+        # Issued for 30 s, inside the 60 s refreshSkew: the first request refreshes.
+        idp.token_lifetime = 30
+        browser = Browser()
+        self.assertEqual((await first.login(browser)).status, 302)
+        idp.token_lifetime = 3600
+        idp.refresh_delay = 1.0
+        session_id = first.session_id(browser.cookies[COOKIE])
+        lock = f"{first.prefix}lock:{session_id}"
+        probe = RedisProbe(cluster.servers[0])
+        at_first = Deferred.fromCoroutine(browser.get(first.url("/app/one")))
+
+        async def first_holds_the_lock() -> bool:
+            return idp.refresh_grants == 1 and await probe.get(lock) is not None
+
+        await until(self, "the first gateway refreshes", first_holds_the_lock)
+        await probe.command("DEL", lock)
+        at_second = Deferred.fromCoroutine(browser.get(second.url("/app/two")))
+        answers = [await at_first, await at_second]
+        self.assertEqual([a.status for a in answers], [200, 200])
+        self.assertEqual(idp.refresh_grants, 2)
+        record = await first.stored_record(browser)
+        assert record is not None
+        # The stored record is the refreshed one (3600 s), and its refresh token is the
+        # live one: the session refreshes again with it (no new login).
+        self.assertGreater(record.access_token_expires_at, reactor.seconds() + 600)
+        for gw in (first, second):
+            self.assertEqual((await browser.get(gw.url("/app/after"))).status, 200)
+        assert record.refresh_token is not None
+        # (The fake IdP's own table of the refresh tokens it would accept.)
+        self.assertIn(record.refresh_token, set(idp._refresh_tokens))
