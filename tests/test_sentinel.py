@@ -169,6 +169,33 @@ class SentinelStoreTests(TestCase):
 
         await until(self, "a message published on the new master", published_on_the_new_master)
 
+    async def test_pubsub_leaves_a_frozen_master(self) -> None:
+        """
+        A frozen master (SIGSTOP, never resumed here) keeps the pub/sub connection open
+        without a word: once the command connection has found the promoted master, the
+        pub/sub connection is dropped and follows.
+        """
+        store = sentinel_store(self, self.cluster.sentinel_addresses)
+        received: list[bytes] = []
+        await until(self, "store ready", lambda: store.get(b"x").addCallback(lambda _: True))
+        await store.subscribe(b"chan", received.append)
+        await store.publish(b"chan", b"before")
+        await until(self, "message before", lambda: succeed_(b"before" in received))
+        self.master.pause()
+        promoted = await self.cluster.failed_over(self.master.port)
+
+        async def published_on_the_new_master() -> bool:
+            # Commands go on as the gateway's requests would (a timeout, then the new
+            # master).
+            try:
+                await store.get(b"x")
+            except StoreError:
+                return False
+            await redis_command(promoted.port, "PUBLISH", "t:chan", "after")
+            return b"after" in received
+
+        await until(self, "a message published on the new master", published_on_the_new_master)
+
 
 def bool_(_: object) -> bool:
     return True

@@ -372,6 +372,8 @@ class _Link:
         whoever waits for that.
         """
         self.throttle.recovered(f"{factory.label} connection to Redis at {self.where()} ready")
+        if factory is self.commands and self.subscriber is not None:
+            self._follow_master(self.subscriber)
         if factory is self.subscriber:
             waiting, self.subscribing = self.subscribing, []
             made = [
@@ -390,6 +392,26 @@ class _Link:
                         d.callback(None)
 
             subscribed.addBoth(settle)
+
+    def _follow_master(self, subscriber: _Factory) -> None:
+        """
+        With sentinels, drop the pub/sub connection when it is not to the master the
+        command connection just found: a frozen old master keeps it open without a
+        word, and it would never hear what is published on the new one.
+        """
+        found = self.sentinel_endpoint
+        if found is None or found.current is None:
+            return
+        for connection in list(subscriber.pool):
+            transport = connection.transport
+            if transport is None:
+                continue
+            peer = transport.getPeer()
+            if (getattr(peer, "host", None), getattr(peer, "port", None)) != found.current:
+                self.throttle.failure(
+                    f"pub/sub connection not to the master {self.where()}: connecting again"
+                )
+                transport.abortConnection()
 
     def deliver(self, channel: bytes, message: bytes) -> None:
         """
