@@ -20,6 +20,7 @@ counted.
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import attrs
@@ -36,7 +37,7 @@ from tests.support.browser import USER_AGENT, Browser
 from tests.support.daemons import GatewayProcess, HttpAnswer, http_exchange
 from tests.support.fake_idp import FakeIdP
 from tests.support.processes import refused_port
-from tests.support.redis import RedisProbe, RedisServer, redis_command, redis_server
+from tests.support.redis import RedisProbe, RedisServer, TestCA, redis_command, redis_server
 from tests.support.sentinel import MASTER_NAME, FakeSentinel, SentinelCluster, sleep
 from tests.support.sessions import (
     COOKIE,
@@ -52,11 +53,15 @@ WITHIN = 60.0
 """The most seconds a wait for an outcome may take (bounds, never asserted)."""
 
 
-def sentinel_store(test: TestCase, sentinels: list[str], **fields: Any) -> KvStoreService:
+def sentinel_store(
+    test: TestCase, sentinels: list[str], trust_root: Any = None, **fields: Any
+) -> KvStoreService:
     config = KvStoreConfig(sentinels=tuple(sentinels), master_name=MASTER_NAME, timeout=1.0)
     if fields:
         config = KvStoreConfig(**{**_fields(config), **fields})
-    store = KvStoreService(config, "t:", reactor, first_retry=0.05, retry_cap=0.3)
+    store = KvStoreService(
+        config, "t:", reactor, trust_root=trust_root, first_retry=0.05, retry_cap=0.3
+    )
     store.startService()
     test.addCleanup(store.stopService)
     return store
@@ -278,6 +283,35 @@ class LyingSentinelTests(TestCase):
         await until(self, "store ready", lambda: store.set(b"k", b"v", 30).addCallback(bool_))
         self.assertEqual(sentinel.asked[0], [b"AUTH", b"su", b"sentinel-pw"])
         self.assertEqual(len(refusing.asked), 2)
+
+    async def test_tls_to_the_sentinels_and_the_master(self) -> None:
+        """
+        C{tls} applies to the Sentinels too, verified against the same trust: a Sentinel
+        whose certificate another authority issued is never asked (it could send the
+        store anywhere); the one the trusted authority issued is, and the master is
+        reached over TLS.
+        """
+        master = await redis_server(self, tls=True)
+        assert master.ca is not None
+        other_ca = TestCA(self.mktemp_dir(), "another CA")
+        impostor = FakeSentinel(
+            self, ("127.0.0.1", master.port), tls=other_ca.issue("impostor", ["127.0.0.1"])
+        )
+        sentinel = FakeSentinel(
+            self, ("127.0.0.1", master.port), tls=master.ca.issue("sentinel", ["127.0.0.1"])
+        )
+        store = sentinel_store(
+            self, [impostor.address, sentinel.address], master.ca.trust_root(), tls=True
+        )
+        await until(self, "store ready", lambda: store.set(b"k", b"v", 30).addCallback(bool_))
+        self.assertEqual(await RedisProbe(master).get(b"t:k"), b"v")
+        self.assertEqual(impostor.asked, [])
+        self.assertTrue(sentinel.asked)
+
+    def mktemp_dir(self) -> str:
+        path = self.mktemp()
+        os.makedirs(path)
+        return path
 
     async def test_a_reload_with_the_same_sentinels_keeps_the_connections(self) -> None:
         sentinel = FakeSentinel(self, ("127.0.0.1", self.master.port))

@@ -21,6 +21,7 @@ from typing import Any
 from twisted.internet import reactor as _reactor
 from twisted.internet.interfaces import IAddress
 from twisted.internet.protocol import Factory, Protocol
+from twisted.internet.ssl import PrivateCertificate
 from twisted.internet.task import deferLater
 from twisted.trial.unittest import TestCase
 
@@ -272,15 +273,25 @@ class FakeSentinel(Factory):
         test: TestCase,
         answer: tuple[str, int] | None,
         credentials: tuple[str, str] | None = None,
+        tls: tuple[str, str] | None = None,
     ) -> None:
         """
         @param credentials: The user and password C{AUTH} must give (any AUTH is refused
             without).
+        @param tls: Its certificate and key files: then it speaks TLS only.
         """
         self.answer = answer
         self.credentials = credentials
         self.asked: list[list[bytes]] = []
-        listening = listen_local(self)
+        listening: Any
+        if tls is None:
+            listening = listen_local(self)
+        else:
+            cert, key = tls
+            with open(cert, "rb") as c, open(key, "rb") as k:
+                pem = c.read() + k.read()
+            options = PrivateCertificate.loadPEM(pem).options()
+            listening = reactor.listenSSL(0, self, options, interface="127.0.0.1")
         test.addCleanup(listening.stopListening)
         self.port = port_of(listening)
         self.address = f"127.0.0.1:{self.port}"
