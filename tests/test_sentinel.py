@@ -309,7 +309,7 @@ class LyingSentinelTests(TestCase):
         self.assertTrue(sentinel.asked)
 
     def mktemp_dir(self) -> str:
-        path = self.mktemp()
+        path = str(self.mktemp())
         os.makedirs(path)
         return path
 
