@@ -146,16 +146,19 @@ class _Exchange(Protocol):
                     break
                 self.replies.append(value)
         except ValueError as e:
-            self._close()
+            self.close()
             if not self.answered.called:
                 self.answered.errback(e)
             return
         self.received = self.received[at:]
         if len(self.replies) == len(self.commands) and not self.answered.called:
             self.answered.callback(self.replies)
-            self._close()
+            self.close()
 
-    def _close(self) -> None:
+    def close(self) -> None:
+        """
+        Close the connection (once answered, or on a reply that is not RESP).
+        """
         if self.transport is not None:
             self.transport.loseConnection()
 
@@ -277,7 +280,7 @@ class SentinelEndpoint:
         try:
             replies = await exchange.answered.addTimeout(self.config.timeout, self.reactor)
         finally:
-            exchange._close()
+            exchange.close()
         for reply in replies:
             if isinstance(reply, _ReplyError):
                 raise reply
