@@ -215,6 +215,7 @@ class SentinelEndpoint:
     async def _discover(self) -> tuple[str, int]:
         name = self.config.master_name
         why: list[str] = []
+        refused: set[tuple[str, int]] = set()
         count = len(self.sentinels)
         for step in range(count):
             index = (self._first + step) % count
@@ -240,6 +241,12 @@ class SentinelEndpoint:
                 why.append(f"{where}: answered {reply!r}")
                 continue
             at = f"{master[0]}:{master[1]}"
+            if master in refused:
+                # Already asked in this round: a frozen master named by every Sentinel
+                # costs one timeout, not one per Sentinel.
+                why.append(f"{where}: named {at} too")
+                continue
+            refused.add(master)
             try:
                 role = await self._ask(
                     master[0],
