@@ -63,8 +63,10 @@ need_chromium = $(call debian,test -x /usr/bin/chromium && test -x /usr/bin/chro
 chromium:
 	$(need_chromium)
 
-# The state-store tests start their own redis-server (tests/support/redis.py).
-need_redis = $(call debian,command -v redis-server,redis-server,edgegw's tests need)
+# The state-store tests start their own redis-server (tests/support/redis.py), and
+# Sentinels with it (tests/support/sentinel.py).
+need_redis = $(call debian,command -v redis-server && command -v redis-sentinel,\
+	redis-server redis-sentinel,edgegw's tests need)
 
 redis:
 	$(need_redis)

@@ -155,15 +155,25 @@ class AuthSpec:
 
 @attrs.frozen
 class KvStoreConfig:
-    """C{stateProvider.config} for the C{kvstore} (Redis) provider."""
+    """
+    C{stateProvider.config} for the C{kvstore} (Redis) provider.
 
-    address: str
+    @ivar address: The one Redis (host:port); empty with C{sentinels}.
+    @ivar sentinels: The Sentinels (host:port each) asked for the address of the master
+        named C{master_name}, instead of one C{address}.
+    """
+
+    address: str = ""
     user: str = "default"
     password: str | None = attrs.field(default=None, repr=False)
     db: int = 0
     tls: bool = False
     timeout: float = 3.0
     ca_file: str | None = None
+    sentinels: tuple[str, ...] = ()
+    master_name: str = ""
+    sentinel_user: str | None = None
+    sentinel_password: str | None = attrs.field(default=None, repr=False)
 
 
 @attrs.frozen

@@ -40,14 +40,46 @@ def read_state_ref(node: Node | None) -> StateProviderRef | None:
 
 def read_kvstore(node: Node) -> KvStoreConfig:
     """
-    The C{kvstore} provider's C{config} mapping (address host:port, user, password, db,
-    tls, timeout, caFile), reporting problems on C{node}.
+    The C{kvstore} provider's C{config} mapping (address host:port, or sentinels and
+    masterName with sentinelUser and sentinelPassword; user, password, db, tls, timeout,
+    caFile), reporting problems on C{node}.
     """
-    address = node.required_string("address")
-    if address and not is_host_port(address):
-        node.error("address", f'"{address}" is not host:port')
+    sentinels = node.strings("sentinels")
+    master_name = node.string("masterName")
+    sentinel_user = node.string("sentinelUser")
+    sentinel_password = node.string("sentinelPassword")
+    address = ""
+    if node.has("sentinels"):
+        if node.has("address"):
+            node.error("address", "address and sentinels are mutually exclusive: give one")
+        if not sentinels and isinstance(node.raw.get("sentinels"), list):
+            node.error("sentinels", "must not be an empty list")
+        for index, sentinel in enumerate(sentinels):
+            if not is_host_port(sentinel):
+                node.error(f"sentinels[{index}]", f'"{sentinel}" is not host:port')
+        if not master_name:
+            if master_name is None:
+                node.error("masterName", "required field is missing (with sentinels)")
+            else:
+                node.error("masterName", "must not be empty")
+    else:
+        for key in ("masterName", "sentinelUser", "sentinelPassword"):
+            if node.has(key):
+                node.error(key, "is only used with sentinels")
+        if not node.has("address"):
+            node.error("address", "required field is missing (or give sentinels)")
+        else:
+            address = node.required_string("address")
+            if address and not is_host_port(address):
+                node.error("address", f'"{address}" is not host:port')
+    if sentinel_user is not None and sentinel_password is None:
+        node.error("sentinelUser", "is only used with sentinelPassword")
     config = KvStoreConfig(
         address=address,
+        sentinels=sentinels,
+        master_name=master_name or "",
+        sentinel_user=sentinel_user,
+        sentinel_password=sentinel_password,
         user=node.string("user", "default") or "default",
         password=node.string("password"),
         db=node.integer("db", 0, minimum=0),

@@ -17,6 +17,11 @@ used. When Redis goes away, txredisapi's pool slots (Twisted C{ClientService}) r
 with capped exponential backoff; meanwhile every operation fails at once with
 L{StoreUnavailableError} instead of waiting in txredisapi's queue for a connection, and
 one that is under way fails when the configured timeout passes.
+
+With C{sentinels} instead of C{address}, both connections connect through a
+L{SentinelEndpoint}: the master is asked of the Sentinels at each (re)connection, so a
+failover is followed by reconnecting; a C{READONLY} answer (a master demoted to a
+replica under a live connection) drops the connection for that.
 """
 
 from __future__ import annotations
@@ -35,9 +40,8 @@ from twisted.internet.defer import (
     gatherResults,
     succeed,
 )
-from twisted.internet.endpoints import HostnameEndpoint, wrapClientTLS
 from twisted.internet.interfaces import IReactorTime, IStreamClientEndpoint
-from twisted.internet.ssl import Certificate, optionsForClientTLS, trustRootFromCertificates
+from twisted.internet.ssl import Certificate, trustRootFromCertificates
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 from zope.interface import classImplements, implementer
@@ -48,6 +52,7 @@ from edgegw.config.model import KvStoreConfig
 from edgegw.config.state import read_kvstore
 from edgegw.seam import IOpenSSLTrustRoot, WholeRedisReplies
 from edgegw.state.providers import IStateProviderFactory
+from edgegw.state.sentinels import SentinelEndpoint, redis_endpoint, split_address
 from edgegw.state.store import (
     IScriptingStore,
     IStateStore,
@@ -95,6 +100,10 @@ end
 return 0
 """
 
+SENTINEL_RETRY_CAP = 1.0
+"""With sentinels, the most seconds between two attempts to find and connect to the
+master."""
+
 # What a lost, refused or timed-out connection looks like once it reaches an operation.
 # (A CancelledError is the caller's own, say a client that left: passed through as it
 # is, never logged as Redis failing. The store's own timeout arrives as TimeoutError.)
@@ -113,11 +122,6 @@ def read_kvstore_config(node: Node) -> KvStoreConfig:
     one parser the Gateway's C{stateProvider.config} uses too.
     """
     return read_kvstore(node)
-
-
-def _split_address(address: str) -> tuple[str, int]:
-    host, _, port = address.rpartition(":")
-    return host.removeprefix("[").removesuffix("]"), int(port)
 
 
 class _Throttle:
@@ -175,6 +179,21 @@ class _Factory(txredisapi.RedisFactory):  # type: ignore[misc]
         # Stopping at service stop goes through disconnect(), not here.
         return succeed(None)
 
+    def retryDelay(self, attempt: int) -> float:
+        """
+        Seconds before the C{attempt}th consecutive connection attempt: the backoff, and
+        with sentinels none before the first (a lost master is most likely a failover,
+        and the new one is asked of the Sentinels anyway) and at most
+        L{SENTINEL_RETRY_CAP} (a failed attempt costs only questions to the Sentinels,
+        and the master comes back when a replica is promoted, not when it recovers).
+        """
+        delay: float = super().retryDelay(attempt)
+        if self.link.sentinel_endpoint is None:
+            return delay
+        if attempt <= 1:
+            return 0.0
+        return min(delay, SENTINEL_RETRY_CAP)
+
     def connectionError(self, why: str) -> None:
         # AUTH or SELECT failed.
         super().connectionError(why)
@@ -188,7 +207,7 @@ class _Factory(txredisapi.RedisFactory):  # type: ignore[misc]
             # Says why, such as a TLS handshake refused for an untrusted certificate.
             if not self.disconnectCalled:
                 self.link.throttle.failure(
-                    f"{self.label} connection to Redis at {self.link.config.address} "
+                    f"{self.label} connection to Redis at {self.link.where()} "
                     f"lost: {reason.getErrorMessage()}"
                 )
             lost(reason)
@@ -258,6 +277,22 @@ class _Link:
         self.subscriptions: dict[bytes, list[MessageCallback]] = {}
         self.subscribing: list[Deferred[None]] = []
         self.holders: list[KvStoreService] = []
+        # With sentinels, one endpoint for both connections: the Sentinel that answered
+        # last is asked first by either.
+        self.sentinel_endpoint: SentinelEndpoint | None = None
+        if self.config.sentinels:
+            self.sentinel_endpoint = SentinelEndpoint(self.config, reactor, trust_root)
+
+    def where(self) -> str:
+        """
+        The Redis connected to, for messages: the address, or with sentinels the master's
+        name and the address it was last found at.
+        """
+        found = self.sentinel_endpoint
+        if found is None:
+            return self.config.address
+        at = f" at {found.current[0]}:{found.current[1]}" if found.current else ""
+        return f"master {self.config.master_name!r}{at} (through Sentinel)"
 
     def hold(self, store: KvStoreService) -> None:
         """
@@ -304,17 +339,16 @@ class _Link:
 
     def endpoint(self) -> IStreamClientEndpoint:
         """
-        Where the connections connect: the address, wrapped in TLS with C{tls}.
+        Where the connections connect: the address, or with sentinels the master the
+        Sentinels name at each (re)connection; wrapped in TLS with C{tls}.
         """
-        host, port = _split_address(self.config.address)
-        endpoint: IStreamClientEndpoint = HostnameEndpoint(
-            self.reactor, host, port, timeout=max(1, int(self.timeout))
+        if self.sentinel_endpoint is not None:
+            return self.sentinel_endpoint
+        host, port = split_address(self.config.address)
+        # No trust root: optionsForClientTLS verifies against the platform's.
+        return redis_endpoint(
+            self.reactor, host, port, self.timeout, self.config.tls, self.trust_root
         )
-        if self.config.tls:
-            # No trust root: optionsForClientTLS verifies against the platform's.
-            creator = optionsForClientTLS(host, trustRoot=self.trust_root)
-            endpoint = wrapClientTLS(creator, endpoint)
-        return endpoint
 
     def connect(self, kind: type[_Factory], label: str) -> _Factory:
         """
@@ -343,9 +377,9 @@ class _Link:
         and on the pub/sub connection subscribe to every channel again, then settle
         whoever waits for that.
         """
-        self.throttle.recovered(
-            f"{factory.label} connection to Redis at {self.config.address} ready"
-        )
+        self.throttle.recovered(f"{factory.label} connection to Redis at {self.where()} ready")
+        if factory is self.commands and self.subscriber is not None:
+            self._follow_master(self.subscriber)
         if factory is self.subscriber:
             waiting, self.subscribing = self.subscribing, []
             made = [
@@ -364,6 +398,26 @@ class _Link:
                         d.callback(None)
 
             subscribed.addBoth(settle)
+
+    def _follow_master(self, subscriber: _Factory) -> None:
+        """
+        With sentinels, drop the pub/sub connection when it is not to the master the
+        command connection just found: a frozen old master keeps it open without a
+        word, and it would never hear what is published on the new one.
+        """
+        found = self.sentinel_endpoint
+        if found is None or found.current is None:
+            return
+        for connection in list(subscriber.pool):
+            transport = connection.transport
+            if transport is None:
+                continue
+            peer = transport.getPeer()
+            if (getattr(peer, "host", None), getattr(peer, "port", None)) != found.current:
+                self.throttle.failure(
+                    f"pub/sub connection not to the master {self.where()}: connecting again"
+                )
+                transport.abortConnection()
 
     def deliver(self, channel: bytes, message: bytes) -> None:
         """
@@ -388,12 +442,19 @@ class _Link:
     def _timed_out(self, failure: Failure, factory: _Factory) -> Failure:
         if failure.check(TimeoutError):
             # No answer in time: the connection may be dead without knowing it (a Redis
-            # host gone, a frozen server). Drop it; the factory reconnects with backoff,
-            # and until then operations fail at once rather than queue up behind it.
-            for connection in list(factory.pool):
-                transport = connection.transport
-                if transport is not None:
-                    transport.abortConnection()
+            # host gone, a frozen server). Drop it; the factory reconnects with backoff
+            # (through the Sentinels with sentinels), and until then operations fail at
+            # once rather than queue up behind it.
+            _drop(factory)
+        elif failure.check(txredisapi.ResponseError) and failure.getErrorMessage().startswith(
+            "READONLY"
+        ):
+            # The server is a replica now: a failover demoted it. Drop the connection;
+            # the reconnection asks the Sentinels for the new master.
+            _drop(factory)
+            message = f"Redis at {self.where()} is a replica now (READONLY)"
+            self.throttle.failure(message)
+            return Failure(StoreUnavailableError(message))
         return failure
 
     def _translate(self, failure: Failure) -> Failure:
@@ -413,7 +474,7 @@ class _Link:
         connected.
         """
         if factory is None or not factory.size:
-            message = f"not connected to Redis at {self.config.address}"
+            message = f"not connected to Redis at {self.where()}"
             self.throttle.failure(message)
             return fail(StoreUnavailableError(message))
         return self.bounded(factory.handler.execute_command(command, *args), factory)
@@ -619,6 +680,16 @@ class KvStoreService(Service):
         key prefix; EVALSHA once the script is known, reloaded on NOSCRIPT.
         """
         return self._script(script, [self._key(key) for key in keys], list(args))
+
+
+def _drop(factory: _Factory) -> None:
+    """
+    Abort C{factory}'s connection (it reconnects by itself).
+    """
+    for connection in list(factory.pool):
+        transport = connection.transport
+        if transport is not None:
+            transport.abortConnection()
 
 
 def load_trust_root(path: str) -> IOpenSSLTrustRoot:
