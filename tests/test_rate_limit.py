@@ -18,9 +18,9 @@ from zope.interface import implementer
 
 from edgegw.config.errors import ConfigError
 from edgegw.identity.principal import Principal
-from edgegw.plugins.context import PluginContext
 from edgegw.plugins.interfaces import IRequestHook, IRequestPlugin, PluginConfigError
 from edgegw.plugins.messages import PluginRequest, Reply
+from edgegw.plugins.plugin_context import PluginContext
 from edgegw.plugins.rate_limit import GcraTable, RateLimit, parse_rate, plugin
 from tests.support.backends import SiteBackend
 from tests.support.gateways import start_gateway

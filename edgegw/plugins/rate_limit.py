@@ -35,9 +35,9 @@ from twisted.logger import Logger
 from twisted.python.failure import Failure
 from zope.interface import implementer
 
-from edgegw.plugins.context import IContextRequestPlugin, IPluginStore, PluginContext
 from edgegw.plugins.interfaces import IRequestHook, IRequestPlugin, PluginConfigError
 from edgegw.plugins.messages import PluginRequest, Reply
+from edgegw.plugins.plugin_context import IContextRequestPlugin, IPluginStore, PluginContext
 from edgegw.state.store import StoreError
 
 __all__ = ["GCRA_SCRIPT", "GcraTable", "RateLimit", "RateLimitPlugin", "parse_rate", "plugin"]

@@ -25,12 +25,6 @@ from edgegw.config.errors import Problems
 from edgegw.config.model import Config, PluginSpec
 from edgegw.entry_points import NotRegisteredError, find_registered, registered, registered_names
 from edgegw.metrics.gateway_metrics import GatewayMetrics
-from edgegw.plugins.context import (
-    IContextRequestPlugin,
-    PluginContext,
-    PluginStore,
-    plugin_key_prefix,
-)
 from edgegw.plugins.interfaces import (
     IHeaderNames,
     IRequestHook,
@@ -40,6 +34,12 @@ from edgegw.plugins.interfaces import (
     PluginConfigError,
 )
 from edgegw.plugins.messages import Protected
+from edgegw.plugins.plugin_context import (
+    IContextRequestPlugin,
+    PluginContext,
+    PluginStore,
+    plugin_key_prefix,
+)
 from edgegw.state.store import IStateStore
 
 __all__ = [
