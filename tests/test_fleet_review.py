@@ -41,3 +41,63 @@ class HugeRateTests(TestCase):
         except Exception:
             return
         self.assertGreater(limiter.interval, 0)
+
+
+from collections.abc import Mapping  # noqa: E402
+from typing import Any  # noqa: E402
+
+from edgegw.edge.forwarded import ForwardedFilter  # noqa: E402
+from edgegw.plugins.messages import client_after_proxies  # noqa: E402
+from tests.support.backends import SiteBackend  # noqa: E402
+from tests.support.gateways import start_gateway  # noqa: E402
+from tests.support.plugin_dists import install_plugins  # noqa: E402
+from tests.test_plugins import fetch, request_plugin  # noqa: E402
+from tests.test_rate_limit import RATE_LIMIT  # noqa: E402
+
+
+class TrustAllClientKeyTests(TestCase):
+    """
+    trustedProxies: ["*"] (documented in configuration.md) makes every
+    X-Forwarded-For entry "trusted", so client_after_proxies (messages.py:145) falls
+    back to the LEFTMOST entry -- the one the client wrote itself. Behind a load
+    balancer that appends the real client, the rate-limit key is attacker-chosen:
+    a fresh key per request (bypass), or a victim's address (lock the victim out).
+    """
+
+    def setUp(self) -> None:
+        install_plugins(self, RATE_LIMIT, name="edgegw-rate-limit-review")
+        self.backend = SiteBackend().start()
+        self.addCleanup(self.backend.stop)
+        self.clock = Clock()
+
+    def serve(self, config: Mapping[str, Any], gateway_spec: str) -> int:
+        _, port = start_gateway(
+            self,
+            f"http://127.0.0.1:{self.backend.port}",
+            gateway_spec=gateway_spec,
+            clock=self.clock,
+            routes=request_plugin("limit", "rate-limit", config=dict(config)),
+        )
+        return port
+
+    def test_client_after_trust_all_is_proxy_appended(self) -> None:
+        trusted = ForwardedFilter(["*"]).is_trusted
+        self.assertEqual(
+            client_after_proxies("127.0.0.1", ["198.51.100.9, 192.0.2.7"], trusted),
+            "192.0.2.7",
+        )
+
+    async def test_spoofed_forwarded_for_behind_trust_all(self) -> None:
+        port = self.serve({"rate": "1/h"}, 'trustedProxies: ["*"]\n')
+        # The load balancer (127.0.0.1) appends the real client 192.0.2.7 to whatever
+        # the client sent; the client sends a new address each time.
+        statuses = [
+            (
+                await fetch(
+                    port, "GET", "/x", [("X-Forwarded-For", f"198.51.100.{i}, 192.0.2.7")]
+                )
+            )[0]
+            for i in range(3)
+        ]
+        self.assertEqual(statuses, [200, 429, 429])
+        self.assertEqual(len(self.backend.requests), 1)
