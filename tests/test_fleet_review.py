@@ -101,3 +101,43 @@ class TrustAllClientKeyTests(TestCase):
         ]
         self.assertEqual(statuses, [200, 429, 429])
         self.assertEqual(len(self.backend.requests), 1)
+
+
+from tests.support.redis import redis_command, redis_server  # noqa: E402
+from tests.support.sentinel import FakeSentinel  # noqa: E402
+from tests.test_sentinel import bool_, sentinel_store, succeed_, until  # noqa: E402
+
+
+class PubSubFollowsByNameTests(TestCase):
+    """
+    kvstore.py:_follow_master (about line 412) compares the pub/sub connection's peer
+    (an IP address, as the socket has it) with the master's address AS THE SENTINEL
+    NAMED IT. A Sentinel that names the master by host name (announce-hostnames yes /
+    resolve-hostnames, usual on Kubernetes) never matches: every reconnection of the
+    command connection drops a healthy pub/sub connection to the very same master
+    (messages published meanwhile -- back-channel logouts -- are lost).
+    """
+
+    async def test_pubsub_kept_when_master_named_by_host_name(self) -> None:
+        master = await redis_server(self)
+        sentinel = FakeSentinel(self, ("localhost", master.port))
+        store = sentinel_store(self, [sentinel.address])
+        await until(self, "store ready", lambda: store.set(b"k", b"v", 30).addCallback(bool_))
+        received: list[bytes] = []
+        await store.subscribe(b"chan", received.append)
+        await store.publish(b"chan", b"before")
+        await until(self, "message before", lambda: succeed_(b"before" in received))
+        link = store._link
+        assert link.subscriber is not None
+        [subscribed] = list(link.subscriber.pool)
+        # The command connection alone is lost (CLIENT KILL of normal clients skips
+        # pub/sub ones); it reconnects to the same master.
+        await redis_command(master.port, "CLIENT", "KILL", "TYPE", "normal")
+        await until(self, "commands again", lambda: store.set(b"k", b"w", 30).addCallback(bool_))
+
+        async def after() -> bool:
+            await redis_command(master.port, "PUBLISH", "t:chan", "after")
+            return b"after" in received
+
+        await until(self, "a message after", after)
+        self.assertIn(subscribed, list(link.subscriber.pool))
