@@ -1,5 +1,6 @@
 """
-Review findings (fleet review 4): failing tests for bugs in the rate-limit plugin.
+Regressions from the review of the Sentinel store and the rate-limit plugin (issues 37
+and 38): each failed against the reviewed code.
 """
 
 from __future__ import annotations
@@ -8,7 +9,7 @@ from twisted.internet.task import Clock
 from twisted.trial.unittest import TestCase
 
 from edgegw.plugins.plugin_context import PluginContext
-from edgegw.plugins.rate_limit import RateLimit, plugin
+from edgegw.plugins.rate_limit import RateLimit, parse_rate, plugin
 
 
 def _limiter(config: dict[str, object], clock: Clock) -> RateLimit:
@@ -17,30 +18,28 @@ def _limiter(config: dict[str, object], clock: Clock) -> RateLimit:
 
 class HugeRateTests(TestCase):
     """
-    A rate above 2,000,000/s (or 120,000,000/m) is accepted by the config check, but
-    its interval rounds to 0 microseconds: the GCRA never moves the TAT and no request
-    is ever limited (locally, and in GCRA_SCRIPT with ARGV[1] = 0 likewise).
+    A rate above 2,000,000/s (or 120,000,000/m) was accepted by the config check, but
+    its interval rounded to 0 microseconds: the GCRA never moved the TAT and no request
+    was ever limited (locally, and in GCRA_SCRIPT with ARGV[1] = 0 likewise). Rates
+    faster than 1,000,000/s are now refused at load.
     """
 
-    def test_huge_rate_still_limits_or_is_refused(self) -> None:
-        clock = Clock()
-        try:
-            limiter = _limiter({"rate": "3000000/s", "burst": 1}, clock)
-        except Exception:
-            return  # refused at load: fine
-        key = b"k" * 16
-        first, _ = limiter.table.take(key)
-        self.assertTrue(first)
-        # Same instant, burst 1: the second request must be over the limit.
-        second, _ = limiter.table.take(key)
-        self.assertFalse(second, f"interval is {limiter.interval} us: never limited")
+    def test_huge_rate_is_refused(self) -> None:
+        for rate in ("3000000/s", "99999999999999999999/s", "1000001/s", "60000001/m"):
+            with self.assertRaises(ValueError) as raised:
+                parse_rate(rate)
+            self.assertIn("faster than 1000000/s", str(raised.exception))
 
-    def test_interval_never_zero(self) -> None:
-        try:
-            limiter = _limiter({"rate": "99999999999999999999/s"}, Clock())
-        except Exception:
-            return
-        self.assertGreater(limiter.interval, 0)
+    def test_the_fastest_rate_still_limits(self) -> None:
+        """
+        At 1,000,000/s (an interval of one microsecond) a second request in the same
+        instant is over a burst of 1.
+        """
+        limiter = _limiter({"rate": "1000000/s", "burst": 1}, Clock())
+        self.assertEqual(limiter.interval, 1)
+        key = b"k" * 16
+        self.assertTrue(limiter.table.take(key)[0])
+        self.assertFalse(limiter.table.take(key)[0])
 
 
 from collections.abc import Mapping  # noqa: E402
@@ -92,11 +91,7 @@ class TrustAllClientKeyTests(TestCase):
         # The load balancer (127.0.0.1) appends the real client 192.0.2.7 to whatever
         # the client sent; the client sends a new address each time.
         statuses = [
-            (
-                await fetch(
-                    port, "GET", "/x", [("X-Forwarded-For", f"198.51.100.{i}, 192.0.2.7")]
-                )
-            )[0]
+            (await fetch(port, "GET", "/x", [("X-Forwarded-For", f"198.51.100.{i}, 192.0.2.7")]))[0]
             for i in range(3)
         ]
         self.assertEqual(statuses, [200, 429, 429])

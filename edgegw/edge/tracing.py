@@ -112,7 +112,9 @@ def client_from_chain(chain: Sequence[bytes], forwarded: ForwardedFilter) -> str
     for address in reversed(addresses):
         if address and not forwarded.is_trusted(address):
             return address
-    return addresses[0] if addresses and addresses[0] else None
+    # Every entry a trusted proxy: the one the peer appended (the leftmost may be the
+    # client's own writing).
+    return addresses[-1] if addresses and addresses[-1] else None
 
 
 def _end_span(result: object, request: Request, trace: RequestTrace, method: str) -> None:

@@ -134,7 +134,8 @@ def client_after_proxies(
     """
     The client of a request from C{peer} after C{trustedProxies}: from a trusted peer,
     the rightmost C{X-Forwarded-For} address that is not a trusted proxy (those left of
-    it could have been written by the client itself); else the peer.
+    it could have been written by the client itself), or the rightmost when all are;
+    else the peer.
     """
     if not trusted(peer):
         return peer
@@ -142,7 +143,9 @@ def client_after_proxies(
     for address in reversed(addresses):
         if address and not trusted(address):
             return address
-    return addresses[0] if addresses and addresses[0] else peer
+    # Every entry a trusted proxy (trustedProxies "*"): the one the peer appended, never
+    # the leftmost, which the client may have written itself.
+    return addresses[-1] if addresses and addresses[-1] else peer
 
 
 class Protected:

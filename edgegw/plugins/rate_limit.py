@@ -79,6 +79,10 @@ differ): times in microseconds; replies C{{passed (1 or 0), TAT - now}}.
 """
 
 
+MAX_RATE = 1_000_000
+"""The fastest rate, per second: one request a microsecond."""
+
+
 def parse_rate(value: object) -> tuple[int, int]:
     """
     (count, period in seconds) of a rate such as C{"100/s"}, C{"6000/m"}, C{"10/h"}.
@@ -88,7 +92,12 @@ def parse_rate(value: object) -> tuple[int, int]:
     if isinstance(value, str):
         found = _RATE.fullmatch(value)
         if found is not None and int(found.group(1)) > 0:
-            return int(found.group(1)), _PERIODS[found.group(2)]
+            count, period = int(found.group(1)), _PERIODS[found.group(2)]
+            if count > MAX_RATE * period:
+                # The limiter counts in microseconds: a shorter interval would round to
+                # one (tighter than asked) or to zero (never limiting).
+                raise ValueError(f"{value!r} is faster than {MAX_RATE}/s, the most it counts")
+            return count, period
     raise ValueError(f"{value!r} is not a rate (such as 100/s, 6000/m or 10/h)")
 
 

@@ -280,6 +280,7 @@ class _Link:
         # With sentinels, one endpoint for both connections: the Sentinel that answered
         # last is asked first by either.
         self.sentinel_endpoint: SentinelEndpoint | None = None
+        self.subscribed_master: tuple[str, int] | None = None
         if self.config.sentinels:
             self.sentinel_endpoint = SentinelEndpoint(self.config, reactor, trust_root)
 
@@ -381,6 +382,9 @@ class _Link:
         if factory is self.commands and self.subscriber is not None:
             self._follow_master(self.subscriber)
         if factory is self.subscriber:
+            if self.sentinel_endpoint is not None:
+                # The master as the Sentinels named it when this connection was made.
+                self.subscribed_master = self.sentinel_endpoint.current
             waiting, self.subscribing = self.subscribing, []
             made = [
                 self.bounded(conn.execute_command("SUBSCRIBE", channel))
@@ -406,18 +410,18 @@ class _Link:
         word, and it would never hear what is published on the new one.
         """
         found = self.sentinel_endpoint
-        if found is None or found.current is None:
+        if found is None or found.current is None or found.current == self.subscribed_master:
+            # The same master as the Sentinels named it (a host name, when they announce
+            # names, never equals the socket's peer address: compared as named).
             return
         for connection in list(subscriber.pool):
             transport = connection.transport
             if transport is None:
                 continue
-            peer = transport.getPeer()
-            if (getattr(peer, "host", None), getattr(peer, "port", None)) != found.current:
-                self.throttle.failure(
-                    f"pub/sub connection not to the master {self.where()}: connecting again"
-                )
-                transport.abortConnection()
+            self.throttle.failure(
+                f"pub/sub connection not to the master {self.where()}: connecting again"
+            )
+            transport.abortConnection()
 
     def deliver(self, channel: bytes, message: bytes) -> None:
         """
