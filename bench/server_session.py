@@ -289,6 +289,52 @@ class RedisServer:
         return version([self.binary, "--version"])
 
 
+SENTINEL_MASTER = "bench"
+"""The name the Sentinel of variant c knows the redis-server by."""
+
+
+class SentinelServer:
+    """
+    One Redis Sentinel (C{redis-server --sentinel}) on a free loopback port monitoring the
+    harness's redis-server as C{SENTINEL_MASTER}, stopped when the stack closes: what
+    variant c finds its master through.
+    """
+
+    def __init__(self, stack: ExitStack, tmp: Path, binary: str, redis: RedisServer) -> None:
+        self.port = free_port()
+        self.address = f"127.0.0.1:{self.port}"
+        directory = tmp / "sentinel"
+        directory.mkdir()
+        # Sentinel rewrites its configuration file: it must be its own, writable.
+        config = directory / "sentinel.conf"
+        config.write_text(
+            f"port {self.port}\nbind 127.0.0.1\ndir {directory}\n"
+            f"sentinel monitor {SENTINEL_MASTER} 127.0.0.1 {redis.port} 1\n"
+            f"sentinel down-after-milliseconds {SENTINEL_MASTER} 60000\n"
+        )
+        argv = [binary, str(config), "--sentinel"]
+        self.process = stack.enter_context(
+            started(Process("redis-sentinel", argv, tmp / "sentinel.log"))
+        )
+        self.process.wait_for_port(self.port)
+        deadline = time.monotonic() + REDIS_READY_WITHIN
+        while True:
+            try:
+                client = RedisClient(self.port)
+                try:
+                    named = client.command("SENTINEL", "get-master-addr-by-name", SENTINEL_MASTER)
+                finally:
+                    client.close()
+                if named == [b"127.0.0.1", str(redis.port).encode()]:
+                    break
+            except RedisError as e:
+                if time.monotonic() > deadline:
+                    raise StartupError(f"redis-sentinel did not answer: {e}") from e
+            if time.monotonic() > deadline:
+                raise StartupError("redis-sentinel does not know the master")
+            time.sleep(0.05)
+
+
 # -- the sessions ---------------------------------------------------------------------------
 
 
@@ -625,17 +671,30 @@ def state_provider_block(address: str) -> dict[str, Any]:
     return {"stateProvider": {"type": PROVIDER, "config": {"address": address}}}
 
 
+def sentinel_provider_block(sentinel_address: str) -> dict[str, Any]:
+    """c's C{stateProvider}: the same kvstore found through one Sentinel."""
+    config = {"sentinels": [sentinel_address], "masterName": SENTINEL_MASTER}
+    return {"stateProvider": {"type": PROVIDER, "config": config}}
+
+
 def make_variants(
-    key: str, upstream: str, redis_address: str, cookies: Mapping[str, session.Cookie]
+    key: str,
+    upstream: str,
+    redis_address: str,
+    cookies: Mapping[str, session.Cookie],
+    sentinel_address: str | None = None,
 ) -> list[variants.Variant]:
-    """The two variants, in round order; C{cookies} are a's and b's."""
+    """
+    The variants, in round order; C{cookies} are a's and b's (c, through the Sentinel at
+    C{sentinel_address} when given, reads b's session).
+    """
     idp = gateway.idp(session.ISSUER, "edgegw-bench", "bench-secret")
 
     def headers(cookie: session.Cookie) -> tuple[tuple[str, str], ...]:
         return (("User-Agent", session.USER_AGENT), ("Cookie", cookie.header))
 
     a, b = cookies["a"], cookies["b"]
-    return [
+    found = [
         variants.Variant(
             "a",
             "cookie-session",
@@ -663,6 +722,25 @@ def make_variants(
             recheck=True,
         ),
     ]
+    if sentinel_address is not None:
+        found.append(
+            variants.Variant(
+                "c",
+                "sentinel-session",
+                "b's store found through Redis Sentinel (discovery on connect only)",
+                [route(upstream)],
+                [
+                    gateway.gateway_fields(
+                        session.session_block(key) | sentinel_provider_block(sentinel_address)
+                    ),
+                    idp,
+                ],
+                body=BACKEND_BODY,
+                headers=headers(b),
+                recheck=True,
+            )
+        )
+    return found
 
 
 def wait_until_accepted(variant: variants.Variant, target: Target, within: float) -> None:
@@ -870,6 +948,15 @@ def verdict_lines(runner: Runner, found: Sequence[Figures]) -> list[str]:
             f"gateway CPU/request, {redis} µs Redis CPU/request, p50 "
             f"{_signed_duration(b.added_p50)}, p99 {_signed_duration(b.added_p99)}"
         )
+        c = next((f for f in found if f.key == "c" and f.load == label), None)
+        if c is not None and c.added_cpu_us is not None:
+            # Both against a: their difference is what finding the master costs once
+            # connected (target: nothing beyond noise).
+            lines.append(
+                f"c sentinel-session vs b server-session at {label}: "
+                f"{c.added_cpu_us - b.added_cpu_us:+.1f} µs gateway CPU/request "
+                "(target: within noise; discovery happens only on connect)"
+            )
     return lines
 
 
@@ -877,7 +964,9 @@ def wrong_writes(runner: Runner) -> list[str]:
     """
     Lines saying which runs wrote to Redis (a refresh, a new session): none should.
     """
-    reads = {"get", "info", "ping", "exists", "pttl", "subscribe", "hello", "select"}
+    # (c's Sentinel also talks to the redis-server: INFO, PING, and a PUBLISH of its
+    # hello every 2 s, which writes no record.)
+    reads = {"get", "info", "ping", "exists", "pttl", "subscribe", "hello", "select", "publish"}
     wrong = []
     for record in runner.records:
         writes = {
@@ -897,13 +986,14 @@ def wrong_writes(runner: Runner) -> list[str]:
 def notes(settings: Settings) -> list[str]:
     """How to read this run's numbers; printed under the table and saved in the JSON."""
     return [
-        f"Both variants serve the same app route {ROUTE_MATCH}, auth required, "
+        f"The variants serve the same app route {ROUTE_MATCH}, auth required, "
         "reverse-proxied to one backend process (bench.backends json, answering at once), "
         "with the same session block and IdP; wrk sends the same User-Agent and each "
         "variant's valid session cookie. a keeps the session in the cookie (the record as a "
         "cookie-only login writes it: no tokens, the route forwards none); b keeps it in "
         "Redis (the record as a server-side login writes it: access, refresh and id tokens "
-        "too) and the cookie holds only the sealed session id.",
+        "too) and the cookie holds only the sealed session id; c is b with its store "
+        "found through one redis-sentinel (sentinels + masterName) instead of an address.",
         "+p50, +p99, +CPU µs/req: b's figure minus a's in the same round and load, "
         "median over rounds: what a server-side session adds per request. At "
         f"{load_label(settings.low_connections)} the added latency is the session's own "
@@ -951,6 +1041,8 @@ def run(settings: Settings) -> int:
         try:
             redis = RedisServer(stack, tmp, redis_binary)
             say(f"redis-server at {redis.address} (pid {redis.pid}): {redis.version()}")
+            sentinel = SentinelServer(stack, tmp, redis_binary, redis)
+            say(f"redis-sentinel at {sentinel.address} knows {SENTINEL_MASTER}")
             backend_port = free_port()
             backend = stack.enter_context(
                 started(
@@ -969,14 +1061,14 @@ def run(settings: Settings) -> int:
             f"{server.record_bytes:,} B sealed in Redis, TTL {server.ttl_s:,.0f}s, "
             f"indexes {server.indexes}; cookie {len(server.cookie.header)} B"
         )
-        cookies = {"a": a_cookie, "b": server.cookie}
+        cookies = {"a": a_cookie, "b": server.cookie, "c": server.cookie}
         sealed = redis.client.command("GET", server.key)
         say(f"timing the read paths in-process ({READS:,} reads each)")
         timings.extend(time_reads(spec, a_cookie, server, sealed, READS))
         for line in read_lines(timings, cookies):
             say(line)
         upstream = f"http://127.0.0.1:{backend_port}"
-        configs = make_variants(key, upstream, redis.address, cookies)
+        configs = make_variants(key, upstream, redis.address, cookies, sentinel.address)
         targets = variants.start(stack, tmp, configs, ROUTE_PATH, "edgegw")
         for variant, target in zip(configs, targets, strict=True):
             wait_until_accepted(variant, target, READY_WITHIN)
