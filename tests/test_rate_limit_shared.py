@@ -194,8 +194,11 @@ class SharedLimitTests(TestCase):
         for process in processes:
             self.assertEqual(process.output.count("state store unavailable"), 1, process.output)
             self.assertIn("limiting per process", process.output)
-        # Redis back (empty): one shared limit again.
+        # Redis back (empty): one shared limit again. Readiness answers from a probe
+        # up to a second old (docs/configuration.md): one taken before Redis stopped
+        # would say ready while the store still reconnects.
         await self.redis.start()
+        await sleep(1.1)
         for process in processes:
             await self.ready(process)
         self.assertEqual(sorted(await self.statuses(processes, 2)), [200, 200, 429, 429])
