@@ -25,18 +25,21 @@ from typing import Any
 
 import attrs
 from twisted.internet import reactor as _reactor
-from twisted.internet.defer import Deferred, gatherResults
+from twisted.internet.defer import CancelledError, Deferred, gatherResults
+from twisted.internet.protocol import Factory, Protocol
+from twisted.python.failure import Failure
 from twisted.trial.unittest import TestCase
 
 from edgegw.config.errors import Location
 from edgegw.config.model import KvStoreConfig
 from edgegw.state.kvstore import KvStoreService, provider
+from edgegw.state.sentinels import SentinelEndpoint
 from edgegw.state.store import StoreError, StoreUnavailableError
 from tests.support.backends import SiteBackend, answer
 from tests.support.browser import USER_AGENT, Browser
 from tests.support.daemons import GatewayProcess, HttpAnswer, http_exchange
 from tests.support.fake_idp import FakeIdP
-from tests.support.processes import refused_port
+from tests.support.processes import listen_local, port_of, refused_port
 from tests.support.redis import RedisProbe, RedisServer, TestCA, redis_command, redis_server
 from tests.support.sentinel import MASTER_NAME, FakeSentinel, SentinelCluster, sleep
 from tests.support.sessions import (
@@ -340,6 +343,57 @@ class LyingSentinelTests(TestCase):
         with self.assertRaises(StoreUnavailableError):
             await store.get(b"k")
         self.assertFalse(store.connected)
+
+    async def test_a_cancelled_discovery_asks_no_further_sentinel(self) -> None:
+        """
+        Cancelling a connection attempt while a Sentinel has not answered (the store
+        stopping) ends the discovery: the next Sentinel is not asked and no master is
+        connected. (A discovery that took the cancellation for a Sentinel's failure went
+        on and connected a master for a connection service already stopped, whose later
+        loss then raised in Twisted's state machine.)
+        """
+        silent = _Silent()
+        listening = listen_local(silent)
+        self.addCleanup(listening.stopListening)
+        honest = FakeSentinel(self, ("127.0.0.1", self.master.port))
+        config = KvStoreConfig(
+            sentinels=(f"127.0.0.1:{port_of(listening)}", honest.address),
+            master_name=MASTER_NAME,
+            timeout=WITHIN,
+        )
+        endpoint = SentinelEndpoint(config, reactor, None)
+        outcomes: list[object] = []
+        attempt = endpoint.connect(Factory.forProtocol(Protocol))
+        attempt.addBoth(outcomes.append)
+        await until(self, "the silent Sentinel connected", lambda: succeed_(bool(silent.made)))
+        attempt.cancel()
+        self.assertEqual(len(outcomes), 1)
+        self.assertIsInstance(outcomes[0], Failure)
+        assert isinstance(outcomes[0], Failure)
+        outcomes[0].trap(CancelledError)
+        await until(self, "the silent Sentinel's connection closed", lambda: succeed_(silent.lost))
+        self.assertEqual(honest.asked, [])
+        self.assertIsNone(endpoint.current)
+
+
+class _Silent(Factory):
+    """Accepts connections and never answers."""
+
+    def __init__(self) -> None:
+        self.made = 0
+        self.lost = False
+
+    def buildProtocol(self, addr: Any) -> Protocol:
+        protocol = Protocol()
+        protocol.connectionMade = self._made  # type: ignore[method-assign]
+        protocol.connectionLost = self._lost  # type: ignore[method-assign]
+        return protocol
+
+    def _made(self) -> None:
+        self.made += 1
+
+    def _lost(self, reason: object = None) -> None:
+        self.lost = True
 
 
 class SentinelConfigTests(TestCase):

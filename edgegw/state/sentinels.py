@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from twisted.internet.defer import Deferred, ensureDeferred
+from twisted.internet.defer import CancelledError, Deferred, ensureDeferred
 from twisted.internet.endpoints import HostnameEndpoint, connectProtocol, wrapClientTLS
 from twisted.internet.error import ConnectError
 from twisted.internet.interfaces import IProtocolFactory, IStreamClientEndpoint
@@ -229,6 +229,10 @@ class SentinelEndpoint:
                     self.config.sentinel_password,
                     ["SENTINEL", "get-master-addr-by-name", name],
                 )
+            except CancelledError:
+                # The connection attempt was cancelled (the store stopping): asking the
+                # next Sentinel would connect a master nobody waits for any more.
+                raise
             except Exception as e:
                 why.append(f"{where}: {_describe(e)}")
                 continue
@@ -255,6 +259,8 @@ class SentinelEndpoint:
                     self.config.password,
                     ["ROLE"],
                 )
+            except CancelledError:
+                raise
             except Exception as e:
                 why.append(f"{where}: named {at}, which did not answer ROLE: {_describe(e)}")
                 continue
