@@ -22,9 +22,11 @@ from edgegw.plugins.interfaces import IRequestHook, IRequestPlugin, PluginConfig
 from edgegw.plugins.messages import PluginRequest, Reply
 from edgegw.plugins.plugin_context import PluginContext
 from edgegw.plugins.rate_limit import GcraTable, RateLimit, parse_rate, plugin
-from tests.support.backends import SiteBackend
+from tests.support.backends import SiteBackend, answer
 from tests.support.gateways import start_gateway
+from tests.support.h2client import connect_h2, listen_tls
 from tests.support.plugin_dists import install_plugins
+from tests.support.processes import refused_port
 from tests.test_plugins import Response, fetch, request_plugin
 
 RATE_LIMIT = {"rate-limit": "edgegw.plugins.rate_limit:plugin"}
@@ -97,13 +99,25 @@ class ConfigTests(SynchronousTestCase):
                     "maxKeys": True,
                     "onStoreDown": "maybe",
                     "shared": True,
+                    "headers": "sometimes",
                     "extra": 1,
                 }
             )
         ]
         self.assertEqual(
             sorted(fields),
-            sorted(["extra", "rate", "burst", "ipv6Prefix", "maxKeys", "onStoreDown", "shared"]),
+            sorted(
+                [
+                    "extra",
+                    "rate",
+                    "burst",
+                    "ipv6Prefix",
+                    "maxKeys",
+                    "onStoreDown",
+                    "shared",
+                    "headers",
+                ]
+            ),
         )
 
     def test_shared_needs_a_store(self) -> None:
@@ -183,6 +197,13 @@ APP_ROUTE = (
 )
 """An app route (C{/app/}) to the backend at a port."""
 
+DEAD_ROUTE = (
+    "---\nkind: Route\nmetadata: {name: dead}\nspec:\n"
+    '  match: "/dead/"\n  type: app\n  handler:\n    type: reverse-proxy\n'
+    '    upstream: "http://127.0.0.1:%d"\n'
+)
+"""An app route (C{/dead/}) to a port nothing listens on."""
+
 
 @implementer(IRequestHook)
 class _ClientEcho:
@@ -198,6 +219,38 @@ class _ClientEchoPlugin:
 
 client_echo = _ClientEchoPlugin()
 """A test plugin answering with C{PluginRequest.client_address}."""
+
+
+@implementer(IRequestHook)
+class _HeaderAdder:
+    """Tries L{PluginRequest.add_response_header} with bad inputs, then a good one."""
+
+    refused: list[str] = []
+
+    def on_request(self, request: PluginRequest) -> None:
+        for name, value in (
+            ("Content-Length", "1"),
+            ("server", "x"),
+            ("Transfer-Encoding", "chunked"),
+            ("Bad Name", "x"),
+            ("X-Ok", "a\r\nInjected: 1"),
+        ):
+            try:
+                request.add_response_header(name, value)
+            except ValueError as e:
+                _HeaderAdder.refused.append(str(e))
+        request.add_response_header("X-Added", "1")
+        request.add_response_header("X-Added", "2")
+
+
+@implementer(IRequestPlugin)
+class _HeaderAdderPlugin:
+    def request_hook(self, config: Mapping[str, Any]) -> _HeaderAdder:
+        return _HeaderAdder()
+
+
+header_adder = _HeaderAdderPlugin()
+"""A test plugin adding response fields, the bad ones refused."""
 
 
 class _FakeRequest:
@@ -317,6 +370,76 @@ class GatewayTests(TestCase):
         self.assertEqual(parse_sf_item(headers["ratelimit"][0]), ("limit", {"r": 0, "t": 20}))
         self.assertEqual(len(self.backend.requests), 2)
 
+    async def test_passing_headers_always(self) -> None:
+        """
+        C{headers: always}: passing responses carry C{RateLimit-Policy} and C{RateLimit}
+        too, counting down; a backend's own C{RateLimit} is kept beside the gateway's
+        (a structured-field list split over lines), and an error answer of the gateway
+        carries them as well.
+        """
+        self.backend.responder = answer(body=b"ok", headers=[(b"RateLimit", b'"app";r=9;t=1')])
+        dead = await refused_port()
+        port = self.serve(
+            {"rate": "6/m", "burst": 3, "headers": "always"},
+            routes=APP_ROUTE % self.backend.port + DEAD_ROUTE % dead,
+        )
+        seen = []
+        for _ in range(2):
+            status, headers, _ = await fetch(port, "GET", "/app/x")
+            self.assertEqual(status, 200)
+            self.assertEqual(headers["ratelimit"][0], '"app";r=9;t=1')
+            self.assertEqual(len(headers["ratelimit"]), 2)
+            seen.append(parse_sf_item(headers["ratelimit"][1]))
+            self.assertEqual(
+                [parse_sf_item(v) for v in headers["ratelimit-policy"]],
+                [("limit", {"q": 6, "w": 60})],
+            )
+        # Burst 3 at 10 s an interval: 2 left (whole burst back in 10 s), then 1 (20 s).
+        self.assertEqual(seen, [("limit", {"r": 2, "t": 10}), ("limit", {"r": 1, "t": 20})])
+        status, headers, _ = await fetch(port, "GET", "/dead/x")
+        self.assertEqual(status, 502)
+        self.assertEqual(
+            [parse_sf_item(v) for v in headers["ratelimit"]], [("limit", {"r": 0, "t": 30})]
+        )
+        status, headers, _ = await fetch(port, "GET", "/app/x")
+        self.assertEqual(status, 429)
+        self.assertEqual(
+            [parse_sf_item(v) for v in headers["ratelimit"]], [("limit", {"r": 0, "t": 30})]
+        )
+        self.assertEqual(len(self.backend.requests), 2)
+
+    async def test_passing_headers_over_http2(self) -> None:
+        """
+        The same fields on an HTTP/2 response (lower-case names, after the response's
+        own fields).
+        """
+        gateway, _ = start_gateway(
+            self,
+            f"http://127.0.0.1:{self.backend.port}",
+            clock=self.clock,
+            routes=request_plugin(
+                "limit", "rate-limit", config={"rate": "6/m", "burst": 3, "headers": "always"}
+            ),
+        )
+        client = await connect_h2(self, listen_tls(self, gateway.site))
+        response = await client.request(b"GET", b"/api/x")
+        self.assertEqual(response.status, 200)
+        self.assertEqual(
+            parse_sf_item((response.header(b"ratelimit") or b"").decode()),
+            ("limit", {"r": 2, "t": 10}),
+        )
+        self.assertEqual(response.headers[-1][0], b"ratelimit")
+
+    async def test_passing_headers_default_limited(self) -> None:
+        """
+        By default (C{headers: limited}) passing responses carry neither field.
+        """
+        port = self.serve({"rate": "6/m", "burst": 3})
+        status, headers, _ = await fetch(port, "GET", "/api/x")
+        self.assertEqual(status, 200)
+        self.assertNotIn("ratelimit", headers)
+        self.assertNotIn("ratelimit-policy", headers)
+
     def test_sf_parser_refuses(self) -> None:
         for bad in ("limit;q=1", '"a";q=1.5', '"a";Q=1', '"a" ;q=1', '"a";q=1;q=2'):
             self.assertRaises(ValueError, parse_sf_item, bad)
@@ -390,6 +513,30 @@ class GatewayTests(TestCase):
         )
         _, _, body = await fetch(port, "GET", "/x", [("X-Forwarded-For", "192.0.2.7")])
         self.assertEqual(body, b"192.0.2.7")
+
+    async def test_add_response_header(self) -> None:
+        """
+        C{PluginRequest.add_response_header}: framing and gateway-owned names, invalid
+        names and values with CR/LF are refused; added fields come after the response's
+        own, repeated names kept.
+        """
+        install_plugins(
+            self, {"header-adder": "tests.test_rate_limit:header_adder"}, name="adder-dist"
+        )
+        _HeaderAdder.refused = []
+        self.backend.responder = answer(body=b"ok", headers=[(b"X-Added", b"backend")])
+        _, port = start_gateway(
+            self,
+            f"http://127.0.0.1:{self.backend.port}",
+            clock=self.clock,
+            routes=request_plugin("adder", "header-adder"),
+        )
+        status, headers, body = await fetch(port, "GET", "/x")
+        self.assertEqual((status, body), (200, b"ok"))
+        self.assertEqual(headers["x-added"], ["backend", "1", "2"])
+        self.assertEqual(len(_HeaderAdder.refused), 5, _HeaderAdder.refused)
+        self.assertNotIn("injected", headers)
+        self.assertEqual(headers["content-length"], ["2"])
 
     async def test_ipv6_prefix_configurable(self) -> None:
         port = self.serve(

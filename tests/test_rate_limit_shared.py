@@ -212,6 +212,21 @@ class SharedLimitTests(TestCase):
         self.assertEqual(await self.statuses(processes, 3), [503] * 6)
         self.assertEqual(len(self.backend.requests), 2)
 
+    async def test_passing_headers_shared(self) -> None:
+        """
+        C{headers: always} with the shared limit: the fields on passing responses count
+        the key's requests across both instances.
+        """
+        processes = await self.instances("{rate: 1/h, burst: 3, headers: always}")
+        seen = []
+        for process in (processes[0], processes[1], processes[0], processes[1]):
+            answer = await http_exchange(process.port, "GET", "/x")
+            seen.append((answer.status, answer.headers.get(b"ratelimit")))
+        self.assertEqual(
+            [(status, [v.split(b";")[1] for v in fields or []]) for status, fields in seen],
+            [(200, [b"r=2"]), (200, [b"r=1"]), (200, [b"r=0"]), (429, [b"r=0"])],
+        )
+
     async def test_script_reloaded_after_flush(self) -> None:
         """
         Attack on the store side: Redis forgets the script (SCRIPT FLUSH, a restart,

@@ -25,6 +25,7 @@ from twisted.web.server import Request
 from edgegw.identity.principal import Principal
 from edgegw.routing.paths import clean_path, vet_path
 from edgegw.stream.boundary import client_gone
+from edgegw.stream.response_headers import add_response_field
 from edgegw.terminal.answers import TEXT_PLAIN
 from edgegw.terminal.exchange import Exchange
 
@@ -401,6 +402,26 @@ class PluginRequest:
         """Whether the response has started (or the client has gone)."""
         request = self._exchange.request
         return bool(request.startedWriting or request.finished or client_gone(request))
+
+    def add_response_header(self, name: str, value: str) -> bool:
+        """
+        Add the field C{name: value} to the response this request gets, whatever answers
+        it (the route, a later plugin's L{Reply}, the gateway's own error answer): written
+        after the response's own fields, so a field of the same name from the backend is
+        kept beside it, not replaced.
+
+        @return: Whether it will be sent (not when the response has already started).
+        @raise ValueError: C{name} or C{value} is not valid, or C{name} is a header the
+            gateway frames the response with or sets itself.
+        """
+        raw = check_header_name(name)
+        if raw.lower() in self._protected.response:
+            raise ValueError(f"{name} is set by the gateway; a plugin cannot add it")
+        encoded = check_header_value(value)
+        if self.responded:
+            return False
+        add_response_field(self._exchange.request.responseHeaders, raw, encoded)
+        return True
 
     def respond(self, reply: Reply) -> bool:
         """

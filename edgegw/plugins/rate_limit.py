@@ -12,6 +12,7 @@ Config::
     maxKeys: 100000        # per-process table bound (least recently used go first)
     shared: true           # default: whether the Gateway has a stateProvider
     onStoreDown: allow     # or deny
+    headers: limited       # or always: RateLimit-Policy and RateLimit on passing too
 
 GCRA keeps one number per key, its theoretical arrival time (TAT): a request at C{now}
 passes when C{TAT - now <= (burst - 1) * interval}, and then moves the TAT one
@@ -55,6 +56,7 @@ _FIELDS: Final = (
     "maxKeys",
     "shared",
     "onStoreDown",
+    "headers",
 )
 _HEADER_NAME: Final = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")
 _LOG_INTERVAL: Final = 60.0
@@ -216,7 +218,12 @@ class RateLimit:
         store: IPluginStore | None,
         deny_when_down: bool,
         count_limited: Callable[[Sequence[str]], None],
+        always_headers: bool = False,
     ) -> None:
+        """
+        @param always_headers: Whether passing responses carry C{RateLimit-Policy} and
+            C{RateLimit} too (limited ones always do).
+        """
         self.interval = round(period * 1_000_000 / count)
         self.burst = burst
         self.tau = (burst - 1) * self.interval
@@ -228,7 +235,9 @@ class RateLimit:
         self._deny_when_down = deny_when_down
         self._count_limited = count_limited
         self._name = name
-        self._policy = f"{_sf_string(name)};q={count};w={period}"
+        self._policy_name = _sf_string(name)
+        self._policy = f"{self._policy_name};q={count};w={period}"
+        self._always_headers = always_headers
         self._script_args: list[bytes | int] = [self.interval, self.tau]
         self._last_logged: float | None = None
 
@@ -247,7 +256,7 @@ class RateLimit:
         store = self._store
         if store is None:
             passed, ahead = self.table.take(key)
-            return None if passed else self._limited(request, ahead)
+            return self._outcome(request, passed, ahead)
         d: Deferred[Any] = store.run_script(GCRA_SCRIPT, [key], self._script_args)
         return d.addCallbacks(
             self._decided, self._store_failed, callbackArgs=(request,), errbackArgs=(request, key)
@@ -255,7 +264,7 @@ class RateLimit:
 
     def _decided(self, reply: object, request: PluginRequest) -> Reply | None:
         passed, ahead_us = cast(Sequence[int], reply)
-        return None if passed else self._limited(request, int(ahead_us))
+        return self._outcome(request, bool(passed), int(ahead_us))
 
     def _store_failed(self, failure: Failure, request: PluginRequest, key: bytes) -> Reply | None:
         failure.trap(StoreError)
@@ -276,7 +285,29 @@ class RateLimit:
                 content_type=_JSON if request.route_type == "service" else _TEXT,
             )
         passed, ahead = self.table.take(key)
-        return None if passed else self._limited(request, ahead)
+        return self._outcome(request, passed, ahead)
+
+    def _outcome(self, request: PluginRequest, passed: bool, ahead: int) -> Reply | None:
+        """
+        The 429 when C{request} did not pass; else nothing, the draft's fields added to
+        its response first when configured (C{headers: always}).
+        """
+        if not passed:
+            return self._limited(request, ahead)
+        if self._always_headers:
+            request.add_response_header("RateLimit-Policy", self._policy)
+            request.add_response_header("RateLimit", self._state(ahead))
+        return None
+
+    def _state(self, ahead: int) -> str:
+        """
+        The C{RateLimit} field of a key whose TAT is C{ahead} microseconds away: the
+        requests it may still send now (C{r}) and the seconds until its whole burst is
+        back (C{t}, rounded up).
+        """
+        remaining = max(0, (self.tau + self.interval - ahead) // self.interval)
+        reset = -(-ahead // 1_000_000)
+        return f"{self._policy_name};r={remaining};t={reset}"
 
     def _body(self, request: PluginRequest, message: str) -> tuple[str]:
         if request.route_type == "service":
@@ -288,9 +319,7 @@ class RateLimit:
         The 429 for a key whose TAT is C{ahead} microseconds away.
         """
         self._count_limited((request.route,))
-        remaining = max(0, (self.tau + self.interval - ahead) // self.interval)
         retry = max(1, -(-(ahead - self.tau) // 1_000_000))
-        reset = -(-ahead // 1_000_000)
         service = request.route_type == "service"
         return Reply(
             429,
@@ -298,7 +327,7 @@ class RateLimit:
             headers=(
                 ("Retry-After", str(retry)),
                 ("RateLimit-Policy", self._policy),
-                ("RateLimit", f"{_sf_string(self._name)};r={remaining};t={reset}"),
+                ("RateLimit", self._state(ahead)),
             ),
             content_type=_JSON if service else _TEXT,
         )
@@ -373,6 +402,9 @@ class RateLimitPlugin:
         on_down = config.get("onStoreDown", "allow")
         if on_down not in ("allow", "deny"):
             problems.append(("onStoreDown", "must be allow or deny"))
+        headers = config.get("headers", "limited")
+        if headers not in ("limited", "always"):
+            problems.append(("headers", "must be limited or always"))
         store = context.store
         shared = config.get("shared", store is not None)
         if not isinstance(shared, bool):
@@ -399,6 +431,7 @@ class RateLimitPlugin:
             store if shared else None,
             on_down == "deny",
             count_limited,
+            headers == "always",
         )
 
 

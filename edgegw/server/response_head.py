@@ -54,5 +54,7 @@ def serialize_head(version: bytes, code: bytes, reason: bytes, headers: Headers)
     for name, values in fields:
         for value in values:
             parts += (name, b": ", value, b"\r\n")
+    for name, value in getattr(headers, "appended", ()):
+        parts += (name, b": ", value, b"\r\n")
     parts.append(b"\r\n")
     return b"".join(parts)

@@ -390,6 +390,9 @@ class H2ServerConnection(Protocol):
             if name in CONNECTION_SPECIFIC:
                 continue
             fields += [(name, value) for value in values]
+        appended = getattr(headers, "appended", ())
+        if appended:
+            fields += [(name.lower(), value) for name, value in appended]
         try:
             self._h2.send_headers(stream.stream_id, fields)
         except (StreamClosedError, ProtocolError):
