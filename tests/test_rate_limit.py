@@ -27,7 +27,7 @@ from tests.support.gateways import start_gateway
 from tests.support.h2client import connect_h2, listen_tls
 from tests.support.plugin_dists import install_plugins
 from tests.support.processes import refused_port
-from tests.test_plugins import Response, fetch, request_plugin
+from tests.test_plugins import Response, fetch, fetch_raw, request_plugin
 
 RATE_LIMIT = {"rate-limit": "edgegw.plugins.rate_limit:plugin"}
 """The shipped plugin's entry point (as setup.py registers it), for a checkout whose
@@ -439,6 +439,16 @@ class GatewayTests(TestCase):
         self.assertEqual(status, 200)
         self.assertNotIn("ratelimit", headers)
         self.assertNotIn("ratelimit-policy", headers)
+
+    async def test_status_line_names_429(self) -> None:
+        """
+        The 429's status line says C{Too Many Requests} (Twisted knows no phrase for it:
+        it wrote C{Unknown Status}).
+        """
+        port = self.serve({"rate": "1/h"})
+        await fetch(port, "GET", "/api/a")
+        raw = await fetch_raw(port, b"GET /api/a HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        self.assertTrue(raw.startswith(b"HTTP/1.1 429 Too Many Requests\r\n"), raw[:40])
 
     def test_sf_parser_refuses(self) -> None:
         for bad in ("limit;q=1", '"a";q=1.5', '"a";Q=1', '"a" ;q=1', '"a";q=1;q=2'):

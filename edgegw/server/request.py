@@ -31,7 +31,7 @@ from typing import Any
 from urllib.parse import unquote_to_bytes as unquote
 
 from twisted.python.failure import Failure
-from twisted.web.http import NO_BODY_CODES, HTTPChannel, parse_qs
+from twisted.web.http import NO_BODY_CODES, RESPONSES, HTTPChannel, parse_qs
 from twisted.web.server import Request
 
 from edgegw.compression.response_coding import ResponseCoding
@@ -41,7 +41,32 @@ from edgegw.stream.boundary import IClientStream
 from edgegw.stream.response_filter import IResponseFilter
 from edgegw.stream.response_headers import ResponseHeaders
 
-__all__ = ["EMPTY_BODY", "BodyDiscardedError", "GatewayRequest", "RequestBody"]
+__all__ = ["EMPTY_BODY", "REASON_PHRASES", "BodyDiscardedError", "GatewayRequest", "RequestBody"]
+
+REASON_PHRASES: dict[int, bytes] = {
+    code: phrase
+    for code, phrase in {
+        421: b"Misdirected Request",
+        422: b"Unprocessable Content",
+        423: b"Locked",
+        424: b"Failed Dependency",
+        425: b"Too Early",
+        426: b"Upgrade Required",
+        428: b"Precondition Required",
+        429: b"Too Many Requests",
+        431: b"Request Header Fields Too Large",
+        451: b"Unavailable For Legal Reasons",
+        506: b"Variant Also Negotiates",
+        508: b"Loop Detected",
+        511: b"Network Authentication Required",
+    }.items()
+    if code not in RESPONSES
+}
+"""
+Reason phrases (RFC 9110 and the registry) of status codes Twisted's C{RESPONSES} lacks,
+for status lines the gateway writes without one (its own 429, a plugin's reply): never
+C{Unknown Status}.
+"""
 
 
 class GatewayRequest(RequestSeam):
@@ -98,6 +123,15 @@ class GatewayRequest(RequestSeam):
             self.render(self.site.getResourceFor(self))
         except BaseException:
             self.processingFailed(Failure())
+
+    def setResponseCode(self, code: int, message: bytes | None = None) -> None:
+        """
+        Set the status, with the registered reason phrase when Twisted knows none
+        (L{REASON_PHRASES}).
+        """
+        if message is None:
+            message = REASON_PHRASES.get(code)
+        Request.setResponseCode(self, code, message)
 
     def write(self, data: bytes) -> None:
         """
