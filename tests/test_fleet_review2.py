@@ -14,19 +14,30 @@ Real sockets on 127.0.0.1, a real redis-server as the master.
 from __future__ import annotations
 
 import socket
+from collections.abc import Mapping
 from typing import Any
 
 from twisted.internet import reactor as _reactor
 from twisted.internet.defer import CancelledError
 from twisted.internet.protocol import Factory, Protocol
+from twisted.internet.task import Clock
 from twisted.python.failure import Failure
 from twisted.trial.unittest import TestCase
+from zope.interface import implementer
 
+from edgegw.config.errors import ConfigError
 from edgegw.config.model import KvStoreConfig
+from edgegw.plugins.interfaces import IRequestHook, IRequestPlugin
+from edgegw.plugins.messages import PluginRequest
 from edgegw.state.kvstore import KvStoreService
 from edgegw.state.sentinels import SentinelEndpoint
+from tests.support.backends import SiteBackend
+from tests.support.gateways import start_gateway
+from tests.support.h2client import connect_h2, listen_tls
+from tests.support.plugin_dists import install_plugins
 from tests.support.redis import redis_server
 from tests.support.sentinel import MASTER_NAME, FakeSentinel, sleep
+from tests.test_plugins import fetch, request_plugin
 
 reactor: Any = _reactor
 
@@ -139,3 +150,125 @@ class CancelledDiscoveryTests(TestCase):
         self.assertEqual(
             self.honest.asked, [], "the next Sentinel was asked after the store stopped"
         )
+
+
+@implementer(IRequestHook)
+class _ConnectionSpecific:
+    """Adds fields valid on HTTP/1.1 that an HTTP/2 message cannot carry."""
+
+    def on_request(self, request: PluginRequest) -> None:
+        for name, value in _H2_MALFORMED:
+            request.add_response_header(name, value)
+
+
+_H2_MALFORMED = (("TE", "trailers"), ("X-Padded", " v "))
+"""
+RFC 9113 section 8.2.2: TE is connection-specific (allowed in requests only); 8.2.1: a
+field value must not start or end with SP or HTAB. Each makes the response malformed.
+"""
+
+
+@implementer(IRequestPlugin)
+class _ConnectionSpecificPlugin:
+    def request_hook(self, config: Mapping[str, Any]) -> _ConnectionSpecific:
+        return _ConnectionSpecific()
+
+
+connection_specific = _ConnectionSpecificPlugin()
+"""A test plugin adding C{TE} and a value with surrounding spaces."""
+
+
+class AddResponseHeaderTests(TestCase):
+    """
+    C{PluginRequest.add_response_header} and C{headers: always} through a real gateway.
+    """
+
+    def setUp(self) -> None:
+        install_plugins(
+            self,
+            {
+                "rate-limit": "edgegw.plugins.rate_limit:plugin",
+                "connection-specific": "tests.test_fleet_review2:connection_specific",
+            },
+            name="edgegw-fleet-review2",
+        )
+        self.backend = SiteBackend().start()
+        self.addCleanup(self.backend.stop)
+        self.clock = Clock()
+
+    async def test_http2_response_stays_well_formed(self) -> None:
+        """
+        Fields a plugin adds are accepted (C{TE} is not among the refused names, the
+        value check allows surrounding spaces) and C{send_head} puts them in the HTTP/2
+        head as they are (h2's outbound validation is off, and C{CONNECTION_SPECIFIC}
+        filters only the response's own fields): the client gets a malformed response,
+        which a conforming client (nghttp2, Go, h2 with its default checks) refuses
+        with a stream error. The gateway must refuse them (C{ValueError}: 500, as for
+        any other refused field) or leave them out of HTTP/2 heads; either way the head
+        it sends must be well formed.
+        """
+        gateway, _ = start_gateway(
+            self,
+            f"http://127.0.0.1:{self.backend.port}",
+            clock=self.clock,
+            routes=request_plugin("cs", "connection-specific"),
+        )
+        client = await connect_h2(self, listen_tls(self, gateway.site))
+        # Read what the gateway sends, as it is (the test's checks are below).
+        client.h2.config.validate_inbound_headers = False
+        response = await client.request(b"GET", b"/x")
+        malformed = [
+            (name, value)
+            for name, value in response.headers
+            if name == b"te" or value != value.strip(b" \t")
+        ]
+        self.assertEqual(malformed, [], f"status {response.status}")
+
+    async def test_policy_name_outside_printable_ascii(self) -> None:
+        """
+        A RequestPlugin's name is any string (C{metadata.name} is not checked), and the
+        policy is named after it in an sf-string, which carries printable ASCII only
+        (RFC 8941 section 3.3.3). With C{headers: always}, a name beyond Latin-1 makes
+        C{add_response_header} raise on every passing request (each answers 500 while
+        C{edgegw check} passed the configuration), and a Latin-1 one sends a field no
+        structured-field parser accepts. Expected: refused at load, or a policy name
+        an sf-string can carry.
+        """
+        port = self.serve("лимит")
+        if port is None:
+            return
+        statuses = [(await fetch(port, "GET", "/x"))[0] for _ in range(4)]
+        # Burst 3: three pass, the fourth is limited (its 429 names the policy too).
+        self.assertEqual(statuses, [200, 200, 200, 429])
+
+    async def test_policy_name_latin1_is_not_an_sf_string(self) -> None:
+        port = self.serve("débit")
+        if port is None:
+            return
+        status, headers, _ = await fetch(port, "GET", "/x")
+        self.assertEqual(status, 200)
+        values = headers.get("ratelimit-policy", []) + headers.get("ratelimit", [])
+        self.assertEqual(len(values), 2)
+        for value in values:
+            self.assertTrue(
+                all(0x20 <= ord(c) <= 0x7E for c in value),
+                f"{value!r} is not a structured field (sf-string beyond printable ASCII)",
+            )
+
+    def serve(self, name: str) -> int | None:
+        """
+        A gateway whose rate-limit resource (C{headers: always}) is C{name}; L{None}
+        when the configuration is refused at load (a fix as good as another).
+        """
+        try:
+            _, port = start_gateway(
+                self,
+                f"http://127.0.0.1:{self.backend.port}",
+                clock=self.clock,
+                routes=request_plugin(
+                    name, "rate-limit", config={"rate": "6/m", "burst": 3, "headers": "always"}
+                ),
+            )
+        except ConfigError:
+            return None
+        return port
