@@ -23,6 +23,8 @@ from twisted.internet.protocol import Factory, Protocol
 from twisted.internet.task import Clock
 from twisted.python.failure import Failure
 from twisted.trial.unittest import TestCase
+from wsproto import ConnectionType, WSConnection
+from wsproto.events import Request as WSRequest
 from zope.interface import implementer
 
 from edgegw.config.errors import ConfigError
@@ -35,9 +37,12 @@ from tests.support.backends import SiteBackend
 from tests.support.gateways import start_gateway
 from tests.support.h2client import connect_h2, listen_tls
 from tests.support.plugin_dists import install_plugins
+from tests.support.processes import listen_local, port_of
+from tests.support.rawclient import connect
 from tests.support.redis import redis_server
 from tests.support.sentinel import MASTER_NAME, FakeSentinel, sleep
-from tests.test_plugins import fetch, request_plugin
+from tests.test_plugins import fetch, request_plugin, route
+from tests.test_proxy import EchoWebSocket
 
 reactor: Any = _reactor
 
@@ -272,3 +277,33 @@ class AddResponseHeaderTests(TestCase):
         except ConfigError:
             return None
         return port
+
+    async def test_websocket_handshake_carries_them(self) -> None:
+        """
+        docs/plugins.md: with C{headers: always}, passing responses carry both fields
+        "whatever answers the request: the backend, ...". A WebSocket handshake the
+        backend accepts is answered 101 with a head the tunnel writes itself
+        (C{Tunnel._head}, from the upstream's fields only): the fields a request plugin
+        added are dropped. Either the tunnel writes C{ResponseHeaders.appended} too, or
+        the docs say that a 101 carries none.
+        """
+        echo = listen_local(Factory.forProtocol(EchoWebSocket))
+        self.addCleanup(echo.stopListening)
+        _, port = start_gateway(
+            self,
+            f"http://127.0.0.1:{self.backend.port}",
+            clock=self.clock,
+            routes=request_plugin(
+                "limit", "rate-limit", config={"rate": "6/m", "burst": 3, "headers": "always"}
+            )
+            + route("ws", "/ws", f"http://127.0.0.1:{port_of(echo)}"),
+        )
+        client = await connect(port)
+        self.addCleanup(client.close)
+        ws = WSConnection(ConnectionType.CLIENT)
+        client.send(ws.send(WSRequest(host="gateway.test", target="/ws")))
+        await client.until(b"\r\n\r\n")
+        head = client.received.partition(b"\r\n\r\n")[0].lower()
+        self.assertTrue(head.startswith(b"http/1.1 101 "), head)
+        self.assertIn(b"\r\nratelimit-policy: ", head)
+        self.assertIn(b"\r\nratelimit: ", head)
