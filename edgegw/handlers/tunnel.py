@@ -130,6 +130,9 @@ class Tunnel:
                 continue
             lines.append(name + b": " + value)
         lines.extend(name + b": " + value for name, value in extra)
+        # What request plugins added (add_response_header), as on every other head.
+        appended = getattr(self.request.responseHeaders, "appended", ())
+        lines.extend(name + b": " + value for name, value in appended)
         lines.append(b"Connection: Upgrade")
         upgrade = [value for name, value in response.headers if name.lower() == b"upgrade"]
         lines.append(b"Upgrade: " + (upgrade[0] if upgrade else b"websocket"))

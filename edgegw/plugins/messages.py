@@ -48,7 +48,10 @@ __all__ = [
 _NO_BODY: Final = frozenset({204, 304})
 _TOKEN: Final = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")
 # Field values (RFC 9110 section 5.5): visible characters, spaces and tabs, obs-text.
-_FIELD_VALUE: Final = re.compile(r"[\t\x20-\x7e\x80-\xff]*")
+# No leading or trailing space or tab (RFC 9110 5.5; an HTTP/2 message with one is
+# malformed, RFC 9113 8.2.1).
+_VISIBLE = r"[\x21-\x7e\x80-\xff]"
+_FIELD_VALUE: Final = re.compile(rf"(?:{_VISIBLE}(?:[\t\x20-\x7e\x80-\xff]*{_VISIBLE})?)?")
 # Path and query characters a plugin may set: printable ASCII less space, "#" and, in a
 # path, "?"; escapes are checked as the edge checks the client's path.
 _PATH: Final = re.compile(r"/[!$%&'()*+,\-./0-9:;=@A-Z_a-z~]*")
@@ -77,6 +80,7 @@ RESPONSE_FRAMING: Final = frozenset(
         b"date",
         b"keep-alive",
         b"proxy-connection",
+        b"te",
         b"trailer",
         b"transfer-encoding",
         b"upgrade",
@@ -104,6 +108,23 @@ RESPONSE_OWNED: Final = frozenset(
     }
 )
 """Response headers the gateway sets on every response (the security headers)."""
+
+
+_SINGLE_RESPONSE_FIELDS: Final = frozenset(
+    {
+        b"content-encoding",
+        b"content-location",
+        b"content-range",
+        b"content-type",
+        b"etag",
+        b"last-modified",
+        b"location",
+    }
+)
+"""
+Fields that describe the one answer the route gives (the gateway sets several of them
+itself): a second one added beside the route's would contradict it.
+"""
 
 
 def check_header_name(name: str) -> bytes:
@@ -415,8 +436,9 @@ class PluginRequest:
             gateway frames the response with or sets itself.
         """
         raw = check_header_name(name)
-        if raw.lower() in self._protected.response:
-            raise ValueError(f"{name} is set by the gateway; a plugin cannot add it")
+        lower = raw.lower()
+        if lower in self._protected.response or lower in _SINGLE_RESPONSE_FIELDS:
+            raise ValueError(f"{name} is set by the gateway or the route; a plugin cannot add it")
         encoded = check_header_value(value)
         if self.responded:
             return False

@@ -413,6 +413,15 @@ class RateLimitPlugin:
             problems.append(("shared", "needs the Gateway's stateProvider"))
         elif shared and store is not None and not store.can_run_scripts():
             problems.append(("shared", "the Gateway's state store cannot run scripts"))
+        if not all(" " <= c <= "~" for c in context.resource):
+            # RFC 8941 sf-strings carry printable ASCII only.
+            problems.append(
+                (
+                    "",
+                    "the resource's name names the policy in RateLimit-Policy and "
+                    "RateLimit: it must be printable ASCII",
+                )
+            )
         if problems:
             raise PluginConfigError.of(problems)
         count_limited = context.counter(

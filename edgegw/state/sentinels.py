@@ -167,6 +167,15 @@ class _Exchange(Protocol):
             self.answered.errback(ConnectError(string="connection lost before the answer"))
 
 
+class _Attempt:
+    """
+    One discovery: whether it was cancelled (told apart from a Sentinel's failure by
+    this flag, not by the exception the cancelled question failed with).
+    """
+
+    cancelled = False
+
+
 @implementer(IStreamClientEndpoint)
 class SentinelEndpoint:
     """
@@ -210,9 +219,18 @@ class SentinelEndpoint:
 
         @raise MasterNotFoundError: (Asynchronously.) None does; says what each answered.
         """
-        return ensureDeferred(self._discover())
+        attempt = _Attempt()
+        running = ensureDeferred(self._discover(attempt))
 
-    async def _discover(self) -> tuple[str, int]:
+        def cancel(_: Deferred[tuple[str, int]]) -> None:
+            attempt.cancelled = True
+            running.cancel()
+
+        discovered: Deferred[tuple[str, int]] = Deferred(cancel)
+        running.chainDeferred(discovered)
+        return discovered
+
+    async def _discover(self, attempt: _Attempt) -> tuple[str, int]:
         name = self.config.master_name
         why: list[str] = []
         refused: set[tuple[str, int]] = set()
@@ -229,11 +247,13 @@ class SentinelEndpoint:
                     self.config.sentinel_password,
                     ["SENTINEL", "get-master-addr-by-name", name],
                 )
-            except CancelledError:
-                # The connection attempt was cancelled (the store stopping): asking the
-                # next Sentinel would connect a master nobody waits for any more.
-                raise
             except Exception as e:
+                if attempt.cancelled:
+                    # The store stopped: asking the next Sentinel would connect a master
+                    # nobody waits for. Whatever the question failed with (a cancelled
+                    # connection attempt fails as DNSLookupError or
+                    # ConnectingCancelledError, not CancelledError).
+                    raise CancelledError() from e
                 why.append(f"{where}: {_describe(e)}")
                 continue
             if not (isinstance(reply, list) and len(reply) == 2):
@@ -259,9 +279,9 @@ class SentinelEndpoint:
                     self.config.password,
                     ["ROLE"],
                 )
-            except CancelledError:
-                raise
             except Exception as e:
+                if attempt.cancelled:
+                    raise CancelledError() from e
                 why.append(f"{where}: named {at}, which did not answer ROLE: {_describe(e)}")
                 continue
             if not (isinstance(role, list) and role and role[0] == b"master"):
