@@ -234,6 +234,9 @@ class _HeaderAdder:
             ("Transfer-Encoding", "chunked"),
             ("Bad Name", "x"),
             ("X-Ok", "a\r\nInjected: 1"),
+            ("Content-Type", "text/html"),
+            ("ETag", '"x"'),
+            ("X-Padded", " v"),
         ):
             try:
                 request.add_response_header(name, value)
@@ -544,7 +547,7 @@ class GatewayTests(TestCase):
         status, headers, body = await fetch(port, "GET", "/x")
         self.assertEqual((status, body), (200, b"ok"))
         self.assertEqual(headers["x-added"], ["backend", "1", "2"])
-        self.assertEqual(len(_HeaderAdder.refused), 5, _HeaderAdder.refused)
+        self.assertEqual(len(_HeaderAdder.refused), 8, _HeaderAdder.refused)
         self.assertNotIn("injected", headers)
         self.assertEqual(headers["content-length"], ["2"])
 
