@@ -20,6 +20,7 @@ L{bench.workers}): those commands measure one feature in more depth.
 from __future__ import annotations
 
 import datetime
+import fnmatch
 import http.client
 import secrets
 import statistics
@@ -31,7 +32,19 @@ from typing import Any
 
 import attrs
 
-from bench import api, authz, bearer, gateway, metrics, plugins, report, session, variants, wrk
+from bench import (
+    api,
+    authz,
+    bearer,
+    caddy,
+    gateway,
+    metrics,
+    plugins,
+    report,
+    session,
+    variants,
+    wrk,
+)
 from bench import workers as workers_bench
 from bench.otlp_sink import Sink
 from bench.processes import StartupError, peak_rss_bytes, scratch, warn_if_busy
@@ -113,6 +126,24 @@ class Settings:
     rounds: int = 3
     warmup: int = 1
     keep_tmp: bool = False
+    only: tuple[str, ...] = ()
+
+
+def select(rows: Sequence[Row], patterns: Sequence[str]) -> list[Row]:
+    """
+    The rows whose key matches one of C{patterns} (shell-style: C{caddy-*}), in round
+    order; every row when there are none. Their processes were all started: this only
+    chooses what is loaded.
+
+    @raise ValueError: If a pattern matches no row.
+    """
+    if not patterns:
+        return list(rows)
+    unmatched = [p for p in patterns if not any(fnmatch.fnmatchcase(r.key, p) for r in rows)]
+    if unmatched:
+        keys = ", ".join(row.key for row in rows)
+        raise ValueError(f"--only {','.join(unmatched)} matches no row (rows: {keys})")
+    return [row for row in rows if any(fnmatch.fnmatchcase(row.key, p) for p in patterns)]
 
 
 def start_rows(stack: ExitStack, tmp: Path, settings: Settings, wrk_path: str) -> list[Row]:
@@ -125,6 +156,7 @@ def start_rows(stack: ExitStack, tmp: Path, settings: Settings, wrk_path: str) -
     tools = ensure_tools()
     rows: list[Row] = []
     anchors = {t.key: t for t in start_targets(stack, tools, tmp, "abcde", settings.connections)}
+    caddies = caddy.start(stack, tmp, anchors["a"].port, tmp / "www", settings.connections)
     for payload, tag in ((SMALL, "small"), (LARGE, "64k")):
         small = payload is SMALL
         rows += [
@@ -140,6 +172,14 @@ def start_rows(stack: ExitStack, tmp: Path, settings: Settings, wrk_path: str) -
                 anchors["b"],
                 f"nginx-{tag}",
                 f"nginx proxy, {payload.name}",
+                path=payload.path,
+                body=payload.body,
+                low=small,
+            ),
+            _row_for(
+                caddies[caddy.PROXY],
+                f"caddy-{tag}",
+                f"Caddy proxy, {payload.name}",
                 path=payload.path,
                 body=payload.body,
                 low=small,
@@ -175,6 +215,15 @@ def start_rows(stack: ExitStack, tmp: Path, settings: Settings, wrk_path: str) -
             anchors["e"],
             "static",
             "edgegw static file, small-json",
+            path=SMALL.path,
+            body=SMALL.body,
+        )
+    )
+    rows.append(
+        _row_for(
+            caddies[caddy.STATIC],
+            "caddy-static",
+            "Caddy file_server, small-json",
             path=SMALL.path,
             body=SMALL.body,
         )
@@ -592,8 +641,8 @@ def run(settings: Settings) -> int:
     with scratch("edgegw-bench-suite-", settings.keep_tmp) as tmp, ExitStack() as stack:
         say(f"bench: starting every scenario in {tmp}")
         try:
-            rows = start_rows(stack, tmp, settings, tools.wrk)
-        except StartupError as e:
+            rows = select(start_rows(stack, tmp, settings, tools.wrk), settings.only)
+        except (StartupError, ValueError) as e:
             say(f"bench: {e}")
             return 1
         measure(rows, settings, tools.wrk)
@@ -603,6 +652,7 @@ def run(settings: Settings) -> int:
         [
             table(main_lines, settings.connections),
             table(low_lines, 1),
+            caddy.report({row.key: row.samples for row in rows}, settings.connections),
             latency_line(rows),
         ]
     )
@@ -616,7 +666,11 @@ def run(settings: Settings) -> int:
             "started": started_at,
             "settings": attrs.asdict(settings),
             "machine": {**machine, "busy_before_start": round(busy, 3)},
-            "versions": {"wrk": version([tools.wrk, "-v"]), "nginx": version([tools.nginx, "-v"])},
+            "versions": {
+                "wrk": version([tools.wrk, "-v"]),
+                "nginx": version([tools.nginx, "-v"]),
+                "caddy": caddy.caddy_version(),
+            },
             "rows": [
                 {
                     "key": row.key,
@@ -632,6 +686,12 @@ def run(settings: Settings) -> int:
             "summary": {
                 f"c{settings.connections}": [attrs.asdict(line) for line in main_lines],
                 "c1": [attrs.asdict(line) for line in low_lines],
+                "caddy": [
+                    {**attrs.asdict(c), "verdict": c.verdict}
+                    for c in caddy.comparisons(
+                        {row.key: row.samples for row in rows}, settings.connections
+                    )
+                ],
             },
         },
     )
@@ -639,7 +699,9 @@ def run(settings: Settings) -> int:
     markdown.write_text(
         f"# edgegw bench suite, {started_at}\n\n"
         f"`python -m bench suite --duration {settings.duration} --connections "
-        f"{settings.connections} --rounds {settings.rounds}` at "
+        f"{settings.connections} --rounds {settings.rounds}"
+        + (f" --only {','.join(settings.only)}" if settings.only else "")
+        + "` at "
         f"{machine.get('edgegw_commit', '?')} on {machine.get('cpu', '?')} "
         f"({machine.get('cpus', '?')} CPUs)\n\n```\n{text}\n```\n"
     )
