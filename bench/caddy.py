@@ -30,6 +30,7 @@ from pathlib import Path
 import attrs
 
 from bench.processes import StartupError
+from bench.report import render
 from bench.targets import Target, verify
 from bench.tls_servers import start_caddy
 from bench.tools import MissingToolsError, ensure, version
@@ -207,11 +208,73 @@ def comparisons(samples: Samples, connections: int) -> list[Comparison]:
     return out
 
 
+SERVERS = ("nginx", "Caddy", "edgegw", "Agent proxy")
+"""The columns of issue 39's table."""
+
+_TABLE = (
+    (
+        "small JSON, µs CPU/request",
+        "cpu",
+        ("nginx-small", "caddy-small", "proxy-small", "agent-small"),
+    ),
+    ("64 KiB, µs CPU/request", "cpu", ("nginx-64k", "caddy-64k", "proxy-64k", "agent-64k")),
+    (
+        "one connection, p50 added",
+        "added",
+        ("nginx-small", "caddy-small", "proxy-small", "agent-small"),
+    ),
+    ("static file, µs CPU/request", "cpu", ("direct-small", "caddy-static", "static", None)),
+)
+
+
+def issue_table(samples: Samples, connections: int) -> list[tuple[str, ...]]:
+    """
+    Issue 39's table from one run: per server, CPU per request at C{connections}
+    (medians over rounds) and the p50 added over the direct backend at one connection
+    (medians of same-round differences); nginx's static file is the backend itself.
+    """
+    out = []
+    for what, kind, keys in _TABLE:
+        cells = [what]
+        for key in keys:
+            value: float | None = None
+            if key is not None and kind == "cpu":
+                value = _median([s["cpu_us"] for s in samples.get(key, {}).get(connections, [])])
+            elif key is not None:
+                value = _rounds(samples, key, "direct-small", 1, lambda a, b: a["p50"] - b["p50"])
+            if value is None:
+                cells.append("-")
+            elif kind == "cpu":
+                cells.append(f"{value:.1f}")
+            else:
+                cells.append(f"{value * 1e3:+.3f} ms")
+        out.append(tuple(cells))
+    return out
+
+
 def report(samples: Samples, connections: int) -> str:
-    """The comparisons as the suite prints them under its tables."""
-    lines = ["edgegw beside Caddy (issue 39: edgegw's at most Caddy's, same run):"]
+    """Issue 39's table and the comparisons, as the suite prints them under its tables."""
+    table = render(("", *SERVERS), issue_table(samples, connections), left=1)
+    lines = [
+        f"issue 39's table (CPU at c{connections}; p50 added over direct-small at c1; "
+        "nginx's static file is the backend's, direct-small):",
+        table,
+        "",
+        "edgegw beside Caddy (issue 39: edgegw's at most Caddy's, same run):",
+    ]
     lines += [c.text() for c in comparisons(samples, connections)]
     return "\n".join(lines)
 
 
-__all__ = ["CPU_PAIRS", "PROXY", "STATIC", "Comparison", "caddy_version", "comparisons", "start"]
+__all__ = [
+    "CPU_PAIRS",
+    "PROXY",
+    "SERVERS",
+    "STATIC",
+    "Comparison",
+    "caddy_version",
+    "comparisons",
+    "issue_table",
+    "report",
+    "start",
+]

@@ -1,16 +1,19 @@
 """
 C{python -m bench suite} (C{make bench}): every scenario in one interleaved run, with
-nginx and a minimal Twisted Agent proxy measured in the same run as anchors.
+nginx, Caddy and a minimal Twisted Agent proxy measured in the same run as anchors.
 
 Each row is one URL on one process (some processes answer several rows): the nginx
-backend itself, nginx and the Agent proxy in front of it, edgegw's reverse proxy (small
-and 64 KiB), a static file, the api fan-out to three backends (through treq), an app
-route with a session cookie and a service route with a cached Bearer token (each beside
-the same route public), the session route with one require and one Rego policy, the same
+backend itself, nginx, Caddy and the Agent proxy in front of it, edgegw's reverse proxy
+(small and 64 KiB), a static file from edgegw and from Caddy (L{bench.caddy}), the api
+fan-out to three backends (through treq), an app route with a session cookie and a
+service route with a cached Bearer token (each beside the same route public), the
+session route with one require and one Rego policy, the same
 with Telemetry exporting every trace and with metrics on, a route with a request and a
 response plugin, and one against two worker processes on one socket. Every round loads
 every row in turn (C{wrk -t1 -cN --latency}); the rows marked c1 are loaded again at one
-connection, where the latency a proxy adds is its own rather than queueing.
+connection, where the latency a proxy adds is its own rather than queueing. Under the
+tables, issue 39's table (nginx, Caddy, edgegw, the Agent proxy) and edgegw beside
+Caddy against issue 39's targets. C{--only} loads only some rows.
 
 The configurations are the feature benchmarks' own (L{bench.session},
 L{bench.bearer}, L{bench.authz}, L{bench.plugins}, L{bench.metrics}, L{bench.api},
