@@ -157,8 +157,9 @@ unit-oldest: $(OLDEST_STAMP) $(E2E_STAMP) redis chromium systemd-tools $(DEB_STA
 test: lint typecheck layers unit unit-oldest
 
 ## Benchmarks (never part of the tests): every scenario in one interleaved run (wrk
-## against the backend, nginx, an Agent proxy and edgegw; bench/results/suite-*.md), the
-## memory figures, HTTPS beside nginx and Caddy (h2load and wrk; bench/results/tls-*.md),
+## against the backend, nginx, Caddy, an Agent proxy and edgegw;
+## bench/results/suite-*.md), the memory figures, HTTPS beside nginx and Caddy (h2load
+## and wrk; bench/results/tls-*.md),
 ## compression's CPU per response beside nginx's gzip (bench/results/compression-*.md)
 ## and a single-page app's load in headless Chromium through an emulated 100 ms,
 ## 10 Mbit/s link (bench/results/pageload-*.md). Installs wrk, nginx, h2load, Caddy,

@@ -104,6 +104,13 @@ def _measurements(text: str) -> tuple[str, ...]:
     return names
 
 
+def _patterns(text: str) -> tuple[str, ...]:
+    patterns = tuple(part.strip() for part in text.split(",") if part.strip())
+    if not patterns:
+        raise argparse.ArgumentTypeError("give at least one row key or pattern")
+    return patterns
+
+
 def _targets(text: str) -> str:
     try:
         return proxy.target_letters(text)
@@ -388,15 +395,26 @@ def parser() -> argparse.ArgumentParser:
         variants.Settings(),
         "wrk connections",
     )
-    _wrk_options(
+    every = _wrk_options(
         commands.add_parser(
             "suite",
-            help="every scenario in one interleaved run, nginx and an Agent proxy as anchors",
+            help="every scenario in one interleaved run; nginx, Caddy, an Agent proxy as anchors",
             description=suite.__doc__,
             formatter_class=argparse.RawDescriptionHelpFormatter,
         ),
         suite.Settings(),
         "wrk connections (every row; the c1 rows are also loaded at 1)",
+    )
+    every.add_argument(
+        "--only",
+        type=_patterns,
+        default=(),
+        metavar="KEYS",
+        help=(
+            "load only the rows whose key matches one of these comma-separated shell "
+            "patterns (e.g. 'direct-*,nginx-*,caddy-*,agent-*,proxy-*,static'); every "
+            "process is still started"
+        ),
     )
     tls_defaults = tls.Settings()
     secure = _wrk_options(
@@ -580,7 +598,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "workers":
             return workers.run(variants.Settings(**_wrk_settings(args)))
         if args.command == "suite":
-            return suite.run(suite.Settings(**_wrk_settings(args)))
+            return suite.run(suite.Settings(**_wrk_settings(args), only=args.only))
         if args.command == "tls":
             return tls.run(
                 tls.Settings(

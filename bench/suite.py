@@ -1,16 +1,19 @@
 """
 C{python -m bench suite} (C{make bench}): every scenario in one interleaved run, with
-nginx and a minimal Twisted Agent proxy measured in the same run as anchors.
+nginx, Caddy and a minimal Twisted Agent proxy measured in the same run as anchors.
 
 Each row is one URL on one process (some processes answer several rows): the nginx
-backend itself, nginx and the Agent proxy in front of it, edgegw's reverse proxy (small
-and 64 KiB), a static file, the api fan-out to three backends (through treq), an app
-route with a session cookie and a service route with a cached Bearer token (each beside
-the same route public), the session route with one require and one Rego policy, the same
+backend itself, nginx, Caddy and the Agent proxy in front of it, edgegw's reverse proxy
+(small and 64 KiB), a static file from edgegw and from Caddy (L{bench.caddy}), the api
+fan-out to three backends (through treq), an app route with a session cookie and a
+service route with a cached Bearer token (each beside the same route public), the
+session route with one require and one Rego policy, the same
 with Telemetry exporting every trace and with metrics on, a route with a request and a
 response plugin, and one against two worker processes on one socket. Every round loads
 every row in turn (C{wrk -t1 -cN --latency}); the rows marked c1 are loaded again at one
-connection, where the latency a proxy adds is its own rather than queueing.
+connection, where the latency a proxy adds is its own rather than queueing. Under the
+tables, issue 39's table (nginx, Caddy, edgegw, the Agent proxy) and edgegw beside
+Caddy against issue 39's targets. C{--only} loads only some rows.
 
 The configurations are the feature benchmarks' own (L{bench.session},
 L{bench.bearer}, L{bench.authz}, L{bench.plugins}, L{bench.metrics}, L{bench.api},
@@ -20,6 +23,7 @@ L{bench.workers}): those commands measure one feature in more depth.
 from __future__ import annotations
 
 import datetime
+import fnmatch
 import http.client
 import secrets
 import statistics
@@ -31,7 +35,19 @@ from typing import Any
 
 import attrs
 
-from bench import api, authz, bearer, gateway, metrics, plugins, report, session, variants, wrk
+from bench import (
+    api,
+    authz,
+    bearer,
+    caddy,
+    gateway,
+    metrics,
+    plugins,
+    report,
+    session,
+    variants,
+    wrk,
+)
 from bench import workers as workers_bench
 from bench.otlp_sink import Sink
 from bench.processes import StartupError, peak_rss_bytes, scratch, warn_if_busy
@@ -113,6 +129,24 @@ class Settings:
     rounds: int = 3
     warmup: int = 1
     keep_tmp: bool = False
+    only: tuple[str, ...] = ()
+
+
+def select(rows: Sequence[Row], patterns: Sequence[str]) -> list[Row]:
+    """
+    The rows whose key matches one of C{patterns} (shell-style: C{caddy-*}), in round
+    order; every row when there are none. Their processes were all started: this only
+    chooses what is loaded.
+
+    @raise ValueError: If a pattern matches no row.
+    """
+    if not patterns:
+        return list(rows)
+    unmatched = [p for p in patterns if not any(fnmatch.fnmatchcase(r.key, p) for r in rows)]
+    if unmatched:
+        keys = ", ".join(row.key for row in rows)
+        raise ValueError(f"--only {','.join(unmatched)} matches no row (rows: {keys})")
+    return [row for row in rows if any(fnmatch.fnmatchcase(row.key, p) for p in patterns)]
 
 
 def start_rows(stack: ExitStack, tmp: Path, settings: Settings, wrk_path: str) -> list[Row]:
@@ -125,6 +159,7 @@ def start_rows(stack: ExitStack, tmp: Path, settings: Settings, wrk_path: str) -
     tools = ensure_tools()
     rows: list[Row] = []
     anchors = {t.key: t for t in start_targets(stack, tools, tmp, "abcde", settings.connections)}
+    caddies = caddy.start(stack, tmp, anchors["a"].port, tmp / "www", settings.connections)
     for payload, tag in ((SMALL, "small"), (LARGE, "64k")):
         small = payload is SMALL
         rows += [
@@ -140,6 +175,14 @@ def start_rows(stack: ExitStack, tmp: Path, settings: Settings, wrk_path: str) -
                 anchors["b"],
                 f"nginx-{tag}",
                 f"nginx proxy, {payload.name}",
+                path=payload.path,
+                body=payload.body,
+                low=small,
+            ),
+            _row_for(
+                caddies[caddy.PROXY],
+                f"caddy-{tag}",
+                f"Caddy proxy, {payload.name}",
                 path=payload.path,
                 body=payload.body,
                 low=small,
@@ -175,6 +218,15 @@ def start_rows(stack: ExitStack, tmp: Path, settings: Settings, wrk_path: str) -
             anchors["e"],
             "static",
             "edgegw static file, small-json",
+            path=SMALL.path,
+            body=SMALL.body,
+        )
+    )
+    rows.append(
+        _row_for(
+            caddies[caddy.STATIC],
+            "caddy-static",
+            "Caddy file_server, small-json",
             path=SMALL.path,
             body=SMALL.body,
         )
@@ -592,8 +644,8 @@ def run(settings: Settings) -> int:
     with scratch("edgegw-bench-suite-", settings.keep_tmp) as tmp, ExitStack() as stack:
         say(f"bench: starting every scenario in {tmp}")
         try:
-            rows = start_rows(stack, tmp, settings, tools.wrk)
-        except StartupError as e:
+            rows = select(start_rows(stack, tmp, settings, tools.wrk), settings.only)
+        except (StartupError, ValueError) as e:
             say(f"bench: {e}")
             return 1
         measure(rows, settings, tools.wrk)
@@ -603,6 +655,7 @@ def run(settings: Settings) -> int:
         [
             table(main_lines, settings.connections),
             table(low_lines, 1),
+            caddy.report({row.key: row.samples for row in rows}, settings.connections),
             latency_line(rows),
         ]
     )
@@ -616,7 +669,11 @@ def run(settings: Settings) -> int:
             "started": started_at,
             "settings": attrs.asdict(settings),
             "machine": {**machine, "busy_before_start": round(busy, 3)},
-            "versions": {"wrk": version([tools.wrk, "-v"]), "nginx": version([tools.nginx, "-v"])},
+            "versions": {
+                "wrk": version([tools.wrk, "-v"]),
+                "nginx": version([tools.nginx, "-v"]),
+                "caddy": caddy.caddy_version(),
+            },
             "rows": [
                 {
                     "key": row.key,
@@ -632,6 +689,12 @@ def run(settings: Settings) -> int:
             "summary": {
                 f"c{settings.connections}": [attrs.asdict(line) for line in main_lines],
                 "c1": [attrs.asdict(line) for line in low_lines],
+                "caddy": [
+                    {**attrs.asdict(c), "verdict": c.verdict}
+                    for c in caddy.comparisons(
+                        {row.key: row.samples for row in rows}, settings.connections
+                    )
+                ],
             },
         },
     )
@@ -639,7 +702,9 @@ def run(settings: Settings) -> int:
     markdown.write_text(
         f"# edgegw bench suite, {started_at}\n\n"
         f"`python -m bench suite --duration {settings.duration} --connections "
-        f"{settings.connections} --rounds {settings.rounds}` at "
+        f"{settings.connections} --rounds {settings.rounds}"
+        + (f" --only {','.join(settings.only)}" if settings.only else "")
+        + "` at "
         f"{machine.get('edgegw_commit', '?')} on {machine.get('cpu', '?')} "
         f"({machine.get('cpus', '?')} CPUs)\n\n```\n{text}\n```\n"
     )

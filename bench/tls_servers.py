@@ -259,7 +259,13 @@ https://:{port} {{
 """
 
 
-def _caddy(stack: ExitStack, binary: str, directory: Path, name: str, body: str) -> Process:
+def start_caddy(stack: ExitStack, binary: str, directory: Path, name: str, body: str) -> Process:
+    """
+    Start Caddy with C{body} (site blocks) after the global options every benchmark's
+    Caddy shares (admin endpoint off, no automatic HTTPS, storage in C{directory}),
+    C{GOMAXPROCS=1}, its configuration and log in C{directory}; stopped when C{stack}
+    closes. The caller waits for its ports.
+    """
     directory.mkdir(parents=True)
     config = directory / "Caddyfile"
     config.write_text(_CADDY_GLOBAL.format(storage=directory / "data") + body)
@@ -301,7 +307,7 @@ def caddy_tls_proxy(
         key=cert.key,
         keepalive=keepalive,
     )
-    process = _caddy(stack, binary, directory, "caddy", body)
+    process = start_caddy(stack, binary, directory, "caddy", body)
     process.wait_for_port(tls_port)
     process.wait_for_port(plain_port)
     return process
@@ -331,7 +337,7 @@ def caddy_static(
         root=root,
         encode="\tencode zstd gzip\n" if encode else "",
     )
-    process = _caddy(stack, binary, directory, f"caddy {directory.name}", body)
+    process = start_caddy(stack, binary, directory, f"caddy {directory.name}", body)
     process.wait_for_port(port)
     return process
 
