@@ -496,6 +496,16 @@ class StaticBodyCacheTests(SynchronousTestCase):
         self.assertIsNone(cache.body(("f", 0, 1, 0, 0, 0), "br", lambda: None))
         self.assertIsNotNone(cache.body(("f", 0, 0, 0, 0, 0), "br", lambda: None))
 
+    def test_entry_limit(self) -> None:
+        """
+        An eighth of the capacity, and never over 2 MiB (a miss is compressed in one
+        call).
+        """
+        self.assertEqual(StaticBodyCache(MIB).entry_limit, MIB // 8)
+        self.assertEqual(StaticBodyCache(16 * MIB).entry_limit, 2 * MIB)
+        self.assertEqual(StaticBodyCache(32 * MIB).entry_limit, 2 * MIB)
+        self.assertEqual(StaticBodyCache(1024 * MIB).entry_limit, 2 * MIB)
+
     def test_coding_is_part_of_the_key(self) -> None:
         cache = StaticBodyCache(10_000)
         version = ("f", 0, 1, 5, 0, 0)

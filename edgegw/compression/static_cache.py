@@ -15,9 +15,11 @@ a hit sends the same bytes a miss does.
 
 Bounded in bytes: each entry counts its encoded length and L{ENTRY_OVERHEAD}; past the
 capacity the least recently used entries go. A body over the capacity's
-L{ENTRY_FRACTION} is never stored (it is compressed as before, on every request), so
-that one file cannot push everything else out and the cache holds at least that many
-entries. One cache per loaded configuration (its L{CompressionPolicy
+L{ENTRY_FRACTION}, or over L{ENTRY_LIMIT}, is never stored (it is compressed as before,
+on every request, as it streams), so that one file cannot push everything else out, the
+cache holds at least that many entries, and a miss, compressed whole in one call, holds
+the reactor for a bounded time (~30 ms for 2 MiB at gzip 5, the slowest coding). One
+cache per loaded configuration (its L{CompressionPolicy
 <edgegw.compression.response_coding.CompressionPolicy>}): a reload starts empty.
 """
 
@@ -30,6 +32,7 @@ from typing import Final
 __all__ = [
     "DEFAULT_CAPACITY",
     "ENTRY_FRACTION",
+    "ENTRY_LIMIT",
     "ENTRY_OVERHEAD",
     "FileVersion",
     "StaticBodyCache",
@@ -40,6 +43,9 @@ DEFAULT_CAPACITY: Final = 32 * 1024 * 1024
 
 ENTRY_FRACTION: Final = 8
 """A body larger than the capacity over this is never stored."""
+
+ENTRY_LIMIT: Final = 2 * 1024 * 1024
+"""Nor is one larger than this, whatever the capacity."""
 
 ENTRY_OVERHEAD: Final = 256
 """
@@ -68,7 +74,7 @@ class StaticBodyCache:
         @param capacity: The most bytes held; more than 0.
         """
         self.capacity = capacity
-        self.entry_limit = capacity // ENTRY_FRACTION
+        self.entry_limit = min(capacity // ENTRY_FRACTION, ENTRY_LIMIT)
         self.size = 0
         self.misses = 0
         self._entries: OrderedDict[_Key, bytes] = OrderedDict()
