@@ -27,6 +27,7 @@ from edgegw.upstream.pool import UpstreamClient
 from tests.support.configs import GATEWAY, problems_of, write_tree
 from tests.support.encodings import CODINGS, Reply, decode, exchange
 from tests.support.h2client import connect_h2, listen_tls
+from tests.support.plugin_dists import install_plugins
 from tests.support.processes import connections_closed, listen_local, port_of
 
 reactor: Any = _reactor
@@ -108,11 +109,16 @@ class Caches:
 
 
 def serve(
-    test: TestCase, compression: str, files: dict[str, bytes], static: str = "precompressed: []"
+    test: TestCase,
+    compression: str,
+    files: dict[str, bytes],
+    static: str = "precompressed: []",
+    more: str = "",
 ) -> tuple[Any, int, str]:
     """
     A gateway with C{Gateway.spec.compression: {compression}} and a static route C{/s/}
-    (its prefix stripped, C{static}'s fields added) serving C{files}.
+    (its prefix stripped, C{static}'s fields added) serving C{files}, and C{more}
+    documents (C{ROOT} in them stands for the directory served).
 
     @return: The built gateway, its port and the directory served.
     """
@@ -129,6 +135,7 @@ def serve(
         + "---\nkind: Route\nmetadata: {name: s}\n"
         + f'spec: {{match: /s/, handler: {{type: static, dir: "{root}", stripPrefix: /s, '
         + f"{static}}}}}\n"
+        + more.replace("ROOT", root)
     )
     tree = write_tree(test.mktemp(), {"a.yaml": documents})
     client = UpstreamClient(reactor)
@@ -473,6 +480,45 @@ class UnchangedAnswersTests(TestCase):
         self.assertIsNone(reply.header("content-encoding"))
         self.assertEqual(reply.body, APP)
         self.assertEqual(len(cache), 0)
+
+
+class ResponsePluginTests(TestCase):
+    """
+    A response plugin that takes the body sees the file as it is, and what it writes is
+    compressed; it is never stored under the file's entry, nor served from it.
+    """
+
+    timeout = 60
+
+    def setUp(self) -> None:
+        install_plugins(self)
+
+    async def test_plugin_route_beside_a_plain_one(self) -> None:
+        counted = Counted(self)
+        caches = Caches(self)
+        plugged = (
+            "---\nkind: Route\nmetadata: {name: u, labels: {plugged: 'yes'}}\n"
+            'spec: {match: /u/, handler: {type: static, dir: "ROOT", stripPrefix: /u, '
+            "precompressed: []}}\n"
+            "---\nkind: ResponsePlugin\nmetadata: {name: up}\n"
+            "spec: {plugin: upper, config: {maxBodyBytes: 1000000}, "
+            "selector: {matchLabels: {plugged: 'yes'}}}\n"
+        )
+        _, port, _ = serve(self, "{}", {"app.js": APP}, more=plugged)
+        [cache] = caches.made
+        rewritten = b"[" + APP.upper() + b"]"
+        for _ in range(2):
+            for coding in CODINGS:
+                plain = await get(port, "/s/app.js", coding)
+                self.assertEqual(decode(coding, plain.body), APP)
+                self.assertIsNone(plain.header("x-upper"))
+                upper = await get(port, "/u/app.js", coding)
+                self.assertEqual(upper.header("x-upper"), str(len(APP)))
+                self.assertEqual(upper.header("content-encoding"), coding)
+                self.assertEqual(decode(coding, upper.body), rewritten)
+        self.assertEqual(len(cache), len(CODINGS))
+        # The plain route's once per coding; the plugin's body on every request.
+        self.assertEqual(counted.whole, dict.fromkeys(CODINGS, 1 + 2))
 
 
 class StaticBodyCacheTests(SynchronousTestCase):
