@@ -111,6 +111,16 @@ def _patterns(text: str) -> tuple[str, ...]:
     return patterns
 
 
+def _compression_rows(text: str) -> tuple[str, ...]:
+    names = tuple(name.strip() for name in text.split(",") if name.strip())
+    unknown = [name for name in names if name not in compression.ROWS]
+    if unknown or not names:
+        raise argparse.ArgumentTypeError(
+            f"rows are among {','.join(compression.ROWS)}, got {text!r}"
+        )
+    return names
+
+
 def _targets(text: str) -> str:
     try:
         return proxy.target_letters(text)
@@ -461,6 +471,13 @@ def parser() -> argparse.ArgumentParser:
         action="store_true",
         help="also time the encoders on the pageload app's text files (npm fetches it once)",
     )
+    compressing.add_argument(
+        "--only",
+        type=_compression_rows,
+        default=None,
+        metavar="ROWS",
+        help="comma-separated, among " + ",".join(compression.ROWS) + " (default: all)",
+    )
     loaded = pageload.Settings()
     page = commands.add_parser(
         "pageload",
@@ -609,7 +626,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                 )
             )
         if args.command == "compression":
-            return compression.run(compression.Settings(**_wrk_settings(args), app=args.app))
+            return compression.run(
+                compression.Settings(**_wrk_settings(args), app=args.app, only=args.only)
+            )
         if args.command == "pageload":
             return pageload.run(
                 pageload.Settings(

@@ -16,6 +16,19 @@ C{Accept-Encoding}:
   - C{nginx-gzip5}: the same nginx at C{gzip_comp_level 5}, edgegw's gzip level;
   - C{nginx-identity}: the same nginx without gzip, no C{Accept-Encoding}.
 
+and the same document as a static file (C{/static/app.js}, C{text/javascript}), served
+by the compressing edgegw's C{static} route and by nginx's C{root}:
+
+  - C{edgegw-static-zstd}: zstd, from edgegw's static cache of compressed bodies (each
+    file compressed once per process and coding: the rounds measure hits);
+  - C{edgegw-static-nocache}: zstd, from a third edgegw with
+    C{compression: {staticCacheSize: 0}}: the file compressed on every request, as
+    before the cache;
+  - C{edgegw-static-identity}: the compressing edgegw's static file, no
+    C{Accept-Encoding};
+  - C{nginx-static-gzip5}, C{nginx-static-identity}: nginx serving the file with
+    C{gzip on} at level 5 / without gzip.
+
 Before the load every row is asked once: it must answer C{200} with the expected
 C{Content-Encoding} (none for the identity rows), and the body, decoded with its own
 library (zstandard, brotli, zlib), must be the document byte for byte. Then it is asked
@@ -58,6 +71,8 @@ from tests.support.processes import free_port
 
 PATH = "/api.json"
 """The document's URL path, on the backend and through every proxy."""
+STATIC_PATH = "/static/app.js"
+"""The same document as a static file, on the static rows."""
 SIZE = 64 * 1024
 """The document's size in bytes."""
 
@@ -140,6 +155,7 @@ class Settings:
     @ivar warmup: Unrecorded seconds per row before round 1 (0: none).
     @ivar keep_tmp: Keep the temporary directory (configurations, logs).
     @ivar app: Also time the encoders on the single-page app's text files.
+    @ivar only: The rows measured (L{None}: all of L{ROWS}).
     """
 
     duration: int = 10
@@ -148,6 +164,7 @@ class Settings:
     warmup: int = 1
     keep_tmp: bool = False
     app: bool = False
+    only: tuple[str, ...] | None = None
 
 
 @attrs.define
@@ -174,6 +191,7 @@ class Row:
     baseline: str | None
     description: str
     target: Target
+    path: str = PATH
     answer: dict[str, Any] = attrs.Factory(dict)
     samples: list[dict[str, float]] = attrs.Factory(list)
 
@@ -181,7 +199,7 @@ class Row:
         return [] if self.encoding is None else [f"Accept-Encoding: {self.encoding}"]
 
     def url(self) -> wrk.Url:
-        return wrk.Url(f"http://127.0.0.1:{self.target.port}{PATH}", self.headers())
+        return wrk.Url(f"http://127.0.0.1:{self.target.port}{self.path}", self.headers())
 
 
 _NGINX_PROXY = """\
@@ -203,14 +221,46 @@ _NGINX_SERVER = """\
     }}
 """
 
+_NGINX_STATIC_SERVER = """\
+    server {{
+        listen 127.0.0.1:{port} backlog=4096;
+{gzip}        location / {{
+            root {root};
+            types {{
+                text/javascript js;
+            }}
+        }}
+    }}
+"""
+
 NGINX_GZIP = {"nginx-gzip1": None, "nginx-gzip5": 5, "nginx-identity": -1}
 """The nginx rows' C{gzip_comp_level}: L{None} for nginx's default (1), -1 for no gzip."""
+NGINX_STATIC_GZIP = {"nginx-static-gzip5": 5, "nginx-static-identity": -1}
+"""The same for nginx's static rows."""
+
+ROWS = (
+    "edgegw-zstd",
+    "edgegw-br",
+    "edgegw-gzip",
+    "edgegw-identity",
+    "edgegw-off",
+    "nginx-gzip1",
+    "nginx-gzip5",
+    "nginx-identity",
+    "edgegw-static-zstd",
+    "edgegw-static-nocache",
+    "edgegw-static-identity",
+    "nginx-static-gzip5",
+    "nginx-static-identity",
+)
+"""Every row, in round order (C{--only} names some)."""
 
 
 def _nginx_gzip(level: int | None) -> str:
     if level == -1:
         return ""
-    lines = ["gzip on;", "gzip_vary on;", "gzip_types application/json;"]
+    types = "application/json application/javascript text/javascript"
+    lines = ["gzip on;", "gzip_vary on;", f"gzip_types {types};"]
     if level is not None:
         lines.append(f"gzip_comp_level {level};")
     return "".join(f"        {line}\n" for line in lines)
@@ -227,23 +277,38 @@ def start_rows(stack: ExitStack, tmp: Path, settings: Settings) -> list[Row]:
     www.mkdir()
     body = document()
     (www / PATH.lstrip("/")).write_bytes(body)
+    site = tmp / "site"
+    (site / "static").mkdir(parents=True)
+    (site / STATIC_PATH.lstrip("/")).write_bytes(body)
     backend_port = free_port()
     nginx.start_backend(stack, tools.nginx, tmp, www, backend_port)
     upstream = f"http://127.0.0.1:{backend_port}"
-    route = gateway.reverse_proxy("api", "/", upstream)
+    routes = [
+        gateway.reverse_proxy("api", "/", upstream),
+        gateway.static("static", "/static/", site),
+    ]
 
     def edgegw(label: str, compression: dict[str, Any] | None) -> Target:
         target = Target(label, label, f"edgegw {label}", port=free_port())
         resources = [gateway.gateway_fields({"compression": compression})] if compression else []
-        start_edgegw(stack, tmp, label, target, [route], resources)
+        start_edgegw(stack, tmp, label, target, routes, resources)
         return target
 
+    wanted = set(settings.only or ROWS)
     compressing = edgegw("edgegw", None)
-    off = edgegw("edgegw-off", {"enabled": False})
-    ports = {key: free_port() for key in NGINX_GZIP}
+    off = edgegw("edgegw-off", {"enabled": False}) if "edgegw-off" in wanted else compressing
+    nocache = (
+        edgegw("edgegw-nocache", {"staticCacheSize": 0})
+        if "edgegw-static-nocache" in wanted
+        else compressing
+    )
+    ports = {key: free_port() for key in (*NGINX_GZIP, *NGINX_STATIC_GZIP)}
     servers = "".join(
         _NGINX_SERVER.format(port=ports[key], gzip=_nginx_gzip(level))
         for key, level in NGINX_GZIP.items()
+    ) + "".join(
+        _NGINX_STATIC_SERVER.format(port=ports[key], gzip=_nginx_gzip(level), root=site)
+        for key, level in NGINX_STATIC_GZIP.items()
     )
     config_body = _NGINX_PROXY.format(
         backend_port=backend_port, keepalive=max(64, settings.connections), servers=servers
@@ -278,9 +343,10 @@ def start_rows(stack: ExitStack, tmp: Path, settings: Settings) -> list[Row]:
         baseline: str | None,
         description: str,
         port: int | None = None,
+        path: str = PATH,
     ) -> Row:
         own = attrs.evolve(target, key=key, port=port or target.port)
-        return Row(key, key.partition("-")[0], encoding, baseline, description, own)
+        return Row(key, key.partition("-")[0], encoding, baseline, description, own, path)
 
     rows = [
         row(
@@ -318,7 +384,50 @@ def start_rows(stack: ExitStack, tmp: Path, settings: Settings) -> list[Row]:
             "nginx without gzip",
             ports["nginx-identity"],
         ),
+        row(
+            "edgegw-static-zstd",
+            compressing,
+            "zstd",
+            "edgegw-static-identity",
+            "edgegw static file, zstd, static cache on (hits)",
+            path=STATIC_PATH,
+        ),
+        row(
+            "edgegw-static-nocache",
+            nocache,
+            "zstd",
+            "edgegw-static-identity",
+            "edgegw static file, zstd, staticCacheSize: 0",
+            path=STATIC_PATH,
+        ),
+        row(
+            "edgegw-static-identity",
+            compressing,
+            None,
+            None,
+            "edgegw static file, no Accept-Encoding",
+            path=STATIC_PATH,
+        ),
+        row(
+            "nginx-static-gzip5",
+            nginx_target,
+            "gzip",
+            "nginx-static-identity",
+            "nginx static file, gzip on, gzip_comp_level 5",
+            ports["nginx-static-gzip5"],
+            STATIC_PATH,
+        ),
+        row(
+            "nginx-static-identity",
+            nginx_target,
+            None,
+            None,
+            "nginx static file without gzip",
+            ports["nginx-static-identity"],
+            STATIC_PATH,
+        ),
     ]
+    rows = [each for each in rows if each.key in wanted]
     for each in rows:
         if each.target.unavailable is None:
             each.target.unavailable = check(each, body)
@@ -340,16 +449,20 @@ def _ask(row: Row, expected: bytes) -> tuple[str | None, http.client.HTTPRespons
     connection = http.client.HTTPConnection("127.0.0.1", row.target.port, timeout=10)
     try:
         headers = dict(h.split(": ", 1) for h in row.headers())
-        connection.request("GET", PATH, headers=headers)
+        connection.request("GET", row.path, headers=headers)
         response = connection.getresponse()
         body = response.read()
     except (OSError, http.client.HTTPException) as e:
-        return f"GET {PATH} failed: {e}", None, b""
+        return f"GET {row.path} failed: {e}", None, b""
     finally:
         connection.close()
     coding = response.getheader("Content-Encoding")
     if response.status != 200 or coding != row.encoding:
-        return f"GET {PATH} answered {response.status}, Content-Encoding {coding}", response, body
+        return (
+            f"GET {row.path} answered {response.status}, Content-Encoding {coding}",
+            response,
+            body,
+        )
     try:
         decoded = decode(coding, body)
     except Exception as e:
@@ -707,7 +820,9 @@ def notes(settings: Settings) -> list[str]:
     """How to read the tables; printed under them and saved with the results."""
     return [
         f"Every row proxies the same {SIZE // 1024} KiB JSON document (API records) from "
-        "one nginx backend (plain HTTP/1.1, Content-Length, upstream keep-alive). One "
+        "one nginx backend (plain HTTP/1.1, Content-Length, upstream keep-alive); the "
+        f"static rows serve it as a file ({STATIC_PATH}; edgegw's static-zstd row from its "
+        "static cache, static-nocache compressing it per request). One "
         "serving process each: edgegw one process (its JSON access log to a file), nginx "
         "worker_processes 1 (its three rows are three server blocks of one worker).",
         f"wrk -t1 -c{settings.connections} with the row's Accept-Encoding (only that "
@@ -817,7 +932,8 @@ def run(settings: Settings) -> int:
         f"# edgegw bench compression, {started_at}\n\n"
         f"`python -m bench compression --duration {settings.duration} --rounds "
         f"{settings.rounds} --connections {settings.connections}"
-        f"{' --app' if settings.app else ''}` at "
+        f"{' --app' if settings.app else ''}"
+        f"{' --only ' + ','.join(settings.only) if settings.only else ''}` at "
         f"{machine.get('edgegw_commit', '?')} on {machine.get('cpu', '?')} "
         f"({machine.get('cpus', '?')} CPUs); "
         + ", ".join(versions.values())
@@ -835,4 +951,4 @@ def run(settings: Settings) -> int:
     return 1 if wrong or any(row.target.unavailable is not None for row in rows) else 0
 
 
-__all__ = ["Settings", "document", "run"]
+__all__ = ["ROWS", "Settings", "document", "run"]

@@ -56,6 +56,11 @@ SERVERS = {
         "static route, Gateway.spec.tls (ALPN h2, http/1.1), compression at its defaults",
         True,
     ),
+    "edgegw-nocache": (
+        "edgegw",
+        "the same with compression.staticCacheSize: 0 (each file compressed per request)",
+        True,
+    ),
     "edgegw-br": ("edgegw", "the same with compression.encodings: [br, gzip]", True),
     "edgegw-plain": ("edgegw", "the same with compression.enabled: false", False),
     "edgegw-ssl": (
@@ -226,6 +231,9 @@ def start_servers(
 
     starters: dict[str, Callable[[Target], None]] = {
         "edgegw": edgegw(tls_servers.edgegw_tls_fields(cert)),
+        "edgegw-nocache": edgegw(
+            {**tls_servers.edgegw_tls_fields(cert), "compression": {"staticCacheSize": 0}}
+        ),
         "edgegw-br": edgegw(
             {**tls_servers.edgegw_tls_fields(cert), "compression": {"encodings": ["br", "gzip"]}}
         ),
@@ -659,7 +667,10 @@ def notes(settings: Settings, files: int, size: int) -> list[str]:
         "caddy-gzip compresses with encode zstd gzip (Caddy's default types and levels: "
         "zstd's default, gzip 5); edgegw and edgegw-ssl compress at edgegw's defaults "
         f"(zstd {ZSTD_LEVEL}, br {BROTLI_QUALITY}, gzip {GZIP_LEVEL}, on the fly: the app "
-        "has no precompressed files), "
+        "has no precompressed files; each file compressed once per process and coding, "
+        "kept in the static cache: round 1 compresses, later rounds are served from it), "
+        "edgegw-nocache the same compressing every file on every request "
+        "(staticCacheSize: 0), "
         "edgegw-br the same without zstd (Chromium then gets br); "
         "edgegw-plain, nginx, nginx-h1 and caddy send files as they are.",
         "vs caddy-gzip, vs nginx-gzip: the load time over that server's in the same "

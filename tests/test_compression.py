@@ -53,7 +53,8 @@ TEXT = b"".join(
 """About 24 KiB of compressible text: a backend reads and writes it at once."""
 
 BIG_TEXT = TEXT * 13
-"""Over 256 KiB: a static file this size is streamed, not read whole."""
+"""Over 256 KiB: a static file this size is streamed, not read whole (without the static
+cache of compressed bodies)."""
 
 SMALL_TEXT = TEXT[:100]
 """Under the default C{minSize} (1024)."""
@@ -476,12 +477,13 @@ class HeldBodyTests(CompressionTestCase):
         """
         A static file over the one-read size and under C{HOLD_LIMIT} is written by a pull
         producer, which writes its next piece only once the last is sent: it streams
-        (held, it would never complete).
+        (held, it would never complete). Without the static cache, which reads a file
+        it keeps whole (tests/test_static_compression_cache.py).
         """
         body = TEXT * 5  # ~120 KiB: pulled, not read whole
         port = serve_documents(
             self,
-            gateway_document(None)
+            gateway_document({"staticCacheSize": 0})
             + route(
                 "s",
                 "/",
@@ -577,7 +579,9 @@ class OtherAnswersTests(CompressionTestCase):
             self.assertEqual(reply.header("content-type"), "text/javascript; charset=utf-8")
 
     async def test_static_file_streamed(self) -> None:
-        port = self.serve()
+        # Without the static cache (which sends a file it keeps whole, with its length:
+        # tests/test_static_compression_cache.py).
+        port = self.serve(compression={"staticCacheSize": 0})
         for coding in CODINGS:
             reply = await self.get(port, "/static/big.txt", coding)
             self.assert_compressed(reply, coding, BIG_TEXT)

@@ -257,7 +257,13 @@ class EncoderFailureTests(TestCase):
 
     async def streamed(self) -> RawClient:
         big = _TEXT * 20
-        port, _ = static_gateway(self, {"big.js": big}, static_spec="precompressed: []")
+        # Streamed: without the static cache, which would compress it whole at once.
+        port, _ = static_gateway(
+            self,
+            {"big.js": big},
+            gateway_spec="compression: {staticCacheSize: 0}\n",
+            static_spec="precompressed: []",
+        )
         logged = self.failure_logged()
         client = await connect(port)
         client.send(

@@ -297,4 +297,4 @@ def _compression(spec: CompressionSpec) -> CompressionPolicy | None:
     """
     if not spec.enabled:
         return None
-    return CompressionPolicy(spec.encodings, spec.min_size, spec.types)
+    return CompressionPolicy(spec.encodings, spec.min_size, spec.types, spec.static_cache_size)

@@ -36,7 +36,7 @@ connection, so that the client sees a broken transfer. Either is logged.
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Final
 
 from twisted.logger import Logger
@@ -44,6 +44,7 @@ from twisted.web.server import Request
 
 from edgegw.compression.accept import AcceptedCodings
 from edgegw.compression.codings import CODINGS, Coding, Encoder
+from edgegw.compression.static_cache import FileVersion, StaticBodyCache
 from edgegw.stream.boundary import abort_client
 
 __all__ = [
@@ -91,14 +92,23 @@ class CompressionPolicy:
     body compressed, the media types. Built once per configuration.
     """
 
-    def __init__(self, encodings: Sequence[str], min_size: int, types: Sequence[str]) -> None:
+    def __init__(
+        self,
+        encodings: Sequence[str],
+        min_size: int,
+        types: Sequence[str],
+        static_cache_size: int = 0,
+    ) -> None:
         """
         @param encodings: Names of L{CODINGS}, the gateway's preferred first.
         @param min_size: A body of known length under this many bytes is not compressed.
         @param types: Media types (C{text/*}: every C{text/} type) whose bodies are.
+        @param static_cache_size: The bytes of static files' compressed bodies kept
+            (L{StaticBodyCache}; 0: none kept, each compressed per request).
         """
         self.accepted = AcceptedCodings(encodings)
         self.min_size = min_size
+        self.static_cache = StaticBodyCache(static_cache_size) if static_cache_size > 0 else None
         self._exact, self._prefixes = media_type_matcher(types)
         self._types: dict[bytes, bool] = {}
         self._strippers = {name: _VariantStripper(CODINGS[name]) for name in encodings}
@@ -295,6 +305,65 @@ class ResponseCoding:
             _apply(request.responseHeaders, coding)
             return body
         return self._compressed(request, coding, body)
+
+    def write_cached(
+        self,
+        request: Any,
+        version: FileVersion,
+        length: int,
+        read: Callable[[], bytes | None],
+    ) -> bool:
+        """
+        Answer with a static file's body compressed whole, from the policy's
+        L{StaticBodyCache} (compressed and stored first on a miss), when the response
+        would be compressed and the file is one the cache takes; the head is made the
+        compressed body's (as L{whole} makes it) and the response finished.
+
+        Nothing is done (C{False}) when the response would not be compressed, the
+        policy keeps no cache, the file is over the cache's L{entry limit
+        <StaticBodyCache.entry_limit>}, a response filter takes the body, or the file
+        could not be read whole unchanged (C{read} gave L{None}): the caller then writes
+        the body as it would have.
+
+        @param version: What identifies the file's version (never from the request).
+        @param length: The file's size, the whole body's length.
+        @param read: The file's bytes, or L{None} if it changed while being read.
+        @return: Whether the response was answered.
+        """
+        cache = self._policy.static_cache
+        coding = self._coding
+        if (
+            cache is None
+            or coding is None
+            or length > cache.entry_limit
+            or request.response_filter is not None
+            or request.startedWriting
+            or _head_only(request)
+            or self._choose(request, length, mark=False) is None
+        ):
+            return False
+
+        def compress() -> bytes | None:
+            body = read()
+            if body is None:
+                return None
+            try:
+                return coding.whole(body)
+            except Exception:
+                # The request's own path compresses (and logs) it again, or sends it as
+                # it is.
+                return None
+
+        encoded = cache.body(version, coding.name, compress)
+        if encoded is None:
+            return False
+        request.response_coding = None
+        self._choose(request, length)
+        headers = request.responseHeaders
+        _apply(headers, coding)
+        headers.setRawHeaders(b"content-length", [b"%d" % len(encoded)])
+        request.write_whole(encoded)
+        return True
 
     def _compressed(self, request: Any, coding: Coding, body: bytes) -> bytes:
         """

@@ -21,6 +21,9 @@ _DEFAULTS = CompressionSpec()
 _SPELLED_OUT: Final = {"brotli": "br", "zstandard": "zstd", "zst": "zstd", "x-gzip": "gzip"}
 _TOKEN = r"[!#$%&'*+\-.^_`|~0-9a-z]+"
 _MEDIA_TYPE: Final = re.compile(rf"{_TOKEN}/(?:{_TOKEN}|\*)\Z")
+# A cache whose largest entry (an eighth of it) is under 128 KiB would keep little.
+_SMALLEST_CACHE: Final = 1024 * 1024
+_LARGEST_CACHE: Final = 4 * 1024 * 1024 * 1024
 
 
 def read_compression(node: Node | None) -> CompressionSpec:
@@ -33,8 +36,34 @@ def read_compression(node: Node | None) -> CompressionSpec:
     encodings = read_codings(node, "encodings", _DEFAULTS.encodings, nonempty=True)
     min_size = node.integer("minSize", _DEFAULTS.min_size, minimum=0)
     types = _types(node)
+    static_cache_size = _static_cache_size(node)
     node.finish()
-    return CompressionSpec(enabled=enabled, encodings=encodings, min_size=min_size, types=types)
+    return CompressionSpec(
+        enabled=enabled,
+        encodings=encodings,
+        min_size=min_size,
+        types=types,
+        static_cache_size=static_cache_size,
+    )
+
+
+def _static_cache_size(node: Node) -> int:
+    size = node.integer("staticCacheSize", _DEFAULTS.static_cache_size, minimum=0)
+    if 0 < size < _SMALLEST_CACHE:
+        node.error(
+            "staticCacheSize",
+            f"{size} bytes would hold no file worth compressing: at least "
+            f"{_SMALLEST_CACHE} (1 MiB), or 0 to keep none",
+        )
+        return _DEFAULTS.static_cache_size
+    if size > _LARGEST_CACHE:
+        node.error(
+            "staticCacheSize",
+            f"{size} bytes is more than {_LARGEST_CACHE} (4 GiB): a second copy of the "
+            "files in memory, per process",
+        )
+        return _DEFAULTS.static_cache_size
+    return size
 
 
 def read_codings(

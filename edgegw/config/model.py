@@ -310,6 +310,8 @@ class CompressionSpec:
     @ivar min_size: A body of known length under this many bytes goes as it is.
     @ivar types: The media types compressed (C{text/*}: every C{text/} type),
         lowercase.
+    @ivar static_cache_size: The bytes of static files' compressed bodies kept per
+        process (0: none; each is compressed per request).
     """
 
     enabled: bool = True
@@ -324,6 +326,7 @@ class CompressionSpec:
         "image/svg+xml",
         "application/wasm",
     )
+    static_cache_size: int = 32 * 1024 * 1024
 
 
 @attrs.frozen

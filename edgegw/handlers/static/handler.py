@@ -143,7 +143,7 @@ class StaticHandler(TerminalResource):
             encoding: bytes | None = None
             if self._precompressed is not None:
                 fd, info, encoding = self._sidecar(response, fd, info, real)
-            producer = self._respond(response, fd, info, name, encoding)
+            producer = self._respond(response, fd, info, name, encoding, real)
         finally:
             if producer is None:
                 os.close(fd)
@@ -186,6 +186,7 @@ class StaticHandler(TerminalResource):
         info: os.stat_result,
         name: str,
         encoding: bytes | None = None,
+        real: str | None = None,
     ) -> FileProducer | None:
         """
         Answer with the open file: preconditions, range, headers and body.
@@ -195,6 +196,7 @@ class StaticHandler(TerminalResource):
         @param info: The file's status.
         @param name: The file name that picks the content type and the caching rule.
         @param encoding: The C{Content-Encoding} of a precompressed sidecar in C{fd}.
+        @param real: The file's real path (L{None}: its compressed body is not cached).
         @return: The producer now streaming the body and owning C{fd}, if one was needed.
         """
         if self._precompressed is not None:
@@ -270,6 +272,22 @@ class StaticHandler(TerminalResource):
         if request.method == b"HEAD" or length == 0:
             request.finish()
             return None
+        coding = getattr(request, "response_coding", None)
+        if (
+            coding is not None
+            and real is not None
+            and encoding is None
+            and length == size
+            and coding.write_cached(
+                request,
+                (real, info.st_dev, info.st_ino, size, info.st_mtime_ns, info.st_ctime_ns),
+                size,
+                lambda: _read_unchanged(fd, info),
+            )
+        ):
+            # Compressed whole, once per file version and coding (the compression's
+            # static cache); the head was made the compressed body's.
+            return None
         if length <= SMALL_FILE_LIMIT:
             body = read_span(fd, start, length)
             request.write(body)
@@ -296,6 +314,26 @@ def _answer(request: Response, code: int, body: bytes) -> None:
     request.setHeader(b"Content-Length", b"%d" % len(body))
     request.write(body)
     request.finish()
+
+
+def _read_unchanged(fd: int, info: os.stat_result) -> bytes | None:
+    """
+    The whole open file, or L{None} when it is not the version C{info} describes any
+    more (it changed while it was read, or could not be read).
+    """
+    size = info.st_size
+    try:
+        data = read_span(fd, 0, size)
+        after = os.fstat(fd)
+    except OSError:
+        return None
+    if len(data) != size or (after.st_size, after.st_mtime_ns, after.st_ctime_ns) != (
+        size,
+        info.st_mtime_ns,
+        info.st_ctime_ns,
+    ):
+        return None
+    return data
 
 
 def _authenticated(request: Response) -> bool:
