@@ -531,16 +531,16 @@ class StaticBodyCacheTests(SynchronousTestCase):
         self.assertEqual(cache.entry_limit, 1250)
         body = b"x" * (1000 - ENTRY_OVERHEAD)
         for i in range(10):
-            self.assertEqual(cache.body(("f", 0, i, 0, 0, 0), "br", lambda: body), body)
+            self.assertEqual(cache.body((0, i, 0, 0, 0), "br", lambda: body), body)
             self.assertLessEqual(cache.size, 10_000)
         self.assertEqual(len(cache), 10)
         self.assertEqual(cache.size, 10_000)
-        cache.body(("f", 0, 0, 0, 0, 0), "br", lambda: None)  # used: newest now
-        cache.body(("f", 0, 10, 0, 0, 0), "br", lambda: body)
+        cache.body((0, 0, 0, 0, 0), "br", lambda: None)  # used: newest now
+        cache.body((0, 10, 0, 0, 0), "br", lambda: body)
         self.assertEqual(len(cache), 10)
         self.assertEqual(cache.misses, 11)
-        self.assertIsNone(cache.body(("f", 0, 1, 0, 0, 0), "br", lambda: None))
-        self.assertIsNotNone(cache.body(("f", 0, 0, 0, 0, 0), "br", lambda: None))
+        self.assertIsNone(cache.body((0, 1, 0, 0, 0), "br", lambda: None))
+        self.assertIsNotNone(cache.body((0, 0, 0, 0, 0), "br", lambda: None))
 
     def test_entry_limit(self) -> None:
         """
@@ -554,7 +554,7 @@ class StaticBodyCacheTests(SynchronousTestCase):
 
     def test_coding_is_part_of_the_key(self) -> None:
         cache = StaticBodyCache(10_000)
-        version = ("f", 0, 1, 5, 0, 0)
+        version = (0, 1, 5, 0, 0)
         cache.body(version, "br", lambda: b"br body")
         self.assertEqual(cache.body(version, "gzip", lambda: b"gzip body"), b"gzip body")
         self.assertEqual(cache.body(version, "br", lambda: None), b"br body")
@@ -562,12 +562,12 @@ class StaticBodyCacheTests(SynchronousTestCase):
     def test_too_large_not_stored(self) -> None:
         cache = StaticBodyCache(10_000)
         big = b"x" * 1250
-        self.assertEqual(cache.body(("f", 0, 1, 0, 0, 0), "br", lambda: big), big)
+        self.assertEqual(cache.body((0, 1, 0, 0, 0), "br", lambda: big), big)
         self.assertEqual((len(cache), cache.size), (0, 0))
 
     def test_failed_compression_not_stored(self) -> None:
         cache = StaticBodyCache(10_000)
-        self.assertIsNone(cache.body(("f", 0, 1, 0, 0, 0), "br", lambda: None))
+        self.assertIsNone(cache.body((0, 1, 0, 0, 0), "br", lambda: None))
         self.assertEqual((len(cache), cache.size), (0, 0))
 
 

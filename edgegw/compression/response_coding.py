@@ -321,7 +321,8 @@ class ResponseCoding:
 
         Nothing is done (C{False}) when the response would not be compressed, the
         policy keeps no cache, the file is over the cache's L{entry limit
-        <StaticBodyCache.entry_limit>}, a response filter takes the body, or the file
+        <StaticBodyCache.entry_limit>}, a response filter is installed (a response plugin's
+        hooks run on the head first and may forbid the transform), or the file
         could not be read whole unchanged (C{read} gave L{None}): the caller then writes
         the body as it would have.
 

@@ -5,13 +5,15 @@ process, instead of once per request.
 The static terminal asks it (through L{ResponseCoding.write_cached
 <edgegw.compression.response_coding.ResponseCoding.write_cached>}) before it reads a file
 whose answer would be compressed whole. An entry's key is what the static terminal knows
-of the file it opened, never anything of the request: the file's real path, device,
-inode, size, modification and change times (the facts its C{ETag} is cached by), and the
-coding's name. A file written again gets a new change time, a file replaced by a rename
-a new inode: either is a new key, whose first request compresses the new bytes; the old
-entry is never served again and ages out. The value is exactly what compressing the
-whole file at once gives (L{Coding.whole<edgegw.compression.codings.Coding.whole>}), so
-a hit sends the same bytes a miss does.
+of the file it opened, never anything of the request: the opened file's device, inode,
+size, modification and change times (the facts its C{ETag} is cached by; no path, which
+would cost memory per entry and tell nothing more: two paths to one inode are the same
+bytes), and the coding's name. A file written again gets a new change time, a file
+replaced by a rename a new inode: either is a new key, whose first request compresses
+the new bytes; the old entry is never served again and ages out. The value is exactly
+what compressing the whole file at once gives
+(L{Coding.whole<edgegw.compression.codings.Coding.whole>}), so a hit sends the same bytes
+a miss does.
 
 Bounded in bytes: each entry counts its encoded length and L{ENTRY_OVERHEAD}; past the
 capacity the least recently used entries go. A body over the capacity's
@@ -47,14 +49,16 @@ ENTRY_FRACTION: Final = 8
 ENTRY_LIMIT: Final = 2 * 1024 * 1024
 """Nor is one larger than this, whatever the capacity."""
 
-ENTRY_OVERHEAD: Final = 256
+ENTRY_OVERHEAD: Final = 512
 """
-Bytes counted for each entry on top of its body (its key, the bytes object and the
-dictionary's slot), so that many tiny entries cannot outgrow the bound either.
+Bytes counted for each entry on top of its body: its key (two tuples, five integers),
+the bytes object's header and the ordered dictionary's slot and link, about 420 bytes
+measured (sys.getsizeof), rounded up; so that many tiny entries cannot outgrow the
+bound either.
 """
 
-FileVersion = tuple[str, int, int, int, int, int]
-"""A file's real path, device, inode, size, modification and change times (ns)."""
+FileVersion = tuple[int, int, int, int, int]
+"""An opened file's device, inode, size, modification and change times (ns)."""
 
 _Key = tuple[FileVersion, str]
 

@@ -280,7 +280,7 @@ class StaticHandler(TerminalResource):
             and length == size
             and coding.write_cached(
                 request,
-                (real, info.st_dev, info.st_ino, size, info.st_mtime_ns, info.st_ctime_ns),
+                (info.st_dev, info.st_ino, size, info.st_mtime_ns, info.st_ctime_ns),
                 size,
                 lambda: _read_unchanged(fd, info),
             )

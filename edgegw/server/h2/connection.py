@@ -653,8 +653,12 @@ class H2ServerConnection(Protocol):
                 break
             chunk = pending[0]
             if len(chunk) > window:
-                pending[0] = chunk[window:]
-                chunk = chunk[:window]
+                # Sliced without copying the rest: a large single write (a cached
+                # compressed file) sent a frame at a time, or a byte at a time to a client
+                # granting tiny windows, would otherwise copy it once per frame.
+                view = memoryview(chunk)
+                pending[0] = view[window:]
+                chunk = view[:window]
             else:
                 pending.popleft()
             stream.pending_bytes -= len(chunk)

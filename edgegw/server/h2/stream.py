@@ -75,7 +75,7 @@ class H2ClientStream:
         self.stream_id = stream_id
         self.site = site
         self.request: GatewayRequest | None = None
-        self.pending: deque[bytes] = deque()
+        self.pending: deque[bytes | memoryview] = deque()
         self.pending_bytes = 0
         self.end_after_pending = False
         self.headers_sent = False
