@@ -547,6 +547,34 @@ class PreparedURL(EncodedURL):
 needs(txredisapi.LineReceiver, "setLineMode", "collecting what follows a bulk reply")
 
 
+needs(txredisapi.BaseRedisProtocol, "_build_command", "encoding a command for the wire")
+
+
+class LeanRedisCommands:
+    """
+    Encodes commands of bytes, str and int arguments in one pass (a mixin for
+    txredisapi's protocols): txredisapi 1.6 encodes each argument and its length through
+    a generic method call apiece (~4 µs a six-argument EVALSHA). Any other argument
+    (a float, a bool, ...) takes txredisapi's own encoding, so the bytes sent are the
+    same.
+    """
+
+    def _build_command(self, *args: Any, **kwargs: Any) -> bytes:
+        parts = [b"*%d\r\n" % len(args)]
+        for arg in args:
+            kind = type(arg)
+            if kind is bytes:
+                value = arg
+            elif kind is str:
+                value = arg.encode()
+            elif kind is int:
+                value = b"%d" % arg
+            else:
+                return super()._build_command(*args, **kwargs)  # type: ignore[misc, no-any-return]
+            parts.append(b"$%d\r\n%s\r\n" % (len(value), value))
+        return b"".join(parts)
+
+
 class WholeRedisReplies:
     """
     Parses every reply one read brings, at once (a mixin for txredisapi's protocols).

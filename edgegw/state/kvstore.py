@@ -26,9 +26,10 @@ replica under a live connection) drops the connection for that.
 
 from __future__ import annotations
 
+import hashlib
 import re
 from collections.abc import Mapping
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 import txredisapi  # type: ignore[import-untyped]
 from twisted.application.service import Service
@@ -50,7 +51,7 @@ from edgegw.config.errors import ConfigError, Location, Problem, Problems
 from edgegw.config.fields import Node
 from edgegw.config.model import KvStoreConfig
 from edgegw.config.state import read_kvstore
-from edgegw.seam import IOpenSSLTrustRoot, WholeRedisReplies
+from edgegw.seam import IOpenSSLTrustRoot, LeanRedisCommands, WholeRedisReplies
 from edgegw.state.providers import IStateProviderFactory
 from edgegw.state.sentinels import SentinelEndpoint, redis_endpoint, split_address
 from edgegw.state.store import (
@@ -221,11 +222,11 @@ class _Factory(txredisapi.RedisFactory):  # type: ignore[misc]
             self.link.connection_ready(self, conn)
 
 
-class _Protocol(WholeRedisReplies, txredisapi.RedisProtocol):  # type: ignore[misc]
+class _Protocol(LeanRedisCommands, WholeRedisReplies, txredisapi.RedisProtocol):  # type: ignore[misc]
     """The command connection's protocol."""
 
 
-class _Subscriber(WholeRedisReplies, txredisapi.SubscriberProtocol):  # type: ignore[misc]
+class _Subscriber(LeanRedisCommands, WholeRedisReplies, txredisapi.SubscriberProtocol):  # type: ignore[misc]
     """
     The pub/sub connection: hands every message to the link.
     """
@@ -477,11 +478,24 @@ class _Link:
         Send C{command} on C{factory}'s connection, bounded; fail at once when it is not
         connected.
         """
-        if factory is None or not factory.size:
-            message = f"not connected to Redis at {self.where()}"
-            self.throttle.failure(message)
-            return fail(StoreUnavailableError(message))
-        return self.bounded(factory.handler.execute_command(command, *args), factory)
+        return self.bounded(self.send(factory, command, *args), factory)
+
+    def send(self, factory: _Factory | None, command: str, *args: Any) -> Deferred[Any]:
+        """
+        Send C{command} on C{factory}'s connection, unbounded; fail at once when it is not
+        connected.
+
+        Straight to the connection's protocol (each factory has one): txredisapi's
+        handler would look the connection up through a generator and a queue on every
+        command (~10 µs of a shared rate limit's request).
+        """
+        if factory is not None:
+            for connection in factory.pool:
+                if connection.connected:
+                    return cast(Deferred[Any], connection.execute_command(command, *args))
+        message = f"not connected to Redis at {self.where()}"
+        self.throttle.failure(message)
+        return fail(StoreUnavailableError(message))
 
 
 @implementer(IStateStore)
@@ -669,12 +683,26 @@ class KvStoreService(Service):
         return link.run(link.subscriber, "UNSUBSCRIBE", full).addCallback(_none)
 
     def _script(self, script: bytes, keys: list[bytes], args: list[Any]) -> Deferred[Any]:
+        """
+        Run C{script} by its digest (EVALSHA); sent whole (EVAL) when Redis does not
+        know it (NOSCRIPT: the first time on a server, after SCRIPT FLUSH, a restart or a
+        failover), one timeout bounding both.
+        """
         link = self._link
         factory = link.commands
-        if factory is None or not factory.size:
-            return link.run(None, "EVAL")
-        # txredisapi's eval sends EVALSHA once the script is known on the connection.
-        return link.bounded(factory.handler.eval(script, keys, args), factory)
+        digest = _SCRIPT_DIGESTS.get(script)
+        if digest is None:
+            digest = _SCRIPT_DIGESTS[script] = hashlib.sha1(script).hexdigest().encode()
+        sent = link.send(factory, "EVALSHA", digest, len(keys), *keys, *args)
+
+        def unknown(failure: Failure) -> Any:
+            if failure.check(txredisapi.ResponseError) and failure.getErrorMessage().startswith(
+                "NOSCRIPT"
+            ):
+                return link.send(factory, "EVAL", script, len(keys), *keys, *args)
+            return failure
+
+        return link.bounded(sent.addErrback(unknown), factory)
 
     def run_script(
         self, script: bytes, keys: list[bytes], args: list[bytes | int]
@@ -684,6 +712,10 @@ class KvStoreService(Service):
         key prefix; EVALSHA once the script is known, reloaded on NOSCRIPT.
         """
         return self._script(script, [self._key(key) for key in keys], list(args))
+
+
+_SCRIPT_DIGESTS: dict[bytes, bytes] = {}
+"""Each script's SHA-1 (hex, as EVALSHA takes it), computed once."""
 
 
 def _drop(factory: _Factory) -> None:
