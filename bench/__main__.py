@@ -71,6 +71,13 @@ def _non_negative(text: str) -> int:
     return value
 
 
+def _names(text: str) -> tuple[str, ...]:
+    names = tuple(name.strip() for name in text.split(",") if name.strip())
+    if not names:
+        raise argparse.ArgumentTypeError("give at least one name")
+    return names
+
+
 def _delays(text: str) -> tuple[float, float, float]:
     parts = text.split(",")
     try:
@@ -388,7 +395,7 @@ def parser() -> argparse.ArgumentParser:
         variants.Settings(),
         "wrk connections",
     )
-    _wrk_options(
+    in_suite = _wrk_options(
         commands.add_parser(
             "suite",
             help="every scenario in one interleaved run, nginx and an Agent proxy as anchors",
@@ -397,6 +404,16 @@ def parser() -> argparse.ArgumentParser:
         ),
         suite.Settings(),
         "wrk connections (every row; the c1 rows are also loaded at 1)",
+    )
+    in_suite.add_argument(
+        "--only",
+        metavar="ROWS",
+        type=_names,
+        default=(),
+        help=(
+            "measure only the rows whose key starts with one of these, comma-separated "
+            "(e.g. ratelimit); every process is still started"
+        ),
     )
     tls_defaults = tls.Settings()
     secure = _wrk_options(
@@ -580,7 +597,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "workers":
             return workers.run(variants.Settings(**_wrk_settings(args)))
         if args.command == "suite":
-            return suite.run(suite.Settings(**_wrk_settings(args)))
+            return suite.run(suite.Settings(**_wrk_settings(args), only=args.only))
         if args.command == "tls":
             return tls.run(
                 tls.Settings(

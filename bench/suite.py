@@ -35,6 +35,7 @@ from bench import api, authz, bearer, gateway, metrics, plugins, report, session
 from bench import workers as workers_bench
 from bench.otlp_sink import Sink
 from bench.processes import StartupError, peak_rss_bytes, scratch, warn_if_busy
+from bench.rate_limit_rows import start_rate_limit_rows
 from bench.rounds import say
 from bench.targets import PAYLOADS, Target, start_targets
 from bench.telemetry import start_sink
@@ -113,6 +114,11 @@ class Settings:
     rounds: int = 3
     warmup: int = 1
     keep_tmp: bool = False
+    only: tuple[str, ...] = ()
+
+    def selects(self, key: str) -> bool:
+        """Whether row C{key} is measured: every row, or those C{only} names (prefixes)."""
+        return not self.only or key.startswith(self.only)
 
 
 def start_rows(stack: ExitStack, tmp: Path, settings: Settings, wrk_path: str) -> list[Row]:
@@ -182,6 +188,7 @@ def start_rows(stack: ExitStack, tmp: Path, settings: Settings, wrk_path: str) -
     rows += _api_rows(stack, tmp)
     rows += _identity_rows(stack, tmp, anchors["a"].port)
     rows += _plugin_rows(stack, tmp)
+    rows += start_rate_limit_rows(stack, tmp, anchors["a"].port)
     rows += _worker_rows(stack, tmp)
     return rows
 
@@ -530,6 +537,8 @@ def latency_line(rows: Sequence[Row]) -> str:
     by_key = {row.key: row for row in rows}
 
     def added(key: str) -> float | None:
+        if key not in by_key or "direct-small" not in by_key:
+            return None
         return _paired(by_key[key], by_key["direct-small"], 1, lambda a, b: a["p50"] - b["p50"])
 
     edgegw, agent = added("proxy-small"), added("agent-small")
@@ -596,6 +605,10 @@ def run(settings: Settings) -> int:
         except StartupError as e:
             say(f"bench: {e}")
             return 1
+        rows = [row for row in rows if settings.selects(row.key)]
+        if not rows:
+            say(f"bench: --only {','.join(settings.only)}: no such row")
+            return 2
         measure(rows, settings, tools.wrk)
         main_lines = summarize(rows, settings.connections)
         low_lines = summarize(rows, 1)
@@ -639,7 +652,8 @@ def run(settings: Settings) -> int:
     markdown.write_text(
         f"# edgegw bench suite, {started_at}\n\n"
         f"`python -m bench suite --duration {settings.duration} --connections "
-        f"{settings.connections} --rounds {settings.rounds}` at "
+        f"{settings.connections} --rounds {settings.rounds}"
+        f"{' --only ' + ','.join(settings.only) if settings.only else ''}` at "
         f"{machine.get('edgegw_commit', '?')} on {machine.get('cpu', '?')} "
         f"({machine.get('cpus', '?')} CPUs)\n\n```\n{text}\n```\n"
     )
