@@ -9,7 +9,9 @@ on five edgegw processes, one per row, alike but for the C{rate-limit} plugin:
     Gateway's C{stateProvider}: one EVALSHA per request);
   - C{ratelimit-over}, C{ratelimit-over-shared}: a client over its limit (L{OVER}: after
     its first request, which the harness sends before the load, every request is a 429
-    and the backend is never called), per process and shared.
+    and the backend is never called), per process (compared with C{ratelimit-none}) and
+    shared (compared with C{ratelimit-shared}, a request proxied through the same
+    shared limit: the script's round trip is paid either way).
 
 The shared rows refuse (503) rather than limit per process while the store is down
 (C{onStoreDown: deny}), so that a run that lost Redis cannot pass for a shared one: the
@@ -88,13 +90,15 @@ _SPECS = (
         baseline="ratelimit-none",
         goal=("cpu-share", 1.0, "less CPU than a proxied request"),
     ),
+    # A 429 through Redis still costs the script's round trip: it is compared with a
+    # request proxied through the same shared limit (what refusing saves there).
     _Spec(
         "ratelimit-over-shared",
         "client over its limit, shared in Redis (429)",
         OVER,
         shared=True,
-        baseline="ratelimit-none",
-        goal=("cpu-share", 1.0, "less CPU than a proxied request"),
+        baseline="ratelimit-shared",
+        goal=("cpu-share", 1.0, "less CPU than one proxied through it"),
     ),
 )
 
