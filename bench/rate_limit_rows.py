@@ -146,6 +146,8 @@ def _prepare(spec: _Spec, target: Target) -> str | None:
         if status != 503 or not spec.shared or time.monotonic() > deadline:
             break
         time.sleep(0.1)
+    if status == 503 and spec.shared:
+        return f"its store did not connect within {READY_WITHIN:g} s (503)"
     if status != 200:
         return f"its first GET {SMALL.path} answered {status} (expected 200)"
     return None
