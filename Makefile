@@ -163,10 +163,11 @@ test: lint typecheck layers unit unit-oldest
 ## compression's CPU per response beside nginx's gzip (bench/results/compression-*.md)
 ## and a single-page app's load in headless Chromium through an emulated 100 ms,
 ## 10 Mbit/s link (bench/results/pageload-*.md). Installs wrk, nginx, h2load, Caddy,
-## Chromium and its driver and npm as root. The feature benchmarks
+## Chromium and its driver and npm as root, and redis-server (`make redis`: the suite's
+## shared rate-limit rows). The feature benchmarks
 ## (python -m bench proxy|api|authz|telemetry|session|bearer|plugins|metrics|workers|reload)
 ## measure one feature each in more depth.
-bench: $(STAMP)
+bench: $(STAMP) redis
 	$(BIN)/python -m bench suite
 	$(BIN)/python -m bench memory
 	$(BIN)/python -m bench tls

@@ -51,6 +51,7 @@ from bench import (
 from bench import workers as workers_bench
 from bench.otlp_sink import Sink
 from bench.processes import StartupError, peak_rss_bytes, scratch, warn_if_busy
+from bench.rate_limit_rows import start_rate_limit_rows
 from bench.rounds import say
 from bench.targets import PAYLOADS, Target, start_targets
 from bench.telemetry import start_sink
@@ -234,6 +235,7 @@ def start_rows(stack: ExitStack, tmp: Path, settings: Settings, wrk_path: str) -
     rows += _api_rows(stack, tmp)
     rows += _identity_rows(stack, tmp, anchors["a"].port)
     rows += _plugin_rows(stack, tmp)
+    rows += start_rate_limit_rows(stack, tmp, anchors["a"].port)
     rows += _worker_rows(stack, tmp)
     return rows
 
@@ -582,6 +584,8 @@ def latency_line(rows: Sequence[Row]) -> str:
     by_key = {row.key: row for row in rows}
 
     def added(key: str) -> float | None:
+        if key not in by_key or "direct-small" not in by_key:
+            return None
         return _paired(by_key[key], by_key["direct-small"], 1, lambda a, b: a["p50"] - b["p50"])
 
     edgegw, agent = added("proxy-small"), added("agent-small")
