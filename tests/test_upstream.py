@@ -18,7 +18,6 @@ from OpenSSL import SSL
 from service_identity import VerificationError
 from twisted.internet import reactor
 from twisted.internet.defer import CancelledError, Deferred, ensureDeferred
-from twisted.internet.endpoints import TCP4ClientEndpoint, connectProtocol
 from twisted.internet.error import (
     ConnectionAborted,
     ConnectionClosed,
@@ -44,7 +43,7 @@ from edgegw.upstream import (
     UpstreamProtocolError,
     UpstreamResponse,
 )
-from edgegw.upstream.http11 import MAX_HEAD_SIZE, READ_SIZE, UpstreamConnection
+from edgegw.upstream.http11 import UpstreamConnection
 from tests.support.backends import (
     RawBackend,
     RawConnection,
@@ -1501,22 +1500,3 @@ class EagerSendTests(UpstreamTestCase):
         accepted.sendall(OK)
         response = await second
         await response.deliver(Collect())
-
-
-class ReadSizeTests(UpstreamTestCase):
-    async def test_a_plain_connection_reads_up_to_read_size(self) -> None:
-        """
-        A 64 KiB response and its head fit one read (Twisted's default, 64 KiB, took
-        two: two events and two writes to the client).
-        """
-        server = socket.socket()
-        self.addCleanup(server.close)
-        server.bind(("127.0.0.1", 0))
-        server.listen()
-        connection = UpstreamConnection(lambda _: None, lambda _: None)
-        endpoint = TCP4ClientEndpoint(_reactor, "127.0.0.1", server.getsockname()[1])
-        await connectProtocol(endpoint, connection)
-        transport: Any = connection.transport
-        self.addCleanup(transport.abortConnection)
-        self.assertEqual(transport.bufferSize, READ_SIZE)
-        self.assertGreater(READ_SIZE, 64 * 1024 + MAX_HEAD_SIZE)
