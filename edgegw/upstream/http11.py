@@ -23,7 +23,6 @@ import re
 from collections.abc import Callable, Iterable
 from typing import Final, Protocol, cast
 
-from twisted.internet.abstract import FileDescriptor
 from twisted.internet.defer import Deferred, fail, succeed
 from twisted.internet.error import ConnectionAborted, ConnectionDone
 from twisted.internet.interfaces import IProducer, IProtocol, ITransport
@@ -54,14 +53,6 @@ MAX_HEAD_SIZE: Final = 64 * 1024
 
 MAX_HEADERS: Final = 200
 """The most header fields accepted in one response head."""
-
-READ_SIZE: Final = 256 * 1024
-"""
-The most bytes one read of a plain TCP connection takes (Twisted's default: 64 KiB). A
-64 KiB response with its head is a few hundred bytes over 64 KiB: with the default it
-came in two reads (two events, two writes to the client); with this it comes in one,
-and is relayed whole with its head (L{UpstreamResponse.body}).
-"""
 
 _MAX_CHUNK_LINE: Final = 4096
 
@@ -166,11 +157,6 @@ class UpstreamConnection(TwistedProtocol):
     def connectionMade(self) -> None:
         self._transport = cast(UpstreamTransport, self.transport)
         self._connected = True
-        transport: object = self.transport
-        if isinstance(transport, FileDescriptor):
-            # Also the write buffer's pause threshold: a request body's producer runs
-            # that much ahead before it is paused.
-            transport.bufferSize = READ_SIZE
         set_no_delay = getattr(self.transport, "setTcpNoDelay", None)
         if set_no_delay is not None:
             # Request bodies are written piece by piece over several reactor turns.
