@@ -36,7 +36,7 @@ from bench.targets import PAYLOADS, Target, start_backend, start_edgegw
 from bench.tools import ensure, ensure_tools
 from tests.support.processes import REPO_ROOT, free_port, venv_bin
 
-SMALL = PAYLOADS[0]
+SMALL, LARGE = PAYLOADS
 
 RESULTS = REPO_ROOT / "bench" / "results"
 
@@ -66,6 +66,12 @@ SCENARIOS = {
         "proxy",
         "a reverse-proxy route (its whole chain, JSON access log) to the nginx backend",
         SMALL.path,
+        lambda origin, _: [gateway.reverse_proxy("p", "/", origin)],
+    ),
+    "proxy-64k": Scenario(
+        "proxy-64k",
+        "proxy's route, the 64 KiB file",
+        LARGE.path,
         lambda origin, _: [gateway.reverse_proxy("p", "/", origin)],
     ),
     "static": Scenario(

@@ -24,7 +24,7 @@ from twisted.internet.protocol import Protocol, connectionDone
 from twisted.internet.task import Clock
 from twisted.logger import ILogObserver, globalLogPublisher
 from twisted.python.failure import Failure
-from twisted.trial.unittest import TestCase
+from twisted.trial.unittest import SynchronousTestCase, TestCase
 from twisted.web.client import Agent, HTTPConnectionPool
 from twisted.web.http import datetimeToString
 from twisted.web.server import Request, Site
@@ -33,6 +33,7 @@ from twisted.web.test.requesthelper import DummyChannel
 from edgegw.assembly.assemble import Gateway, build_gateway
 from edgegw.config.model import StaticHandlerSpec
 from edgegw.handlers.static import SMALL_FILE_LIMIT, StaticHandler
+from edgegw.handlers.static.lookup import StaticTree
 from tests.support.configs import load_text
 from tests.support.memory import MemoryClient
 from tests.support.raw_response import RawResponse, parse_response
@@ -1052,3 +1053,48 @@ class ConstructionTests(TestCase):
             self.assertRaises(ValueError, StaticHandler, StaticHandlerSpec(dir="/srv", index=index))
         handler = StaticHandler(StaticHandlerSpec(dir="/srv", index="./public/index.html"))
         self.assertIn("index ./public/index.html", handler.describe())
+
+
+class LookupSyscallTests(SynchronousTestCase):
+    """
+    L{StaticTree}'s look-ups: the file named last is opened without an C{lstat} first
+    (C{O_NOFOLLOW} refuses a link there, which is then resolved), its parents are looked
+    at as before.
+    """
+
+    def setUp(self) -> None:
+        base = os.path.abspath(self.mktemp())
+        os.makedirs(base)
+        self.root = make_tree(base).root
+        self.tree = StaticTree(self.root, "index.html")
+        self.looked: list[str] = []
+        real_lstat = os.lstat
+
+        def lstat(path: Any, *args: Any, **kwargs: Any) -> os.stat_result:
+            self.looked.append(str(path))
+            return real_lstat(path, *args, **kwargs)
+
+        self.patch(os, "lstat", lstat)
+
+    def open(self, *names: str) -> bytes | None:
+        target = self.tree.open_target(list(names), False)
+        if target is None:
+            return None
+        fd = target[0]
+        try:
+            return os.read(fd, 100)
+        finally:
+            os.close(fd)
+
+    def test_a_plain_file_is_opened_without_a_look(self) -> None:
+        self.assertEqual(self.open("app.js"), APP_JS[:100])
+        self.assertEqual(self.looked, [])
+        self.assertEqual(self.open("docs", "guide.txt"), b"guide")
+        self.assertEqual(self.looked, [os.path.join(self.root, "docs")])
+
+    def test_links_and_misses_still_looked_at(self) -> None:
+        self.assertEqual(self.open("inside-link.js"), APP_JS[:100])
+        self.assertIsNone(self.open("escape.txt"))
+        self.assertIsNone(self.open("escape-dir", "secret.txt"))
+        self.assertIsNone(self.open("missing.txt"))
+        self.assertEqual(self.open("docs-link", "guide.txt"), b"guide")

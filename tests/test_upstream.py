@@ -1305,6 +1305,35 @@ class InMemoryTests(SynchronousTestCase):
         self.successResultOf(delivered)
         self.assertEqual((transport.producerState, events), ("producing", ["idle"]))
 
+    def test_pause_stops_reading_only_once_bytes_are_held(self) -> None:
+        # A sink paused by its client's full send buffer mostly resumes before the next
+        # read: the transport keeps reading until bytes arrive that nobody can take.
+        connection, transport, events = self.connection()
+        d = connection.request(b"GET", b"/", [])
+        connection.dataReceived(b"HTTP/1.1 200 OK\r\nContent-Length: 6\r\n\r\n")
+        response = self.successResultOf(d)
+
+        class PausingSink(Collect):
+            def write(self, data: bytes) -> None:
+                super().write(data)
+                response.pause()
+
+        sink = PausingSink()
+        delivered = response.deliver(sink)
+        connection.dataReceived(b"ab")
+        self.assertEqual((sink.body, transport.producerState), (b"ab", "producing"))
+        # Paused, and these cannot be taken: held, and reading stops.
+        connection.dataReceived(b"cd")
+        self.assertEqual((sink.body, transport.producerState), (b"ab", "paused"))
+        # Taken (and paused again by the sink): nothing held, reading again.
+        response.resume()
+        self.assertEqual((sink.body, transport.producerState), (b"abcd", "producing"))
+        response.resume()
+        connection.dataReceived(b"ef")
+        self.successResultOf(delivered)
+        self.assertEqual((sink.body, transport.producerState), (b"abcdef", "producing"))
+        self.assertEqual(events, ["idle"])
+
     def test_extra_bytes_after_response_prevent_reuse(self) -> None:
         connection, transport, events = self.connection()
         d = connection.request(b"GET", b"/", [])

@@ -761,13 +761,19 @@ class UpstreamConnection(TwistedProtocol):
 
     def _sync_reading(self) -> None:
         """
-        Read from the transport exactly when there is someone to take the bytes.
+        Stop reading from the transport once bytes are held that nobody can take yet
+        (at most one read of them), and read again when someone can.
+
+        Only once bytes are held: a sink pauses (its client's send buffer full) mostly
+        while the bytes it was given go out at the end of the same reactor iteration,
+        and it resumes right after; stopping and starting the read for that is two
+        C{epoll_ctl} calls a response (~9 µs on a 64 KiB proxied response).
         """
         state = self._state
         if state == _BODY:
-            paused = self._paused or self._sink_write is None
+            paused = (self._paused or self._sink_write is None) and bool(self._buffer)
         elif state == _UPGRADED:
-            paused = self._delegate is None
+            paused = self._delegate is None and bool(self._buffer)
         else:
             return
         if self._lost is None and paused != self._transport_paused:

@@ -71,13 +71,10 @@ class StaticTree:
         """
         if not names:
             return self.open_index(self.base)
-        real = self._resolve(self.base, names)
-        if real is None:
+        opened = self._open(self.base, names)
+        if opened is None:
             return None
-        found = _open_real(real)
-        if found is None:
-            return None
-        fd, info = found
+        fd, info, real = opened
         if stat.S_ISREG(info.st_mode) and not want_directory:
             return fd, info, names[-1], real
         os.close(fd)
@@ -92,13 +89,10 @@ class StaticTree:
         @param directory: The directory's real path (L{base} for the root).
         @return: The open index, or L{None} when it is missing or not a regular file.
         """
-        real = self._resolve(directory, self._index_parts)
-        if real is None:
+        opened = self._open(directory, self._index_parts)
+        if opened is None:
             return None
-        found = _open_real(real)
-        if found is None:
-            return None
-        fd, info = found
+        fd, info, real = opened
         if not stat.S_ISREG(info.st_mode):
             os.close(fd)
             return None
@@ -114,18 +108,41 @@ class StaticTree:
         @return: The open regular file and its status, or L{None}.
         """
         directory, _, name = real.rpartition("/")
-        path = self._resolve(directory, (name + suffix,))
+        opened = self._open(directory, (name + suffix,))
+        if opened is None:
+            return None
+        fd, info, _ = opened
+        if not stat.S_ISREG(info.st_mode):
+            os.close(fd)
+            return None
+        return fd, info
+
+    def _open(self, directory: str, names: Sequence[str]) -> tuple[int, os.stat_result, str] | None:
+        """
+        Open C{names} under C{directory} if it stays inside the root.
+
+        The last component is opened without a look first (one C{lstat} a request
+        less): C{O_NOFOLLOW} refuses it if it is a link, and only when the open fails is
+        it looked at, and a link resolved and opened at its real path.
+
+        @param directory: A real path inside the root (C{""} for C{/}).
+        @param names: Plain names: no separators, never C{.} or C{..}.
+        @return: The descriptor, its status and its real path, or L{None} on a miss.
+        """
+        path = self._resolve(directory, names, check_last=False)
         if path is None:
             return None
         found = _open_real(path)
-        if found is None:
+        if found is not None:
+            return (*found, path)
+        # Missing, not openable, or a link at the end: the full look decides.
+        real = self._resolve(directory, names)
+        if real is None or real == path:
             return None
-        if not stat.S_ISREG(found[1].st_mode):
-            os.close(found[0])
-            return None
-        return found
+        found = _open_real(real)
+        return None if found is None else (*found, real)
 
-    def _resolve(self, directory: str, names: Sequence[str]) -> str | None:
+    def _resolve(self, directory: str, names: Sequence[str], check_last: bool = True) -> str | None:
         """
         The real path of C{names} under C{directory}, if it stays inside the root.
 
@@ -135,12 +152,17 @@ class StaticTree:
 
         @param directory: A real path inside the root (C{""} for C{/}).
         @param names: Plain names: no separators, never C{.} or C{..}.
+        @param check_last: Whether the last name is looked at too; if not, the path
+            returned may end in a link, for an open with C{O_NOFOLLOW} to refuse.
         @return: The real path, or L{None} when a component is missing or a link leads
             outside the root.
         """
         path = directory
+        last = len(names) - 1
         for position, name in enumerate(names):
             path = f"{path}/{name}"
+            if position == last and not check_last:
+                break
             try:
                 mode = os.lstat(path).st_mode
             except OSError:
