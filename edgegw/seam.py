@@ -566,7 +566,11 @@ class LeanRedisCommands:
             if kind is bytes:
                 value = arg
             elif kind is str:
-                value = arg.encode()
+                try:
+                    value = arg.encode()
+                except UnicodeEncodeError:
+                    # txredisapi's own error (InvalidData) for it.
+                    return super()._build_command(*args, **kwargs)  # type: ignore[misc, no-any-return]
             elif kind is int:
                 value = b"%d" % arg
             else:

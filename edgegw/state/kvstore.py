@@ -492,7 +492,12 @@ class _Link:
         if factory is not None:
             for connection in factory.pool:
                 if connection.connected:
-                    return cast(Deferred[Any], connection.execute_command(command, *args))
+                    try:
+                        return cast(Deferred[Any], connection.execute_command(command, *args))
+                    except Exception:
+                        # An argument that cannot be encoded, ...: a failed operation,
+                        # as through txredisapi's handler, never a raise.
+                        return fail()
         message = f"not connected to Redis at {self.where()}"
         self.throttle.failure(message)
         return fail(StoreUnavailableError(message))
@@ -690,8 +695,15 @@ class KvStoreService(Service):
         """
         link = self._link
         factory = link.commands
+        given: object = script
+        if isinstance(given, str):
+            # Typed bytes; an untyped plugin's str script worked through txredisapi.
+            script = given.encode()
         digest = _SCRIPT_DIGESTS.get(script)
         if digest is None:
+            if len(_SCRIPT_DIGESTS) >= _MAX_SCRIPT_DIGESTS:
+                # Scripts made per call would otherwise grow it without bound.
+                _SCRIPT_DIGESTS.clear()
             digest = _SCRIPT_DIGESTS[script] = hashlib.sha1(script).hexdigest().encode()
         sent = link.send(factory, "EVALSHA", digest, len(keys), *keys, *args)
 
@@ -716,6 +728,9 @@ class KvStoreService(Service):
 
 _SCRIPT_DIGESTS: dict[bytes, bytes] = {}
 """Each script's SHA-1 (hex, as EVALSHA takes it), computed once."""
+
+_MAX_SCRIPT_DIGESTS = 256
+"""Scripts whose digests are kept (the gateway's own and its plugins' are a handful)."""
 
 
 def _drop(factory: _Factory) -> None:
