@@ -24,6 +24,7 @@ __all__ = [
     "FileProducer",
     "Response",
     "read_span",
+    "read_unchanged",
     "truncated",
 ]
 
@@ -122,6 +123,18 @@ def _content_etag(fd: int, info: os.stat_result) -> bytes | None:
     """
     C{"size-hash"} for the open file, or L{None} when it changed while being read.
     """
+    data = read_unchanged(fd, info)
+    if data is None:
+        return None
+    digest = hashlib.blake2b(data, digest_size=16).hexdigest().encode("ascii")
+    return b'"%x-%s"' % (info.st_size, digest)
+
+
+def read_unchanged(fd: int, info: os.stat_result) -> bytes | None:
+    """
+    The whole open file, or L{None} when it is not the version C{info} describes any
+    more (it changed while it was read, or could not be read).
+    """
     size = info.st_size
     try:
         data = read_span(fd, 0, size)
@@ -134,8 +147,7 @@ def _content_etag(fd: int, info: os.stat_result) -> bytes | None:
         info.st_ctime_ns,
     ):
         return None
-    digest = hashlib.blake2b(data, digest_size=16).hexdigest().encode("ascii")
-    return b'"%x-%s"' % (size, digest)
+    return data
 
 
 def read_span(fd: int, offset: int, length: int) -> bytes:

@@ -31,6 +31,7 @@ from edgegw.handlers.static.file_body import (
     FileProducer,
     Response,
     read_span,
+    read_unchanged,
     truncated,
 )
 from edgegw.handlers.static.lookup import StaticTree, decode_segments
@@ -282,7 +283,7 @@ class StaticHandler(TerminalResource):
                 request,
                 (info.st_dev, info.st_ino, size, info.st_mtime_ns, info.st_ctime_ns),
                 size,
-                lambda: _read_unchanged(fd, info),
+                lambda: read_unchanged(fd, info),
             )
         ):
             # Compressed whole, once per file version and coding (the compression's
@@ -314,26 +315,6 @@ def _answer(request: Response, code: int, body: bytes) -> None:
     request.setHeader(b"Content-Length", b"%d" % len(body))
     request.write(body)
     request.finish()
-
-
-def _read_unchanged(fd: int, info: os.stat_result) -> bytes | None:
-    """
-    The whole open file, or L{None} when it is not the version C{info} describes any
-    more (it changed while it was read, or could not be read).
-    """
-    size = info.st_size
-    try:
-        data = read_span(fd, 0, size)
-        after = os.fstat(fd)
-    except OSError:
-        return None
-    if len(data) != size or (after.st_size, after.st_mtime_ns, after.st_ctime_ns) != (
-        size,
-        info.st_mtime_ns,
-        info.st_ctime_ns,
-    ):
-        return None
-    return data
 
 
 def _authenticated(request: Response) -> bool:
