@@ -31,6 +31,7 @@ from zope.interface import implementer
 
 from edgegw.config.model import KvStoreConfig
 from edgegw.seam import IOpenSSLTrustRoot
+from edgegw.state.resp import INCOMPLETE, RedisReplyError, encode_command, parse_reply
 
 __all__ = ["MasterNotFoundError", "SentinelEndpoint", "redis_endpoint", "split_address"]
 
@@ -38,12 +39,6 @@ __all__ = ["MasterNotFoundError", "SentinelEndpoint", "redis_endpoint", "split_a
 class MasterNotFoundError(ConnectError):
     """
     No Sentinel named a master that says it is one.
-    """
-
-
-class _ReplyError(Exception):
-    """
-    Redis answered an error reply.
     """
 
 
@@ -75,52 +70,6 @@ def redis_endpoint(
     return endpoint
 
 
-def _encode(args: Sequence[bytes | str]) -> bytes:
-    parts = [b"*%d\r\n" % len(args)]
-    for arg in args:
-        raw = arg if isinstance(arg, bytes) else arg.encode("utf-8")
-        parts.append(b"$%d\r\n%s\r\n" % (len(raw), raw))
-    return b"".join(parts)
-
-
-_INCOMPLETE: Any = object()
-
-
-def _parse(data: bytes, at: int) -> tuple[Any, int]:
-    """
-    One RESP2 reply at C{data[at:]} and where the next starts, or (C{_INCOMPLETE}, C{at}).
-    """
-    end = data.find(b"\r\n", at)
-    if end < 0:
-        return _INCOMPLETE, at
-    kind, line, after = data[at : at + 1], data[at + 1 : end], end + 2
-    if kind == b"+":
-        return line, after
-    if kind == b"-":
-        return _ReplyError(line.decode("utf-8", "replace")), after
-    if kind == b":":
-        return int(line), after
-    if kind == b"$":
-        size = int(line)
-        if size < 0:
-            return None, after
-        if len(data) < after + size + 2:
-            return _INCOMPLETE, at
-        return data[after : after + size], after + size + 2
-    if kind == b"*":
-        count = int(line)
-        if count < 0:
-            return None, after
-        items = []
-        for _ in range(count):
-            item, after = _parse(data, after)
-            if item is _INCOMPLETE:
-                return _INCOMPLETE, at
-            items.append(item)
-        return items, after
-    raise ValueError("not a RESP2 reply")
-
-
 class _Exchange(Protocol):
     """
     Sends commands in one pipeline, collects their replies, and closes.
@@ -134,15 +83,15 @@ class _Exchange(Protocol):
 
     def connectionMade(self) -> None:
         assert self.transport is not None
-        self.transport.write(b"".join(_encode(c) for c in self.commands))
+        self.transport.write(b"".join(encode_command(c) for c in self.commands))
 
     def dataReceived(self, data: bytes) -> None:
         self.received += data
         at = 0
         try:
             while len(self.replies) < len(self.commands):
-                value, at = _parse(self.received, at)
-                if value is _INCOMPLETE:
+                value, at = parse_reply(self.received, at)
+                if value is INCOMPLETE:
                     break
                 self.replies.append(value)
         except ValueError as e:
@@ -315,7 +264,7 @@ class SentinelEndpoint:
         finally:
             exchange.close()
         for reply in replies:
-            if isinstance(reply, _ReplyError):
+            if isinstance(reply, RedisReplyError):
                 raise reply
         return replies[-1]
 
@@ -326,6 +275,6 @@ class SentinelEndpoint:
 
 
 def _describe(error: BaseException) -> str:
-    if isinstance(error, _ReplyError):
+    if isinstance(error, RedisReplyError):
         return f"answered {error}"
     return str(error) or type(error).__name__
