@@ -264,8 +264,19 @@ class _FakeRequest:
     ) -> None:
         self.client_address = address
         self.principal = None if subject is None else Principal(subject=subject)
-        self.headers = dict(headers or {})
+        self.headers = _FakeHeaders(headers or {})
         self.route = "/"
+
+
+class _FakeHeaders:
+    """One value per name, read as L{HeaderView.get_all} reads them."""
+
+    def __init__(self, values: Mapping[str, str]) -> None:
+        self._values = dict(values)
+
+    def get_all(self, name: str) -> list[str]:
+        value = self._values.get(name)
+        return [] if value is None else [value]
 
 
 class KeyTests(SynchronousTestCase):
@@ -576,6 +587,18 @@ class GatewayTests(TestCase):
         self.assertEqual(await status("b"), 200)
         self.assertEqual(await status("a", "/other/y"), 200)  # another route: its own key
         self.assertEqual(await status("a", "/other/z"), 429)
+
+    async def test_repeated_header_not_charged_to_the_first_value(self) -> None:
+        """
+        Attack: a client repeats the key's header, another client's value first and its
+        own after (a backend reading the last one serves it as itself): the request
+        counts against neither key alone, so the other client keeps its quota.
+        """
+        port = self.serve({"rate": "1/h", "key": ["header:X-Api-Key"]})
+        spoofed = [("X-Api-Key", "victim"), ("X-Api-Key", "attacker")]
+        self.assertEqual((await fetch(port, "GET", "/x", spoofed))[0], 200)
+        self.assertEqual((await fetch(port, "GET", "/x", spoofed))[0], 429)
+        self.assertEqual((await fetch(port, "GET", "/x", [("X-Api-Key", "victim")]))[0], 200)
 
     async def test_subject_falls_back_to_client(self) -> None:
         """

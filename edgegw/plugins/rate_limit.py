@@ -197,7 +197,10 @@ def _key_parts(
 
 def _header_part(name: str) -> KeyPart:
     # A request without the header shares one key with every other one without it.
-    return lambda r: "h" + (r.headers.get(name) or "")
+    # Every value counts, not the first alone: a request repeating the header (someone
+    # else's value first, its own after, which a backend may read instead) is not charged
+    # to the other's key. LF never occurs in a value.
+    return lambda r: "h" + "\n".join(r.headers.get_all(name))
 
 
 @implementer(IRequestHook)
